@@ -1,0 +1,241 @@
+// The preemption policy, read top to bottom: plan_step() is the whole of it.
+#include "preempt-policy.h"
+
+#include <algorithm>
+#include <cstdio>
+
+namespace llama_preempt {
+
+const char * park_reason_name(park_reason r) {
+    switch (r) {
+        case park_reason::pool_full:   return "pool full";
+        case park_reason::forced:      return "forced (LLAMA_SERVER_PREEMPT_EVERY)";
+        case park_reason::last_resort: return "last resort (decode failed at n_batch 1)";
+    }
+    return "?";
+}
+
+static bool is_active(const slot_view & s) {
+    return s.phase == slot_phase::prompt || s.phase == slot_phase::generating;
+}
+
+// active and admitted: a new request waits in the admission queue instead
+static bool is_running(const slot_view & s) {
+    return is_active(s) && !s.is_new;
+}
+
+static bool contains(const std::vector<int32_t> & v, int32_t id) {
+    return std::find(v.begin(), v.end(), id) != v.end();
+}
+
+int32_t reservation(const slot_view & s, const plan_params & p) {
+    switch (s.phase) {
+        case slot_phase::generating:
+            return 1 + std::max(0, s.n_draft);
+        case slot_phase::prompt:
+            if (s.n_replay_left > 0) {
+                return std::max(s.n_replay_left, std::min(p.n_batch, s.n_prompt_left));
+            }
+            return std::min(p.n_batch, s.n_prompt_left);
+        default:
+            return 0;
+    }
+}
+
+int32_t charged_cells(const slot_view & s) {
+    if (s.phase == slot_phase::parked) {
+        return 0;
+    }
+    return std::max(0, s.n_cells - s.n_shared);
+}
+
+int32_t select_victim(const std::vector<slot_view> & slots, const plan_params & p,
+                      const std::vector<int32_t> & skip) {
+    // the leader (most tokens) keeps running: parking it would waste the most work, and a pool
+    // that cannot hold the leader alone is a context overflow, not a scheduling problem
+    int32_t leader = -1;
+    int32_t leader_cells = -1;
+    for (const auto & s : slots) {
+        if (is_running(s) && !contains(skip, s.id) && s.n_cells > leader_cells) {
+            leader = s.id;
+            leader_cells = s.n_cells;
+        }
+    }
+
+    // best candidate per tier: 0 = preferred, 1 = starved or resuming (only when no tier-0 exists)
+    int32_t best[2]       = { -1, -1 };
+    int32_t best_cells[2] = {  0,  0 };
+    for (const auto & s : slots) {
+        if (!is_running(s) || s.id == leader || contains(skip, s.id)) {
+            continue;
+        }
+        if (s.in_family || s.is_multimodal || !s.can_park) {
+            continue;
+        }
+        const bool resuming = s.phase == slot_phase::prompt && s.n_replay_left > 0;
+        const int  tier     = (s.n_preempt >= p.n_starved || resuming) ? 1 : 0;
+        // smallest first; on a tie the later id, so the order is stable
+        if (best[tier] < 0 || s.n_cells < best_cells[tier] ||
+            (s.n_cells == best_cells[tier] && s.id > best[tier])) {
+            best[tier]       = s.id;
+            best_cells[tier] = s.n_cells;
+        }
+    }
+    return best[0] >= 0 ? best[0] : best[1];
+}
+
+std::vector<int32_t> restore_order(const std::vector<slot_view> & slots) {
+    std::vector<const slot_view *> parked;
+    for (const auto & s : slots) {
+        if (s.phase == slot_phase::parked) {
+            parked.push_back(&s);
+        }
+    }
+    std::stable_sort(parked.begin(), parked.end(), [](const slot_view * a, const slot_view * b) {
+        if (a->n_preempt != b->n_preempt) {
+            return a->n_preempt > b->n_preempt;   // most-preempted first
+        }
+        if (a->t_parked_us != b->t_parked_us) {
+            return a->t_parked_us < b->t_parked_us; // then longest parked
+        }
+        return a->id < b->id;
+    });
+    std::vector<int32_t> ids;
+    for (const auto * s : parked) {
+        ids.push_back(s->id);
+    }
+    return ids;
+}
+
+static const slot_view * find(const std::vector<slot_view> & slots, int32_t id) {
+    for (const auto & s : slots) {
+        if (s.id == id) {
+            return &s;
+        }
+    }
+    return nullptr;
+}
+
+plan plan_step(const std::vector<slot_view> & slots, const plan_params & p) {
+    plan pl;
+
+    // Three groups: running slots (generating, or past the first chunk of their prompt) hold and
+    // need cells; parked slots wait to come back; new requests wait to be admitted. Room goes to
+    // running slots first, then to parked ones, then to new ones: first come, first served.
+    int32_t used      = 0;  // cells held now
+    int32_t need      = 0;  // cells the running slots' next step adds
+    int32_t n_running = 0;
+    for (const auto & s : slots) {
+        used += charged_cells(s);
+        if (is_running(s)) {
+            need += reservation(s, p);
+            n_running += 1;
+        }
+    }
+    // the margin is waived when nothing else runs: then the slot must be let through
+    auto fits = [&](int32_t extra) {
+        return used + need + extra + (n_running > 0 ? p.margin : 0) <= p.n_pool;
+    };
+
+    // 1. a parked sequence that cannot fit even an empty pool would wait forever: end it
+    for (const auto & s : slots) {
+        if (s.phase == slot_phase::parked && s.n_restore + 1 > p.n_pool) {
+            pl.fail.push_back(s.id);
+        }
+    }
+
+    // idle slots give up their cached cells largest first, one at a time, only when needed
+    std::vector<const slot_view *> idle;
+    for (const auto & s : slots) {
+        if (s.phase == slot_phase::idle && charged_cells(s) > 0) {
+            idle.push_back(&s);
+        }
+    }
+    std::stable_sort(idle.begin(), idle.end(), [](const slot_view * a, const slot_view * b) {
+        return charged_cells(*a) > charged_cells(*b);
+    });
+    size_t i_idle = 0;
+    auto purge_one = [&]() -> bool {
+        if (i_idle >= idle.size()) {
+            return false;
+        }
+        const slot_view * s = idle[i_idle++];
+        used -= charged_cells(*s);
+        pl.purge.push_back(s->id);
+        return true;
+    };
+    auto make_room = [&](int32_t extra) {
+        while (!fits(extra) && purge_one()) {
+        }
+        return fits(extra);
+    };
+
+    // 2. the running slots' next step does not fit: idle caches go first, then victims are parked
+    if (!make_room(0)) {
+        while (!fits(0)) {
+            const int32_t victim = select_victim(slots, p, pl.park);
+            if (victim < 0) {
+                break;  // nothing may be parked: the decode's own retry ladder is the last line
+            }
+            const slot_view * s = find(slots, victim);
+            used -= charged_cells(*s);
+            need -= reservation(*s, p);
+            n_running -= 1;
+            pl.park.push_back(victim);
+        }
+    }
+
+    // 3. restore in restore order, fit-first, but never in a step that parked (that would thrash);
+    //    a resuming slot is charged its whole replay, not one batch
+    bool waiting = false;
+    for (int32_t id : restore_order(slots)) {
+        if (contains(pl.fail, id)) {
+            continue;
+        }
+        const slot_view * s = find(slots, id);
+        if (pl.park.empty() && make_room(s->n_restore)) {
+            need += s->n_restore;
+            n_running += 1;
+            pl.resume.push_back(id);
+        } else {
+            waiting = true;
+        }
+    }
+
+    // 4. admit new requests while they fit and nobody parked is waiting; with nothing running,
+    //    the first one always goes (its own size checks end it if it can never fit)
+    for (const auto & s : slots) {
+        if (!(s.phase == slot_phase::prompt && s.is_new)) {
+            continue;
+        }
+        const int32_t res = reservation(s, p);
+        if (!waiting && (n_running == 0 || make_room(res))) {
+            need += res;
+            n_running += 1;
+        } else {
+            pl.hold.push_back(s.id);
+            waiting = true;  // later arrivals queue behind this one
+        }
+    }
+
+    pl.n_used = used;
+    pl.n_need = need;
+    return pl;
+}
+
+static std::string ids_to_string(const std::vector<int32_t> & ids) {
+    std::string out = "[";
+    for (size_t i = 0; i < ids.size(); ++i) {
+        out += (i ? "," : "") + std::to_string(ids[i]);
+    }
+    return out + "]";
+}
+
+std::string plan_to_string(const plan & pl) {
+    return "purge=" + ids_to_string(pl.purge) + " fail=" + ids_to_string(pl.fail) +
+           " park=" + ids_to_string(pl.park) + " resume=" + ids_to_string(pl.resume) +
+           " hold=" + ids_to_string(pl.hold) + " used=" + std::to_string(pl.n_used) +
+           " need=" + std::to_string(pl.n_need);
+}
+
+} // namespace llama_preempt

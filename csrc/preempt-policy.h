@@ -1,0 +1,110 @@
+// The preemption policy: which slot to park, which to resume, and when.
+//
+// Pure C++ over plain snapshots of the slots, no llama or server types, so that the server,
+// the Python engine and the simulator all run this one implementation, and tests can drive it
+// without a model (llama_preempt._core exposes it).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace llama_preempt {
+
+// a slot parked this many times is passed over as a victim while another candidate exists
+constexpr int     PREEMPT_N_STARVED = 3;
+// cells kept free on top of the next step's reservation, so the decode does not run the pool dry
+constexpr int32_t PREEMPT_MARGIN    = 8;
+
+enum class slot_phase {
+    idle,        // no task; may still hold cells cached from its last task
+    waiting,     // a child waiting for its parent's prompt (holds nothing, needs nothing yet)
+    prompt,      // processing (or about to process) its prompt, or replaying after a park
+    generating,  // sampling one token (plus a draft) per step
+    parked,      // preempted: holds no cells, waits to be resumed
+};
+
+// What the policy needs to know about one slot at a token boundary.
+struct slot_view {
+    int32_t    id    = -1;
+    slot_phase phase = slot_phase::idle;
+
+    int32_t n_cells  = 0;  // cells the slot holds in the pool now (0 when parked)
+    int32_t n_shared = 0;  // of those, cells shared with its family's parent (charged there, not here)
+
+    // reservation inputs for the next step
+    int32_t n_draft       = 0;  // generating: draft bound of the next step
+    int32_t n_prompt_left = 0;  // prompt: tokens still to process (replay included)
+    int32_t n_replay_left = 0;  // prompt: of those, tokens being replayed after a park (resuming when > 0)
+    bool    is_new        = false;  // prompt: has not started processing yet (a new request)
+
+    // parked slots
+    int32_t n_restore   = 0;  // cells it needs to be back where it was when parked
+    int64_t t_parked_us = 0;  // when it was parked
+
+    int32_t n_preempt     = 0;      // times parked so far
+    bool    in_family     = false;  // parent or child of an n_cmpl request: never a victim
+    bool    is_multimodal = false;  // its tokens hold media placeholders: never a victim
+    bool    can_park      = true;   // other hard exclusions decided by the mechanics
+};
+
+struct plan_params {
+    int32_t n_pool    = 0;                  // cells in the unified pool
+    int32_t n_batch   = 512;                // prompt chunk a step may add for one slot
+    int32_t margin    = PREEMPT_MARGIN;
+    int32_t n_starved = PREEMPT_N_STARVED;
+};
+
+enum class park_reason {
+    pool_full,  // the planner saw the next step overflow the pool
+    forced,     // LLAMA_SERVER_PREEMPT_EVERY test knob
+    last_resort // the decode failed at n_batch 1 and a victim existed
+};
+
+const char * park_reason_name(park_reason r);
+
+// One step's decisions, applied by the mechanics in this order: purge, fail, park, resume, hold.
+// Room goes to running slots first, then to parked slots (restore order), then to new requests.
+struct plan {
+    std::vector<int32_t> purge;   // idle slots whose cached cells go first
+    std::vector<int32_t> fail;    // parked slots that cannot fit even an empty pool: end with the context error
+    std::vector<int32_t> park;    // active slots to park now, in order
+    std::vector<int32_t> resume;  // parked slots to resume now, in order
+    std::vector<int32_t> hold;    // new requests kept waiting this step: no room, or a parked slot waits first
+
+    int32_t n_used = 0;  // cells held after the plan
+    int32_t n_need = 0;  // cells the next step reserves after the plan
+
+    bool has_action() const {
+        return !purge.empty() || !fail.empty() || !park.empty() || !resume.empty();
+    }
+};
+
+// Cells the slot's next step adds to the pool (0 for idle, waiting and parked slots).
+//  - generating: one token plus its draft;
+//  - prompt: one chunk of at most n_batch, except that a slot replaying after a park is charged
+//    its whole remaining replay: otherwise the next step wakes a second slot into cells the first
+//    has not claimed yet.
+int32_t reservation(const slot_view & s, const plan_params & p);
+
+// Cells the slot holds that the pool must account for (shared family cells are charged once).
+int32_t charged_cells(const slot_view & s);
+
+// The slot to park next among running slots (new requests are not victims, they wait), or -1
+// when no slot may be parked: never the slot with the most tokens; never a family, multimodal or
+// excluded slot; among the
+// rest the smallest, passing over starved (parked n_starved times) and resuming slots while
+// another candidate exists. `skip` lists slots already chosen this step.
+int32_t select_victim(const std::vector<slot_view> & slots, const plan_params & p,
+                      const std::vector<int32_t> & skip = {});
+
+// Order in which parked slots are considered for restore: most-preempted first, then longest parked.
+std::vector<int32_t> restore_order(const std::vector<slot_view> & slots);
+
+// The planner: run once per step before the batch is built.
+plan plan_step(const std::vector<slot_view> & slots, const plan_params & p);
+
+// A one-line description of a plan for logs.
+std::string plan_to_string(const plan & pl);
+
+} // namespace llama_preempt

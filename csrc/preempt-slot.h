@@ -1,0 +1,64 @@
+// Per-slot preemption state, a member of upstream's server_slot (`slot.preempt`).
+//
+// Plain data: /slots and /metrics read it from the worker thread during yields, so it is only
+// written on the main loop, outside yield_to_queue lambdas.
+#pragma once
+
+#include "server-common.h"
+
+#include <cstdint>
+#include <stdexcept>
+
+namespace llama_preempt {
+
+// what a slot was doing when it was parked, so the resume knows where to re-enter
+enum class parked_from {
+    none,        // not parked
+    started,     // a new request that had not started its prompt
+    prompt,      // mid-prompt: starts its prompt over
+    generating,  // generating: replays prompt.tokens + sampled, then carries on sampling
+};
+
+struct slot_preempt_state {
+    parked_from from = parked_from::none;  // != none while parked (state SLOT_STATE_PREEMPTED)
+
+    // RECOMPUTE replay list: the tokens the slot held plus `sampled`, which it had sampled and
+    // sent but not decoded yet. Re-prefilling exactly these puts the logits where the interrupted
+    // step was about to read them.
+    server_tokens replay;
+    int32_t n_replay_done = 0;      // replay tokens already added to a batch
+    bool    resuming      = false;  // replaying after a park
+    int32_t n_redo_left   = 0;      // a prompt-phase victim: prompt tokens it is processing again
+
+    int32_t n_restore   = 0;  // cells needed to be back where it was
+    int64_t t_parked_us = 0;
+    int32_t n_gen_forced = 0; // stats.n_gen at the last forced park (LLAMA_SERVER_PREEMPT_EVERY)
+
+    // per request, shown in /slots
+    int32_t n_preempt   = 0;
+    int32_t n_recompute = 0;  // tokens re-prefilled for this request
+    int64_t t_parked_total_us = 0;
+
+    bool is_parked() const { return from != parked_from::none; }
+
+    // the /slots fields
+    void add_to_json(json & res) const {
+        res["is_preempted"] = is_parked();
+        res["n_preempt"]    = n_preempt;
+        res["n_recompute"]  = n_recompute;
+        res["preempt_mode"] = is_parked() ? json("recompute") : json(nullptr);
+        res["t_preempted_ms"] = t_parked_total_us / 1000.0;
+    }
+
+    int32_t n_replay_left() const {
+        return resuming ? (int32_t) replay.size() - n_replay_done : 0;
+    }
+};
+
+// thrown by the bottom of the KV-full retry ladder after it parked a victim: update_slots() ends
+// the step without failing anyone, and the next step builds a new batch
+struct step_retry : std::runtime_error {
+    using std::runtime_error::runtime_error;
+};
+
+} // namespace llama_preempt

@@ -1,0 +1,17 @@
+#include "preempt-version.h"
+
+#ifndef LLAMA_PREEMPT_VERSION
+#error "LLAMA_PREEMPT_VERSION must be defined by the build (CMakeLists.txt reads it from __init__.py)"
+#endif
+
+namespace llama_preempt {
+
+const char * version() {
+    return LLAMA_PREEMPT_VERSION;
+}
+
+const char * version_line() {
+    return "llama-preempt " LLAMA_PREEMPT_VERSION " (KV preemption for llama-server, upstream llama.cpp 0c1e570)";
+}
+
+} // namespace llama_preempt

@@ -1,0 +1,99 @@
+// llama_preempt._core: the compiled side of the Python package.
+//
+// It exposes the one policy implementation that the server runs, so the Python layer (tests,
+// the simulator) drives exactly the code the server does.
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include "preempt-policy.h"
+#include "preempt-version.h"
+
+namespace py = pybind11;
+namespace lp = llama_preempt;
+
+PYBIND11_MODULE(_core, m) {
+    m.doc() = "llama-preempt compiled core: the preemption policy shared with llama-server";
+
+    m.def("version", &lp::version, "llama-preempt version compiled into this module");
+    m.def("version_line", &lp::version_line, "the identity line llama-server prints at start");
+
+    m.attr("PREEMPT_N_STARVED") = lp::PREEMPT_N_STARVED;
+    m.attr("PREEMPT_MARGIN")    = lp::PREEMPT_MARGIN;
+
+    py::enum_<lp::slot_phase>(m, "SlotPhase")
+        .value("IDLE",       lp::slot_phase::idle)
+        .value("WAITING",    lp::slot_phase::waiting)
+        .value("PROMPT",     lp::slot_phase::prompt)
+        .value("GENERATING", lp::slot_phase::generating)
+        .value("PARKED",     lp::slot_phase::parked);
+
+    py::class_<lp::slot_view>(m, "SlotView", "what the policy sees of one slot at a token boundary")
+        .def(py::init<>())
+        .def(py::init([](int32_t id, lp::slot_phase phase, py::kwargs kw) {
+                 lp::slot_view s;
+                 s.id = id;
+                 s.phase = phase;
+                 py::object self = py::cast(s);
+                 for (auto item : kw) {
+                     const auto key = py::str(item.first).cast<std::string>();
+                     if (!py::hasattr(self, key.c_str())) {
+                         throw py::type_error("SlotView has no field '" + key + "'");
+                     }
+                     self.attr(key.c_str()) = item.second;
+                 }
+                 return self.cast<lp::slot_view>();
+             }),
+             py::arg("id"), py::arg("phase"))
+        .def_readwrite("id",            &lp::slot_view::id)
+        .def_readwrite("phase",         &lp::slot_view::phase)
+        .def_readwrite("n_cells",       &lp::slot_view::n_cells)
+        .def_readwrite("n_shared",      &lp::slot_view::n_shared)
+        .def_readwrite("n_draft",       &lp::slot_view::n_draft)
+        .def_readwrite("n_prompt_left", &lp::slot_view::n_prompt_left)
+        .def_readwrite("n_replay_left", &lp::slot_view::n_replay_left)
+        .def_readwrite("is_new",        &lp::slot_view::is_new)
+        .def_readwrite("n_restore",     &lp::slot_view::n_restore)
+        .def_readwrite("t_parked_us",   &lp::slot_view::t_parked_us)
+        .def_readwrite("n_preempt",     &lp::slot_view::n_preempt)
+        .def_readwrite("in_family",     &lp::slot_view::in_family)
+        .def_readwrite("is_multimodal", &lp::slot_view::is_multimodal)
+        .def_readwrite("can_park",      &lp::slot_view::can_park)
+        .def("__repr__", [](const lp::slot_view & s) {
+            return "<SlotView id=" + std::to_string(s.id) + " phase=" + std::to_string((int) s.phase) +
+                   " n_cells=" + std::to_string(s.n_cells) + " n_preempt=" + std::to_string(s.n_preempt) + ">";
+        });
+
+    py::class_<lp::plan_params>(m, "PlanParams", "pool size and knobs of the planner")
+        .def(py::init([](int32_t n_pool, int32_t n_batch, int32_t margin, int32_t n_starved) {
+                 if (n_pool <= 0) {
+                     throw py::value_error("n_pool must be positive");
+                 }
+                 return lp::plan_params{ n_pool, n_batch, margin, n_starved };
+             }),
+             py::arg("n_pool"), py::arg("n_batch") = 512, py::arg("margin") = lp::PREEMPT_MARGIN,
+             py::arg("n_starved") = lp::PREEMPT_N_STARVED)
+        .def_readwrite("n_pool",    &lp::plan_params::n_pool)
+        .def_readwrite("n_batch",   &lp::plan_params::n_batch)
+        .def_readwrite("margin",    &lp::plan_params::margin)
+        .def_readwrite("n_starved", &lp::plan_params::n_starved);
+
+    py::class_<lp::plan>(m, "Plan", "one step's decisions")
+        .def_readonly("purge",  &lp::plan::purge)
+        .def_readonly("fail",   &lp::plan::fail)
+        .def_readonly("park",   &lp::plan::park)
+        .def_readonly("resume", &lp::plan::resume)
+        .def_readonly("hold",   &lp::plan::hold)
+        .def_readonly("n_used", &lp::plan::n_used)
+        .def_readonly("n_need", &lp::plan::n_need)
+        .def("has_action", &lp::plan::has_action)
+        .def("__repr__", [](const lp::plan & pl) { return "<Plan " + lp::plan_to_string(pl) + ">"; });
+
+    m.def("plan_step", &lp::plan_step, py::arg("slots"), py::arg("params"),
+          "run the planner over slot snapshots; returns the step's Plan");
+    m.def("select_victim", &lp::select_victim, py::arg("slots"), py::arg("params"),
+          py::arg("skip") = std::vector<int32_t>{}, "the slot to park next, or -1");
+    m.def("restore_order", &lp::restore_order, py::arg("slots"),
+          "parked slot ids in the order they are considered for restore");
+    m.def("reservation", &lp::reservation, py::arg("slot"), py::arg("params"),
+          "cells the slot's next step adds to the pool");
+}
