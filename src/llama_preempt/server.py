@@ -1,0 +1,184 @@
+"""Run the drop-in llama-server as a child process on a loopback port.
+
+Used by the test suite and by anyone who wants the patched server from Python:
+
+    with LlamaServer(ServerConfig(model=path, n_ctx=512, n_parallel=2)) as srv:
+        srv.post("/completion", {"prompt": "Once upon a time", "n_predict": 16})
+        print(srv.metrics()["n_preempt_total"])
+"""
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator
+
+import requests
+
+from .binary import server_binary
+from .metrics import MetricsSnapshot, parse_prometheus
+
+
+class ServerStartError(RuntimeError):
+    pass
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that is free on host right now (the kernel picks it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class ServerConfig:
+    """llama-server flags, by name. `extra_args` and `env` pass anything else through."""
+
+    model: Path
+    n_ctx: int = 512
+    n_parallel: int = 2
+    kv_unified: bool = True
+    n_batch: int | None = None
+    n_ubatch: int | None = None
+    preempt: bool | None = None          # None: the server's default (on)
+    n_predict: int | None = None
+    seed: int | None = 42
+    threads: int | None = 2
+    metrics: bool = True
+    slots: bool = True
+    cache_ram_mib: int | None = None
+    extra_args: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
+
+    def to_args(self) -> list[str]:
+        args = ["-m", str(self.model), "-c", str(self.n_ctx), "-np", str(self.n_parallel)]
+        args.append("--kv-unified" if self.kv_unified else "--no-kv-unified")
+        if self.n_batch is not None:
+            args += ["-b", str(self.n_batch)]
+        if self.n_ubatch is not None:
+            args += ["-ub", str(self.n_ubatch)]
+        if self.preempt is not None:
+            args.append("--preempt" if self.preempt else "--no-preempt")
+        if self.n_predict is not None:
+            args += ["-n", str(self.n_predict)]
+        if self.seed is not None:
+            args += ["--seed", str(self.seed)]
+        if self.threads is not None:
+            args += ["-t", str(self.threads)]
+        if self.metrics:
+            args.append("--metrics")
+        args.append("--slots" if self.slots else "--no-slots")
+        if self.cache_ram_mib is not None:
+            args += ["--cache-ram", str(self.cache_ram_mib)]
+        return args + list(self.extra_args)
+
+
+class LlamaServer:
+    """One llama-server child process. Always stop() it (or use it as a context manager)."""
+
+    def __init__(self, config: ServerConfig, *, binary: Path | None = None,
+                 host: str = "127.0.0.1", port: int | None = None,
+                 log_dir: Path | None = None) -> None:
+        self.config = config
+        self.binary = Path(binary) if binary else server_binary()
+        self.host = host
+        self.port = port or free_port(host)
+        self._log_dir = Path(log_dir) if log_dir else Path(tempfile.mkdtemp(prefix="llama-preempt-"))
+        self.log_path = self._log_dir / f"llama-server-{self.port}.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.session = requests.Session()
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def command(self) -> list[str]:
+        return [str(self.binary), *self.config.to_args(), "--host", self.host, "--port", str(self.port)]
+
+    def start(self, timeout: float = 60.0) -> "LlamaServer":
+        env = dict(os.environ)
+        env.update(self.config.env)
+        with self.log_path.open("wb") as log:
+            self.proc = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT,
+                                         stdin=subprocess.DEVNULL, env=env)
+        deadline = time.monotonic() + timeout
+        while True:
+            if self.proc.poll() is not None:
+                raise ServerStartError(
+                    f"llama-server exited with {self.proc.returncode} before it was ready:\n{self.log_tail()}")
+            try:
+                r = self.session.get(self.url + "/health", timeout=2)
+                if r.status_code == 200:
+                    return self
+            except requests.ConnectionError:
+                pass
+            if time.monotonic() > deadline:
+                self.stop()
+                raise ServerStartError(f"llama-server not healthy after {timeout:.0f} s:\n{self.log_tail()}")
+            time.sleep(0.05)
+
+    def stop(self, timeout: float = 10.0) -> None:
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.session.close()
+
+    def __enter__(self) -> "LlamaServer":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # --- logs ---
+
+    def log_text(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")
+        except OSError:
+            return ""
+
+    def log_tail(self, n: int = 60) -> str:
+        return "\n".join(self.log_text().splitlines()[-n:])
+
+    # --- HTTP ---
+
+    def get(self, path: str, **kw: Any) -> requests.Response:
+        kw.setdefault("timeout", 120)
+        return self.session.get(self.url + path, **kw)
+
+    def post(self, path: str, body: dict[str, Any], **kw: Any) -> requests.Response:
+        kw.setdefault("timeout", 300)
+        return requests.post(self.url + path, json=body, **kw)
+
+    def stream(self, path: str, body: dict[str, Any], **kw: Any) -> Iterator[str]:
+        """POST with stream=true and yield the raw SSE lines (comments included)."""
+        kw.setdefault("timeout", 300)
+        with requests.post(self.url + path, json={**body, "stream": True}, stream=True, **kw) as r:
+            r.raise_for_status()
+            for raw in r.iter_lines(decode_unicode=False):
+                yield raw.decode("utf-8")
+
+    def metrics(self) -> MetricsSnapshot:
+        r = self.get("/metrics")
+        r.raise_for_status()
+        return parse_prometheus(r.text)
+
+    def slots(self) -> list[dict[str, Any]]:
+        r = self.get("/slots")
+        r.raise_for_status()
+        return list(r.json())
+
+    def props(self) -> dict[str, Any]:
+        r = self.get("/props")
+        r.raise_for_status()
+        return dict(r.json())

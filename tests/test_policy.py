@@ -1,0 +1,200 @@
+"""The preemption policy, driven through llama_preempt._core with no model: the same compiled
+code the server runs."""
+from __future__ import annotations
+
+import pytest
+
+from llama_preempt import _core
+
+P = _core.SlotPhase
+
+
+def gen(id: int, n_cells: int, **kw: object) -> _core.SlotView:
+    return _core.SlotView(id, P.GENERATING, n_cells=n_cells, **kw)
+
+
+def prompt(id: int, n_cells: int, left: int, **kw: object) -> _core.SlotView:
+    return _core.SlotView(id, P.PROMPT, n_cells=n_cells, n_prompt_left=left, **kw)
+
+
+def parked(id: int, n_restore: int, t: int = 0, n_preempt: int = 1) -> _core.SlotView:
+    return _core.SlotView(id, P.PARKED, n_restore=n_restore, t_parked_us=t, n_preempt=n_preempt)
+
+
+def idle(id: int, n_cells: int) -> _core.SlotView:
+    return _core.SlotView(id, P.IDLE, n_cells=n_cells)
+
+
+def test_slot_view_rejects_unknown_fields() -> None:
+    with pytest.raises(TypeError, match="no field 'bogus'"):
+        _core.SlotView(0, P.IDLE, bogus=1)
+
+
+def test_plan_params_reject_an_empty_pool() -> None:
+    with pytest.raises(ValueError):
+        _core.PlanParams(0)
+
+
+def test_nothing_happens_when_the_next_step_fits() -> None:
+    pl = _core.plan_step([gen(0, 100), gen(1, 100)], _core.PlanParams(256))
+    assert not pl.has_action()
+    assert (pl.n_used, pl.n_need) == (200, 2)
+
+
+def test_a_full_pool_parks_the_smallest_slot_that_is_not_the_leader() -> None:
+    slots = [gen(0, 120), gen(1, 80), gen(2, 50)]
+    pl = _core.plan_step(slots, _core.PlanParams(256))
+    assert list(pl.park) == [2]
+    assert pl.n_used == 200
+
+
+def test_the_leader_is_never_parked_even_when_it_is_alone_with_the_overflow() -> None:
+    pl = _core.plan_step([gen(0, 250), idle(1, 0)], _core.PlanParams(256))
+    assert list(pl.park) == []
+
+
+def test_idle_caches_are_dropped_before_any_running_slot_is_parked() -> None:
+    slots = [gen(0, 120), gen(1, 100), idle(2, 30)]
+    pl = _core.plan_step(slots, _core.PlanParams(256))
+    assert list(pl.purge) == [2]
+    assert list(pl.park) == []
+
+
+def test_a_slot_parked_three_times_is_passed_over_while_another_candidate_exists() -> None:
+    slots = [gen(0, 150), gen(1, 40, n_preempt=3), gen(2, 60)]
+    pl = _core.plan_step(slots, _core.PlanParams(256))
+    assert list(pl.park) == [2]
+    # with no other candidate the starved slot is still eligible
+    pl = _core.plan_step([gen(0, 200), gen(1, 60, n_preempt=3)], _core.PlanParams(256))
+    assert list(pl.park) == [1]
+
+
+def test_families_and_multimodal_slots_are_never_victims() -> None:
+    slots = [gen(0, 150), gen(1, 40, in_family=True), gen(2, 60, is_multimodal=True)]
+    pl = _core.plan_step(slots, _core.PlanParams(256))
+    assert list(pl.park) == []
+
+
+def test_a_resuming_slot_is_passed_over_while_another_candidate_exists() -> None:
+    slots = [gen(0, 150), prompt(1, 30, 40, n_replay_left=40), gen(2, 60)]
+    assert _core.select_victim(slots, _core.PlanParams(256)) == 2
+
+
+def test_prompt_phase_slots_are_victims() -> None:
+    slots = [gen(0, 200), prompt(1, 40, 100)]
+    pl = _core.plan_step(slots, _core.PlanParams(256, n_batch=32))
+    assert list(pl.park) == [1]
+
+
+def test_a_resuming_slot_is_charged_its_whole_remaining_replay() -> None:
+    p = _core.PlanParams(1024, n_batch=32)
+    assert _core.reservation(prompt(0, 0, 300, n_replay_left=300), p) == 300
+    assert _core.reservation(prompt(0, 0, 300), p) == 32
+    assert _core.reservation(gen(0, 10, n_draft=3), p) == 4
+
+
+def test_children_share_their_prompt_cells_with_the_parent() -> None:
+    slots = [gen(0, 100, in_family=True), gen(1, 110, in_family=True, n_shared=100)]
+    pl = _core.plan_step(slots, _core.PlanParams(200))
+    assert pl.n_used == 110
+    assert not pl.has_action()
+
+
+def test_restore_order_is_most_preempted_first_then_longest_parked() -> None:
+    slots = [parked(0, 10, t=300, n_preempt=1), parked(1, 10, t=100, n_preempt=1),
+             parked(2, 10, t=500, n_preempt=2)]
+    assert list(_core.restore_order(slots)) == [2, 1, 0]
+
+
+def test_parked_slots_resume_fit_first_when_room_returns() -> None:
+    slots = [gen(0, 100), parked(1, 200, t=1), parked(2, 50, t=2)]
+    pl = _core.plan_step(slots, _core.PlanParams(256))
+    assert list(pl.resume) == [2]  # slot 1 does not fit beside slot 0 yet; slot 2 does
+
+
+def test_nothing_resumes_in_a_step_that_parked() -> None:
+    slots = [gen(0, 150), gen(1, 100), parked(2, 5, t=1)]
+    pl = _core.plan_step(slots, _core.PlanParams(256))
+    assert list(pl.park) == [1]
+    assert list(pl.resume) == []
+
+
+def test_a_parked_slot_resumes_into_an_empty_pool_without_the_margin() -> None:
+    pl = _core.plan_step([parked(0, 250), idle(1, 0)], _core.PlanParams(256))
+    assert list(pl.resume) == [0]
+
+
+def test_a_parked_sequence_larger_than_the_pool_fails_instead_of_waiting_forever() -> None:
+    pl = _core.plan_step([parked(0, 256), gen(1, 10)], _core.PlanParams(256))
+    assert list(pl.fail) == [0]
+    assert list(pl.resume) == []
+
+
+def test_new_requests_wait_behind_a_parked_slot() -> None:
+    slots = [gen(0, 200), parked(1, 100, t=1), prompt(2, 0, 20, is_new=True)]
+    pl = _core.plan_step(slots, _core.PlanParams(256))
+    assert list(pl.resume) == []
+    assert list(pl.hold) == [2]
+
+
+def test_new_requests_are_admitted_when_they_fit_and_nobody_waits() -> None:
+    slots = [gen(0, 100), prompt(1, 0, 20, is_new=True)]
+    pl = _core.plan_step(slots, _core.PlanParams(256, n_batch=32))
+    assert list(pl.hold) == []
+    assert pl.n_need == 1 + 20
+
+
+def test_a_new_request_is_admitted_into_an_empty_pool_even_if_its_chunk_is_large() -> None:
+    slots = [prompt(0, 0, 5000, is_new=True), idle(1, 0)]
+    pl = _core.plan_step(slots, _core.PlanParams(256, n_batch=2048))
+    assert list(pl.hold) == []
+
+
+def test_the_policy_never_livelocks_every_step_makes_progress() -> None:
+    """Simulate the planner step by step on a tiny pool: every request finishes."""
+    n_pool, n_batch = 128, 16
+    # id -> [phase, cells, prompt_left, replay_left, gen_left, n_preempt, t_parked, n_restore, is_new]
+    state = {i: dict(phase="new", cells=0, left=20 + 10 * i, replay=0, gen=70, n_preempt=0,
+                     t=0, restore=0) for i in range(3)}
+    finished: set[int] = set()
+    for step in range(2000):
+        views = []
+        for i, s in state.items():
+            if i in finished:
+                views.append(idle(i, 0))
+            elif s["phase"] == "parked":
+                views.append(parked(i, s["restore"], s["t"], s["n_preempt"]))
+            elif s["phase"] in ("new", "prompt"):
+                views.append(prompt(i, s["cells"], s["left"], n_replay_left=s["replay"],
+                                    is_new=s["phase"] == "new", n_preempt=s["n_preempt"]))
+            else:
+                views.append(gen(i, s["cells"], n_preempt=s["n_preempt"]))
+        pl = _core.plan_step(views, _core.PlanParams(n_pool, n_batch=n_batch))
+        assert not pl.fail
+        for i in pl.park:
+            s = state[i]
+            s["restore"] = s["cells"] + (1 if s["phase"] == "gen" else s["left"])
+            s.update(phase="parked", cells=0, n_preempt=s["n_preempt"] + 1, t=step)
+        for i in pl.resume:
+            s = state[i]
+            s.update(phase="prompt", left=s["restore"], replay=s["restore"])
+        used = 0
+        for i, s in state.items():
+            if i in finished or s["phase"] == "parked" or i in pl.hold:
+                continue
+            if s["phase"] in ("new", "prompt"):
+                n = s["replay"] if s["replay"] else min(n_batch, s["left"])
+                s["cells"] += n
+                s["left"] -= n
+                s["replay"] = max(0, s["replay"] - n)
+                s["phase"] = "prompt" if s["left"] else "gen"
+            else:
+                s["cells"] += 1
+                s["gen"] -= 1
+                if s["gen"] == 0:
+                    finished.add(i)
+            used += s["cells"] if i not in finished else 0
+        assert used <= n_pool, f"step {step}: {used} cells used in a pool of {n_pool}"
+        if len(finished) == len(state):
+            break
+    assert finished == set(state), state
