@@ -70,19 +70,25 @@ def find_sdist() -> Path:
                 raise FetchError(f"{cand}: sha256 {digest} does not match the pinned {SDIST_SHA256}")
 
     CACHE.mkdir(parents=True, exist_ok=True)
+    # Inside pip's isolated build environment (pip install .) the interpreter cannot see the pip it
+    # came with: PYTHONPATH and PYTHONNOUSERSITE hide it. Run pip without those variables.
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONNOUSERSITE", "PYTHONHOME")}
+    pips = [[sys.executable, "-m", "pip"]] + [[exe] for exe in ("pip", "pip3") if shutil.which(exe)]
     with tempfile.TemporaryDirectory(dir=CACHE) as tmp:
-        cmd = [
-            sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
-            "-d", tmp, f"{SDIST_NAME}=={SDIST_VERSION}",
-        ]
-        print(f"fetch: downloading {SDIST_NAME}=={SDIST_VERSION} sdist", flush=True)
-        # pip also prepares the sdist's metadata (in an isolated build env); we only need the file.
-        proc = subprocess.run(cmd, capture_output=True, text=True)
         got = Path(tmp) / SDIST_FILE
+        tried: list[str] = []
+        print(f"fetch: downloading {SDIST_NAME}=={SDIST_VERSION} sdist", flush=True)
+        for pip in pips:
+            # pip also prepares the sdist's metadata (in an isolated build env); we only need the file
+            cmd = pip + ["download", "--no-deps", "--no-binary", ":all:", "-d", tmp,
+                         f"{SDIST_NAME}=={SDIST_VERSION}"]
+            proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+            if got.is_file():
+                break
+            tried.append(f"$ {' '.join(cmd)}\n(exit {proc.returncode}) {proc.stdout[-1500:]}{proc.stderr[-1500:]}")
         if not got.is_file():
             raise FetchError(
-                "could not download the llama-cpp-python sdist with pip "
-                f"(exit {proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}\n"
+                "could not download the llama-cpp-python sdist with pip:\n" + "\n".join(tried) + "\n"
                 "Download it by hand with\n"
                 f"  pip download --no-deps --no-binary :all: {SDIST_NAME}=={SDIST_VERSION}\n"
                 "and point LLAMA_PREEMPT_SDIST at the .tar.gz."
