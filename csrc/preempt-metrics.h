@@ -8,14 +8,22 @@ namespace llama_preempt {
 
 // cumulative since the server started; lives inside upstream's server_metrics
 struct preempt_counters {
-    uint64_t n_preempt_total          = 0;  // slots parked
-    uint64_t n_resume_total           = 0;  // parked slots resumed
-    uint64_t n_recompute_tokens_total = 0;  // tokens re-prefilled after a park (decoded successfully)
-    uint64_t n_fail_total             = 0;  // parked requests ended because they no longer fit the pool
+    uint64_t n_preempt_total           = 0;  // slots parked
+    uint64_t n_preempt_swap_total      = 0;  //   of those, parked by SWAP (state copied to host RAM)
+    uint64_t n_preempt_recompute_total = 0;  //   of those, parked by RECOMPUTE (cells dropped)
+    uint64_t n_resume_total            = 0;  // parked slots resumed
+    uint64_t n_recompute_tokens_total  = 0;  // tokens re-prefilled after a park (decoded successfully)
+    uint64_t n_swap_restore_fail_total = 0;  // SWAP restores that failed and fell back to RECOMPUTE
+    uint64_t n_fail_total              = 0;  // parked requests ended because they no longer fit the pool
 };
 
-// Prometheus text for the counters plus the gauge of requests parked right now, in upstream's
-// "# HELP llamacpp:<name> ... / # TYPE ... / llamacpp:<name> <value>" form.
-std::string to_prometheus(const preempt_counters & c, int n_requests_preempted);
+// read when /metrics is asked: what is parked right now
+struct preempt_gauges {
+    int32_t  n_requests_preempted = 0;  // slots parked now
+    uint64_t ram_bytes            = 0;  // host RAM held by parked slots now (SWAP buffers)
+};
+
+// Prometheus text in upstream's "# HELP llamacpp:<name> ... / # TYPE ... / llamacpp:<name> <v>" form.
+std::string to_prometheus(const preempt_counters & c, const preempt_gauges & g);
 
 } // namespace llama_preempt

@@ -19,6 +19,10 @@ static bool is_active(const slot_view & s) {
     return s.phase == slot_phase::prompt || s.phase == slot_phase::generating;
 }
 
+static bool is_new(const slot_view & s) {
+    return s.phase == slot_phase::prompt && s.is_new;
+}
+
 // active and admitted: a new request waits in the admission queue instead
 static bool is_running(const slot_view & s) {
     return is_active(s) && !s.is_new;
@@ -73,7 +77,8 @@ int32_t select_victim(const std::vector<slot_view> & slots, const plan_params & 
             continue;
         }
         const bool resuming = s.phase == slot_phase::prompt && s.n_replay_left > 0;
-        const int  tier     = (s.n_preempt >= p.n_starved || resuming) ? 1 : 0;
+        // a slot holding no cells frees nothing but its reservation
+        const int  tier     = (s.n_preempt >= p.n_starved || resuming || s.n_cells == 0) ? 1 : 0;
         // smallest first; on a tie the later id, so the order is stable
         if (best[tier] < 0 || s.n_cells < best_cells[tier] ||
             (s.n_cells == best_cells[tier] && s.id > best[tier])) {
@@ -144,22 +149,26 @@ plan plan_step(const std::vector<slot_view> & slots, const plan_params & p) {
         }
     }
 
-    // idle slots give up their cached cells largest first, one at a time, only when needed
-    std::vector<const slot_view *> idle;
+    // cells held only as a cache can be reclaimed, one slot at a time and only when needed:
+    // idle slots first, then what new requests' slots cache (largest first in each group)
+    std::vector<const slot_view *> cached;
     for (const auto & s : slots) {
-        if (s.phase == slot_phase::idle && charged_cells(s) > 0) {
-            idle.push_back(&s);
+        if ((s.phase == slot_phase::idle || is_new(s)) && charged_cells(s) > 0) {
+            cached.push_back(&s);
         }
     }
-    std::stable_sort(idle.begin(), idle.end(), [](const slot_view * a, const slot_view * b) {
+    std::stable_sort(cached.begin(), cached.end(), [](const slot_view * a, const slot_view * b) {
+        if (is_new(*a) != is_new(*b)) {
+            return !is_new(*a);
+        }
         return charged_cells(*a) > charged_cells(*b);
     });
-    size_t i_idle = 0;
+    size_t i_cached = 0;
     auto purge_one = [&]() -> bool {
-        if (i_idle >= idle.size()) {
+        if (i_cached >= cached.size()) {
             return false;
         }
-        const slot_view * s = idle[i_idle++];
+        const slot_view * s = cached[i_cached++];
         used -= charged_cells(*s);
         pl.purge.push_back(s->id);
         return true;
@@ -171,7 +180,7 @@ plan plan_step(const std::vector<slot_view> & slots, const plan_params & p) {
     };
 
     // 2. the running slots' next step does not fit: idle caches go first, then victims are parked
-    if (!make_room(0)) {
+    if (!make_room(0) && p.park) {
         while (!fits(0)) {
             const int32_t victim = select_victim(slots, p, pl.park);
             if (victim < 0) {
@@ -193,6 +202,10 @@ plan plan_step(const std::vector<slot_view> & slots, const plan_params & p) {
             continue;
         }
         const slot_view * s = find(slots, id);
+        if (!s->can_resume) {
+            waiting = true;
+            continue;
+        }
         if (pl.park.empty() && make_room(s->n_restore)) {
             need += s->n_restore;
             n_running += 1;
@@ -205,7 +218,7 @@ plan plan_step(const std::vector<slot_view> & slots, const plan_params & p) {
     // 4. admit new requests while they fit and nobody parked is waiting; with nothing running,
     //    the first one always goes (its own size checks end it if it can never fit)
     for (const auto & s : slots) {
-        if (!(s.phase == slot_phase::prompt && s.is_new)) {
+        if (!is_new(s)) {
             continue;
         }
         const int32_t res = reservation(s, p);
@@ -215,6 +228,26 @@ plan plan_step(const std::vector<slot_view> & slots, const plan_params & p) {
         } else {
             pl.hold.push_back(s.id);
             waiting = true;  // later arrivals queue behind this one
+        }
+    }
+
+    // 5. progress: with nothing running, the head of the line must go, or the loop would spin
+    //    without decoding anything. Reclaim every cache, then resume the first parked slot (it
+    //    fits an empty pool, else it is in `fail`), or else admit the first new request.
+    if (n_running == 0 && waiting) {
+        while (purge_one()) {
+        }
+        for (int32_t id : restore_order(slots)) {
+            const slot_view * s = find(slots, id);
+            if (!contains(pl.fail, id) && s->can_resume && pl.park.empty()) {
+                need += s->n_restore;
+                n_running += 1;
+                pl.resume.push_back(id);
+                break;
+            }
+        }
+        if (n_running == 0 && !pl.hold.empty()) {
+            pl.hold.erase(pl.hold.begin());
         }
     }
 

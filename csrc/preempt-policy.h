@@ -41,6 +41,7 @@ struct slot_view {
     // parked slots
     int32_t n_restore   = 0;  // cells it needs to be back where it was when parked
     int64_t t_parked_us = 0;  // when it was parked
+    bool    can_resume  = true;  // false: keep it parked this step (a test knob holds it)
 
     int32_t n_preempt     = 0;      // times parked so far
     bool    in_family     = false;  // parent or child of an n_cmpl request: never a victim
@@ -53,6 +54,8 @@ struct plan_params {
     int32_t n_batch   = 512;                // prompt chunk a step may add for one slot
     int32_t margin    = PREEMPT_MARGIN;
     int32_t n_starved = PREEMPT_N_STARVED;
+    bool    park      = true;  // false: the planner never parks, only resumes and admits
+                               // (parking is left to the decode's retry ladder; for tests)
 };
 
 enum class park_reason {

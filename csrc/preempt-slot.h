@@ -5,6 +5,7 @@
 #pragma once
 
 #include "server-common.h"
+#include "server-task.h"
 
 #include <cstdint>
 #include <stdexcept>
@@ -19,8 +20,22 @@ enum class parked_from {
     generating,  // generating: replays prompt.tokens + sampled, then carries on sampling
 };
 
+// how a parked slot comes back
+enum class park_mode {
+    none,
+    recompute,  // cells dropped; the replay list is re-prefilled (zero host RAM)
+    swap,       // sequence state of the target and draft contexts copied to host RAM (exact)
+};
+
 struct slot_preempt_state {
     parked_from from = parked_from::none;  // != none while parked (state SLOT_STATE_PREEMPTED)
+    park_mode   mode = park_mode::none;
+
+    // SWAP: the slot's state in host RAM, and its prompt (tokens and checkpoints) kept beside it,
+    // so that a parked slot's prompt is empty like its cells
+    std::vector<uint8_t> swap_tgt;
+    std::vector<uint8_t> swap_dft;
+    server_prompt        swap_prompt;
 
     // RECOMPUTE replay list: the tokens the slot held plus `sampled`, which it had sampled and
     // sent but not decoded yet. Re-prefilling exactly these puts the logits where the interrupted
@@ -41,12 +56,21 @@ struct slot_preempt_state {
 
     bool is_parked() const { return from != parked_from::none; }
 
+    size_t swap_bytes() const { return swap_tgt.size() + swap_dft.size(); }
+
+    void free_swap() {
+        std::vector<uint8_t>().swap(swap_tgt);
+        std::vector<uint8_t>().swap(swap_dft);
+        swap_prompt.clear();
+    }
+
     // the /slots fields
     void add_to_json(json & res) const {
         res["is_preempted"] = is_parked();
         res["n_preempt"]    = n_preempt;
         res["n_recompute"]  = n_recompute;
-        res["preempt_mode"] = is_parked() ? json("recompute") : json(nullptr);
+        res["preempt_mode"] = !is_parked() ? json(nullptr) : json(mode == park_mode::swap ? "swap" : "recompute");
+        res["preempt_ram_bytes"] = swap_bytes();
         res["t_preempted_ms"] = t_parked_total_us / 1000.0;
     }
 

@@ -54,6 +54,7 @@ PYBIND11_MODULE(_core, m) {
         .def_readwrite("is_new",        &lp::slot_view::is_new)
         .def_readwrite("n_restore",     &lp::slot_view::n_restore)
         .def_readwrite("t_parked_us",   &lp::slot_view::t_parked_us)
+        .def_readwrite("can_resume",    &lp::slot_view::can_resume)
         .def_readwrite("n_preempt",     &lp::slot_view::n_preempt)
         .def_readwrite("in_family",     &lp::slot_view::in_family)
         .def_readwrite("is_multimodal", &lp::slot_view::is_multimodal)
@@ -64,18 +65,19 @@ PYBIND11_MODULE(_core, m) {
         });
 
     py::class_<lp::plan_params>(m, "PlanParams", "pool size and knobs of the planner")
-        .def(py::init([](int32_t n_pool, int32_t n_batch, int32_t margin, int32_t n_starved) {
+        .def(py::init([](int32_t n_pool, int32_t n_batch, int32_t margin, int32_t n_starved, bool park) {
                  if (n_pool <= 0) {
                      throw py::value_error("n_pool must be positive");
                  }
-                 return lp::plan_params{ n_pool, n_batch, margin, n_starved };
+                 return lp::plan_params{ n_pool, n_batch, margin, n_starved, park };
              }),
              py::arg("n_pool"), py::arg("n_batch") = 512, py::arg("margin") = lp::PREEMPT_MARGIN,
-             py::arg("n_starved") = lp::PREEMPT_N_STARVED)
+             py::arg("n_starved") = lp::PREEMPT_N_STARVED, py::arg("park") = true)
         .def_readwrite("n_pool",    &lp::plan_params::n_pool)
         .def_readwrite("n_batch",   &lp::plan_params::n_batch)
         .def_readwrite("margin",    &lp::plan_params::margin)
-        .def_readwrite("n_starved", &lp::plan_params::n_starved);
+        .def_readwrite("n_starved", &lp::plan_params::n_starved)
+        .def_readwrite("park",      &lp::plan_params::park);
 
     py::class_<lp::plan>(m, "Plan", "one step's decisions")
         .def_readonly("purge",  &lp::plan::purge)

@@ -198,3 +198,34 @@ def test_the_policy_never_livelocks_every_step_makes_progress() -> None:
         if len(finished) == len(state):
             break
     assert finished == set(state), state
+
+
+def test_a_new_requests_cache_is_reclaimed_for_a_parked_slot_that_waits() -> None:
+    # a new request whose slot caches 2000 cells must not keep a parked slot out forever
+    slots = [parked(0, 2300, t=1), prompt(1, 2000, 500, is_new=True)]
+    pl = _core.plan_step(slots, _core.PlanParams(4096))
+    assert list(pl.purge) == [1]
+    assert list(pl.resume) == [0]
+    assert list(pl.hold) == []  # with its cache reclaimed, the new request fits beside it too
+
+
+def test_idle_caches_are_reclaimed_before_new_requests_caches() -> None:
+    slots = [gen(0, 3000), idle(1, 500), prompt(2, 600, 10, is_new=True), parked(3, 400, t=1)]
+    pl = _core.plan_step(slots, _core.PlanParams(4096))
+    assert list(pl.purge) == [1]
+    assert list(pl.resume) == [3]
+
+
+def test_with_nothing_running_the_head_of_the_line_always_goes() -> None:
+    # a parked slot that cannot resume this step (held) leaves the first new request to run
+    held = parked(0, 100, t=1)
+    held.can_resume = False
+    pl = _core.plan_step([held, prompt(1, 0, 50, is_new=True), prompt(2, 0, 50, is_new=True)],
+                         _core.PlanParams(256))
+    assert list(pl.resume) == []
+    assert list(pl.hold) == [2]
+
+
+def test_a_slot_holding_no_cells_is_passed_over_as_a_victim() -> None:
+    slots = [gen(0, 150), prompt(1, 0, 64), gen(2, 90)]
+    assert _core.select_victim(slots, _core.PlanParams(256)) == 2

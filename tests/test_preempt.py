@@ -1,4 +1,8 @@
-"""Preemption by RECOMPUTE in the drop-in server (stories260K, two slots, one unified pool)."""
+"""Preemption in the drop-in server (stories260K, two slots, one unified pool).
+
+RECOMPUTE-specific tests pass --preempt-ram 0 (always recompute); the overflow scenarios run under
+both modes: RECOMPUTE, and SWAP under the default host-RAM budget.
+"""
 from __future__ import annotations
 
 import json
@@ -12,6 +16,9 @@ import pytest
 import requests
 
 from llama_preempt.server import LlamaServer
+
+RECOMPUTE = ["--preempt-ram", "0"]
+MODES = {"recompute": RECOMPUTE, "swap": []}
 
 # Word salad that tokenizes to roughly one token per word with the stories260K vocabulary.
 WORDS = ("once upon a time there was a little girl named lily she loved to play outside in the "
@@ -57,7 +64,8 @@ def test_forced_parks_complete_with_the_same_length_and_text(start_server, stori
     ref_srv = start_server(stories_model, n_ctx=512, n_parallel=2)
     ref = complete(ref_srv, prompt, 96).json()
 
-    srv = start_server(stories_model, n_ctx=512, n_parallel=2, env={"LLAMA_SERVER_PREEMPT_EVERY": "8"})
+    srv = start_server(stories_model, n_ctx=512, n_parallel=2, extra_args=RECOMPUTE,
+                       env={"LLAMA_SERVER_PREEMPT_EVERY": "8"})
     r = complete(srv, prompt, 96)
     assert r.status_code == 200, r.text
     got = r.json()
@@ -69,15 +77,18 @@ def test_forced_parks_complete_with_the_same_length_and_text(start_server, stori
     assert m["n_resume_total"] == m["n_preempt_total"]
     assert m["n_recompute_tokens_total"] > 0
     assert m["requests_preempted"] == 0
+    assert m["n_preempt_recompute_total"] == m["n_preempt_total"]
+    assert m["n_preempt_swap_total"] == 0
     assert "parked by recompute" in srv.log_text()
-    assert "resumed after" in srv.log_text()
+    assert "resumed by recompute after" in srv.log_text()
 
 
 def test_usage_does_not_count_the_recompute_as_prompt_tokens(start_server, stories_model: Path) -> None:
     body = {"messages": [{"role": "user", "content": "Tell me a story about a red ball"}],
             "max_tokens": 64, "temperature": 0}
     ref_srv = start_server(stories_model, n_ctx=512, n_parallel=2)
-    srv = start_server(stories_model, n_ctx=512, n_parallel=2, env={"LLAMA_SERVER_PREEMPT_EVERY": "8"})
+    srv = start_server(stories_model, n_ctx=512, n_parallel=2, extra_args=RECOMPUTE,
+                       env={"LLAMA_SERVER_PREEMPT_EVERY": "8"})
     ref = ref_srv.post("/v1/chat/completions", body).json()
     got = srv.post("/v1/chat/completions", body).json()
     assert got["usage"]["prompt_tokens"] == ref["usage"]["prompt_tokens"]
@@ -102,7 +113,8 @@ def test_a_streamed_request_across_forced_parks_is_one_well_formed_stream(
                 "temperature": 0}
     # the same request without a stream, under the same forced parks (RECOMPUTE may round
     # differently from an unforced run, so the reference is the same park schedule)
-    srv = start_server(stories_model, n_ctx=512, n_parallel=2, env={"LLAMA_SERVER_PREEMPT_EVERY": "8"})
+    srv = start_server(stories_model, n_ctx=512, n_parallel=2, extra_args=RECOMPUTE,
+                       env={"LLAMA_SERVER_PREEMPT_EVERY": "8"})
     ref = srv.post(endpoint, body).json()
     ref_text = ref["content"] if endpoint == "/completion" else ref["choices"][0]["message"]["content"]
     n_parks_ref = srv.metrics()["n_preempt_total"]
@@ -130,8 +142,10 @@ def test_a_streamed_request_across_forced_parks_is_one_well_formed_stream(
 
 # --- a real pool overflow ---
 
-def test_two_requests_that_fit_alone_but_not_together_both_finish(start_server, stories_model: Path) -> None:
-    srv = start_server(stories_model, n_ctx=256, n_parallel=2, n_batch=64)
+@pytest.mark.parametrize("mode", MODES)
+def test_two_requests_that_fit_alone_but_not_together_both_finish(
+        start_server, stories_model: Path, mode: str) -> None:
+    srv = start_server(stories_model, n_ctx=256, n_parallel=2, n_batch=64, extra_args=MODES[mode])
     prompts = [long_prompt(12), "Once upon a time there was a dog"]
     for p in prompts:
         assert n_tokens(srv, p) + 200 < 256 - 8  # each fits alone
@@ -143,6 +157,8 @@ def test_two_requests_that_fit_alone_but_not_together_both_finish(start_server, 
     assert m["n_preempt_total"] >= 1
     assert m["n_resume_total"] == m["n_preempt_total"]
     assert m["requests_preempted"] == 0
+    assert m["preempt_ram_bytes"] == 0
+    assert m[f"n_preempt_{mode}_total"] == m["n_preempt_total"]
 
 
 def test_the_overflow_fails_every_request_with_no_preempt(start_server, stories_model: Path) -> None:
@@ -156,8 +172,9 @@ def test_the_overflow_fails_every_request_with_no_preempt(start_server, stories_
     assert srv.metrics()["n_preempt_total"] == 0
 
 
-def test_two_prompts_that_do_not_fit_together_both_finish(start_server, stories_model: Path) -> None:
-    srv = start_server(stories_model, n_ctx=256, n_parallel=2, n_batch=32)
+@pytest.mark.parametrize("mode", MODES)
+def test_two_prompts_that_do_not_fit_together_both_finish(start_server, stories_model: Path, mode: str) -> None:
+    srv = start_server(stories_model, n_ctx=256, n_parallel=2, n_batch=32, extra_args=MODES[mode])
     prompts = [long_prompt(88), long_prompt(84, shift=7)]
     sizes = [n_tokens(srv, p) for p in prompts]
     assert sum(sizes) > 256 and max(sizes) + 32 < 256 - 8, sizes
@@ -168,8 +185,9 @@ def test_two_prompts_that_do_not_fit_together_both_finish(start_server, stories_
     assert srv.metrics()["n_preempt_total"] >= 1
 
 
-def test_a_generating_slot_beside_a_prefilling_one_both_finish(start_server, stories_model: Path) -> None:
-    srv = start_server(stories_model, n_ctx=256, n_parallel=2, n_batch=32)
+@pytest.mark.parametrize("mode", MODES)
+def test_a_generating_slot_beside_a_prefilling_one_both_finish(start_server, stories_model: Path, mode: str) -> None:
+    srv = start_server(stories_model, n_ctx=256, n_parallel=2, n_batch=32, extra_args=MODES[mode])
     started = threading.Event()
     results: dict[str, Any] = {}
 
@@ -194,9 +212,10 @@ def test_a_generating_slot_beside_a_prefilling_one_both_finish(start_server, sto
     assert srv.metrics()["n_preempt_total"] >= 1
 
 
+@pytest.mark.parametrize("mode", MODES)
 def test_metrics_and_slots_report_the_parked_state_while_a_slot_is_parked(
-        start_server, stories_model: Path) -> None:
-    srv = start_server(stories_model, n_ctx=1024, n_parallel=2, n_batch=64)
+        start_server, stories_model: Path, mode: str) -> None:
+    srv = start_server(stories_model, n_ctx=1024, n_parallel=2, n_batch=64, extra_args=MODES[mode])
     seen_slot: dict[str, Any] = {}
     seen_gauge = 0.0
 
@@ -220,7 +239,8 @@ def test_metrics_and_slots_report_the_parked_state_while_a_slot_is_parked(
     assert seen_slot, "never saw a parked slot in /slots"
     assert seen_slot["is_processing"] is True
     assert seen_slot["n_preempt"] >= 1
-    assert seen_slot["preempt_mode"] == "recompute"
+    assert seen_slot["preempt_mode"] == mode
+    assert (seen_slot["preempt_ram_bytes"] > 0) == (mode == "swap")
     assert seen_gauge >= 1
     after = srv.slots()
     assert not any(s["is_preempted"] for s in after)
@@ -255,6 +275,21 @@ def test_a_prompt_larger_than_the_pool_gets_the_context_error_without_disturbing
     assert gen[-1]["stop"] and gen[-1]["tokens_predicted"] == 150
 
 
+@pytest.mark.parametrize("mode", MODES)
+def test_the_bottom_of_the_retry_ladder_parks_instead_of_failing_everyone(
+        start_server, stories_model: Path, mode: str) -> None:
+    # with the planner's parking switched off, only the KV-full retry ladder can park
+    srv = start_server(stories_model, n_ctx=256, n_parallel=2, n_batch=64, extra_args=MODES[mode],
+                       env={"LLAMA_SERVER_PREEMPT_REACTIVE": "1"})
+    prompts = [long_prompt(12), "Once upon a time there was a dog"]
+    res = run_concurrently([lambda p=p: complete(srv, p, 200) for p in prompts])
+    for r in res:
+        assert r.status_code == 200, r.text
+        assert r.json()["tokens_predicted"] == 200
+    assert srv.metrics()["n_preempt_total"] >= 1
+    assert "reason: last resort" in srv.log_text()
+
+
 def test_preemption_is_off_without_a_unified_pool(start_server, stories_model: Path) -> None:
     srv = start_server(stories_model, n_ctx=512, n_parallel=2, kv_unified=False)
     assert "preemption: off, needs --kv-unified" in srv.log_text()
@@ -267,12 +302,15 @@ def test_preempt_flag_comes_from_the_environment(start_server, stories_model: Pa
 
 # --- the hybrid (recurrent + attention) model with an MTP draft head ---
 
+MTP_ARGS = ["--spec-type", "draft-mtp", "--spec-draft-n-max", "2"]
+
+
+@pytest.mark.parametrize("mode", MODES)
 def test_forced_parks_on_a_hybrid_model_with_mtp_speculation_complete(
-        start_server, qwen35_mtp_model: Path) -> None:
-    args = ["--spec-type", "draft-mtp", "--spec-draft-n-max", "2"]
-    ref_srv = start_server(qwen35_mtp_model, n_ctx=1024, n_parallel=2, extra_args=args)
+        start_server, qwen35_mtp_model: Path, mode: str) -> None:
+    ref_srv = start_server(qwen35_mtp_model, n_ctx=1024, n_parallel=2, extra_args=MTP_ARGS)
     ref = complete(ref_srv, "Once upon a time", 96).json()
-    srv = start_server(qwen35_mtp_model, n_ctx=1024, n_parallel=2, extra_args=args,
+    srv = start_server(qwen35_mtp_model, n_ctx=1024, n_parallel=2, extra_args=MTP_ARGS + MODES[mode],
                        env={"LLAMA_SERVER_PREEMPT_EVERY": "8"})
     r = complete(srv, "Once upon a time", 96)
     assert r.status_code == 200, r.text
@@ -282,14 +320,19 @@ def test_forced_parks_on_a_hybrid_model_with_mtp_speculation_complete(
     m = srv.metrics()
     assert m["n_preempt_total"] >= 5
     assert m["n_resume_total"] == m["n_preempt_total"]
-    # report, do not require: the hybrid model's replay may round differently
-    print(f"hybrid MTP forced parks: identical={got['content'] == ref['content']}")
+    assert m[f"n_preempt_{mode}_total"] == m["n_preempt_total"]
+    assert m["spec_decode_num_drafts_total"] > 0  # speculation ran, and restarted after parks
+    if mode == "swap":
+        # SWAP restores the recurrent state, the attention cells and the MTP context exactly
+        assert got["content"] == ref["content"]
+    else:
+        print(f"hybrid MTP, forced RECOMPUTE parks: identical={got['content'] == ref['content']}")
 
 
+@pytest.mark.parametrize("mode", MODES)
 def test_two_overflowing_requests_on_a_hybrid_model_with_mtp_both_finish(
-        start_server, qwen35_mtp_model: Path) -> None:
-    args = ["--spec-type", "draft-mtp", "--spec-draft-n-max", "2"]
-    srv = start_server(qwen35_mtp_model, n_ctx=256, n_parallel=2, n_batch=64, extra_args=args)
+        start_server, qwen35_mtp_model: Path, mode: str) -> None:
+    srv = start_server(qwen35_mtp_model, n_ctx=256, n_parallel=2, n_batch=64, extra_args=MTP_ARGS + MODES[mode])
     res = run_concurrently([lambda: complete(srv, "Once upon a time", 200),
                             lambda: complete(srv, "There was a dog", 200)])
     for r in res:

@@ -1,0 +1,166 @@
+"""SWAP under a host-RAM budget, RECOMPUTE above it (stories260K)."""
+from __future__ import annotations
+
+import json
+import socket
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from test_preempt import complete, long_prompt, n_tokens, run_concurrently, sse_events
+
+FORCED = {"LLAMA_SERVER_PREEMPT_EVERY": "8"}
+
+
+def answer_text(endpoint: str, body: dict[str, Any]) -> str:
+    return body["content"] if endpoint == "/completion" else body["choices"][0]["message"]["content"]
+
+
+def streamed_text(endpoint: str, events: list[Any]) -> str:
+    chunks = [e for e in events if isinstance(e, dict)]
+    if endpoint == "/completion":
+        return "".join(e.get("content", "") for e in chunks)
+    return "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"])
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
+@pytest.mark.parametrize("endpoint", ["/completion", "/v1/chat/completions"])
+def test_forced_parks_under_the_default_budget_are_swaps_and_byte_identical(
+        start_server, stories_model: Path, endpoint: str, stream: bool) -> None:
+    if endpoint == "/completion":
+        body: dict[str, Any] = {"prompt": "Once upon a time", "n_predict": 64, "temperature": 0,
+                                "ignore_eos": True}
+    else:
+        body = {"messages": [{"role": "user", "content": "Tell me a story about a red ball"}],
+                "max_tokens": 64, "temperature": 0}
+    ref_srv = start_server(stories_model, n_ctx=512, n_parallel=2, preempt=False)
+    ref = answer_text(endpoint, ref_srv.post(endpoint, body).json())
+
+    srv = start_server(stories_model, n_ctx=512, n_parallel=2, env=FORCED)
+    if stream:
+        got = streamed_text(endpoint, sse_events(list(srv.stream(endpoint, body))))
+    else:
+        r = srv.post(endpoint, body)
+        assert r.status_code == 200, r.text
+        got = answer_text(endpoint, r.json())
+    assert got == ref
+    m = srv.metrics()
+    assert m["n_preempt_total"] >= 6
+    assert m["n_preempt_swap_total"] == m["n_preempt_total"]
+    assert m["n_preempt_recompute_total"] == 0
+    assert m["n_recompute_tokens_total"] == 0
+    assert m["n_resume_total"] == m["n_preempt_total"]
+    assert m["preempt_ram_bytes"] == 0
+    assert "parked by swap" in srv.log_text()
+    assert "restored by swap" in srv.log_text()
+
+
+def test_preempt_ram_zero_always_recomputes_and_overflowing_requests_finish(
+        start_server, stories_model: Path) -> None:
+    srv = start_server(stories_model, n_ctx=256, n_parallel=2, n_batch=64, extra_args=["--preempt-ram", "0"])
+    assert "RECOMPUTE only (--preempt-ram 0)" in srv.log_text()
+    res = run_concurrently([lambda: complete(srv, long_prompt(12), 200),
+                            lambda: complete(srv, "Once upon a time there was a dog", 200)])
+    for r in res:
+        assert r.status_code == 200, r.text
+        assert r.json()["tokens_predicted"] == 200
+    m = srv.metrics()
+    assert m["n_preempt_total"] >= 1
+    assert m["n_preempt_recompute_total"] == m["n_preempt_total"]
+    assert m["n_preempt_swap_total"] == 0
+
+
+def test_a_budget_that_holds_one_sequence_but_not_two_parks_both_ways(
+        start_server, stories_model: Path) -> None:
+    # f32 cells: 5 layers x 2 x 4 heads x 8 dims x 4 bytes = 1280 bytes per token, so one
+    # sequence of a few hundred tokens fits a 1 MiB budget and two do not
+    budget = 1 << 20
+    srv = start_server(stories_model, n_ctx=1024, n_parallel=3, n_batch=128,
+                       extra_args=["--preempt-ram", "1", "-ctk", "f32", "-ctv", "f32"])
+    prompts = [long_prompt(250, shift=k) for k in (0, 5, 11)]
+    for p in prompts:
+        assert 300 < n_tokens(srv, p) < 450
+    ram_seen: list[float] = []
+    with ThreadPoolExecutor(max_workers=3) as ex:
+        futures = [ex.submit(complete, srv, p, 300) for p in prompts]
+        while not all(f.done() for f in futures):
+            ram_seen.append(srv.metrics()["preempt_ram_bytes"])
+        results = [f.result() for f in futures]
+    for r in results:
+        assert r.status_code == 200, r.text
+        assert r.json()["tokens_predicted"] == 300
+    m = srv.metrics()
+    assert m["n_preempt_swap_total"] >= 1
+    assert m["n_preempt_recompute_total"] >= 1
+    assert max(ram_seen) <= budget
+    assert m["preempt_ram_bytes"] == 0
+
+
+def test_a_failed_restore_falls_back_to_recompute_and_the_request_finishes(
+        start_server, stories_model: Path) -> None:
+    ref_srv = start_server(stories_model, n_ctx=512, n_parallel=2, preempt=False)
+    ref = complete(ref_srv, "Once upon a time", 64).json()
+    srv = start_server(stories_model, n_ctx=512, n_parallel=2,
+                       env={**FORCED, "LLAMA_SERVER_PREEMPT_FAIL_RESTORE": "1"})
+    r = complete(srv, "Once upon a time", 64)
+    assert r.status_code == 200, r.text
+    assert r.json()["tokens_predicted"] == 64
+    m = srv.metrics()
+    assert m["n_preempt_swap_total"] >= 1
+    assert m["n_swap_restore_fail_total"] == m["n_preempt_swap_total"]
+    assert m["n_recompute_tokens_total"] > 0
+    assert m["preempt_ram_bytes"] == 0
+    assert "falling back to recompute" in srv.log_text()
+    print(f"fallback output identical to the unforced one: {r.json()['content'] == ref['content']}")
+
+
+def test_cancelling_a_parked_streaming_request_frees_its_host_ram(start_server, stories_model: Path) -> None:
+    srv = start_server(stories_model, n_ctx=512, n_parallel=2,
+                       env={**FORCED, "LLAMA_SERVER_PREEMPT_HOLD_MS": "60000"})
+    # a raw socket, so that closing it really disconnects (a pooled HTTP client may keep it open)
+    body = json.dumps({"prompt": "Once upon a time", "n_predict": 400, "temperature": 0,
+                       "ignore_eos": True, "stream": True}).encode()
+    sock = socket.create_connection((srv.host, srv.port), timeout=60)
+    sock.sendall(b"POST /completion HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
+                 b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+    first = sock.recv(4096)
+    assert first.startswith(b"HTTP/1.1 200"), first  # the stream is live
+
+    deadline = time.monotonic() + 30
+    parked: dict[str, Any] = {}
+    while not parked and time.monotonic() < deadline:
+        parked = next((s for s in srv.slots() if s["is_preempted"]), {})
+    assert parked, "the request was never parked"
+    assert parked["preempt_mode"] == "swap"
+    assert parked["preempt_ram_bytes"] > 0
+    assert srv.metrics()["preempt_ram_bytes"] == parked["preempt_ram_bytes"]
+
+    sock.close()  # the client goes away while its slot is parked
+
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        m = srv.metrics()
+        if m["preempt_ram_bytes"] == 0 and m["requests_processing"] == 0:
+            break
+    assert m["preempt_ram_bytes"] == 0
+    assert m["requests_preempted"] == 0
+    assert not any(s["is_processing"] for s in srv.slots())
+    # the server is still serving
+    assert complete(srv, "Once", 8).json()["tokens_predicted"] == 8
+
+
+@pytest.mark.parametrize("value", ["-2", "abc", "12MiB", ""])
+def test_an_invalid_preempt_ram_is_a_startup_error_naming_the_flag(
+        start_server, stories_model: Path, value: str) -> None:
+    from llama_preempt.server import ServerStartError
+
+    with pytest.raises(ServerStartError, match="--preempt-ram"):
+        start_server(stories_model, n_ctx=256, n_parallel=2, extra_args=["--preempt-ram", value], )
+
+
+def test_preempt_ram_comes_from_the_environment(start_server, stories_model: Path) -> None:
+    srv = start_server(stories_model, n_ctx=256, n_parallel=2, env={"LLAMA_ARG_PREEMPT_RAM": "-1"})
+    assert "SWAP to host RAM with no limit" in srv.log_text()
