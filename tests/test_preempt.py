@@ -57,6 +57,26 @@ def sse_events(lines: list[str]) -> list[dict[str, Any] | str]:
     return out
 
 
+class BackgroundStream:
+    """A streamed /completion read on a thread; `started` is set at its first chunk."""
+
+    def __init__(self, srv: LlamaServer, body: dict[str, Any]) -> None:
+        self.chunks: list[dict[str, Any]] = []
+        self.started = threading.Event()
+        self._thread = threading.Thread(target=self._read, args=(srv, body))
+        self._thread.start()
+
+    def _read(self, srv: LlamaServer, body: dict[str, Any]) -> None:
+        for line in srv.stream("/completion", body):
+            if line.startswith("data: "):
+                self.chunks.append(json.loads(line[6:]))
+                self.started.set()
+
+    def join(self, timeout: float = 120) -> list[dict[str, Any]]:
+        self._thread.join(timeout)
+        return self.chunks
+
+
 # --- forced parks (LLAMA_SERVER_PREEMPT_EVERY) ---
 
 def test_forced_parks_complete_with_the_same_length_and_text(start_server, stories_model: Path) -> None:
@@ -188,26 +208,13 @@ def test_two_prompts_that_do_not_fit_together_both_finish(start_server, stories_
 @pytest.mark.parametrize("mode", MODES)
 def test_a_generating_slot_beside_a_prefilling_one_both_finish(start_server, stories_model: Path, mode: str) -> None:
     srv = start_server(stories_model, n_ctx=256, n_parallel=2, n_batch=32, extra_args=MODES[mode])
-    started = threading.Event()
-    results: dict[str, Any] = {}
-
-    def generator() -> None:
-        chunks = []
-        for line in srv.stream("/completion", {"prompt": "Once upon a time", "n_predict": 180,
-                                               "temperature": 0, "ignore_eos": True}):
-            if line.startswith("data: "):
-                chunks.append(json.loads(line[6:]))
-                started.set()
-        results["gen"] = chunks
-
-    t = threading.Thread(target=generator)
-    t.start()
-    assert started.wait(60), "the generating request never started"
+    gen_stream = BackgroundStream(srv, {"prompt": "Once upon a time", "n_predict": 180,
+                                        "temperature": 0, "ignore_eos": True})
+    assert gen_stream.started.wait(60), "the generating request never started"
     r = complete(srv, long_prompt(120), 24)
-    t.join(120)
+    gen = gen_stream.join()
     assert r.status_code == 200, r.text
     assert r.json()["tokens_predicted"] == 24
-    gen = results["gen"]
     assert gen[-1]["stop"] and gen[-1]["tokens_predicted"] == 180
     assert srv.metrics()["n_preempt_total"] >= 1
 
@@ -250,28 +257,15 @@ def test_metrics_and_slots_report_the_parked_state_while_a_slot_is_parked(
 def test_a_prompt_larger_than_the_pool_gets_the_context_error_without_disturbing_a_running_request(
         start_server, stories_model: Path) -> None:
     srv = start_server(stories_model, n_ctx=256, n_parallel=2, n_batch=64)
-    started = threading.Event()
-    results: dict[str, Any] = {}
-
-    def generator() -> None:
-        chunks = []
-        for line in srv.stream("/completion", {"prompt": "Once upon a time", "n_predict": 150,
-                                               "temperature": 0, "ignore_eos": True}):
-            if line.startswith("data: "):
-                chunks.append(json.loads(line[6:]))
-                started.set()
-        results["gen"] = chunks
-
-    t = threading.Thread(target=generator)
-    t.start()
-    assert started.wait(60)
+    gen_stream = BackgroundStream(srv, {"prompt": "Once upon a time", "n_predict": 150,
+                                        "temperature": 0, "ignore_eos": True})
+    assert gen_stream.started.wait(60)
     big = long_prompt(400)
     assert n_tokens(srv, big) > 256
     r = complete(srv, big, 8)
-    t.join(120)
+    gen = gen_stream.join()
     assert r.status_code == 400, r.text
     assert r.json()["error"]["type"] == "exceed_context_size_error"
-    gen = results["gen"]
     assert gen[-1]["stop"] and gen[-1]["tokens_predicted"] == 150
 
 

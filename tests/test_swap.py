@@ -164,3 +164,35 @@ def test_an_invalid_preempt_ram_is_a_startup_error_naming_the_flag(
 def test_preempt_ram_comes_from_the_environment(start_server, stories_model: Path) -> None:
     srv = start_server(stories_model, n_ctx=256, n_parallel=2, env={"LLAMA_ARG_PREEMPT_RAM": "-1"})
     assert "SWAP to host RAM with no limit" in srv.log_text()
+
+
+YES_NO = 'root ::= ("yes" | "no") (", " ("yes" | "no"))*'
+
+
+@pytest.mark.parametrize("sampling", [
+    {"temperature": 1.0, "seed": 7},                                    # the RNG carries on
+    {"temperature": 0, "repeat_penalty": 1.5, "repeat_last_n": 64},     # the penalty history carries on
+    {"temperature": 0.8, "seed": 3, "grammar": YES_NO},                 # the grammar state carries on
+], ids=["rng", "penalties", "grammar"])
+def test_the_sampler_state_carries_across_swap_parks(start_server, stories_model: Path,
+                                                      sampling: dict[str, Any]) -> None:
+    body = {"prompt": "Once upon a time", "n_predict": 64, "ignore_eos": True, **sampling}
+    ref_srv = start_server(stories_model, n_ctx=512, n_parallel=2, preempt=False)
+    ref = ref_srv.post("/completion", body).json()
+    srv = start_server(stories_model, n_ctx=512, n_parallel=2, env=FORCED)
+    got = srv.post("/completion", body).json()
+    assert srv.metrics()["n_preempt_swap_total"] >= 6
+    assert got["content"] == ref["content"]
+
+
+def test_a_grammar_stays_satisfied_across_recompute_parks(start_server, stories_model: Path) -> None:
+    import re
+
+    srv = start_server(stories_model, n_ctx=512, n_parallel=2, extra_args=["--preempt-ram", "0"], env=FORCED)
+    r = srv.post("/completion", {"prompt": "Answer:", "n_predict": 48, "temperature": 0.8, "seed": 5,
+                                 "grammar": YES_NO, "ignore_eos": True})
+    assert r.status_code == 200, r.text
+    text = r.json()["content"]
+    assert srv.metrics()["n_preempt_recompute_total"] >= 4
+    # every prefix the grammar allows: whole answers, then possibly a cut-off separator or word
+    assert re.fullmatch(r"(yes|no)(, (yes|no))*(,? ?|, (y|ye|n))?", text), text
