@@ -333,3 +333,22 @@ def test_two_overflowing_requests_on_a_hybrid_model_with_mtp_both_finish(
         assert r.status_code == 200, r.text
         assert r.json()["tokens_predicted"] == 200
     assert srv.metrics()["n_preempt_total"] >= 1
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_more_requests_than_slots_on_an_oversubscribed_pool_all_finish(
+        start_server, stories_model: Path, mode: str) -> None:
+    # 8 requests on 3 slots: some wait for a slot (deferred), new ones are held while the pool is
+    # short, running ones may be parked (whether a park is needed depends on timing), and prompts
+    # share a cached prefix, so slots hold reusable cells
+    srv = start_server(stories_model, n_ctx=384, n_parallel=3, n_batch=32, extra_args=MODES[mode])
+    shared = long_prompt(40)
+    jobs = [(shared + " " + long_prompt(5 + 3 * i, shift=i), 60 + 25 * (i % 4)) for i in range(8)]
+    res = run_concurrently([lambda p=p, n=n: complete(srv, p, n, cache_prompt=True) for p, n in jobs])
+    for (_, n), r in zip(jobs, res):
+        assert r.status_code == 200, r.text
+        assert r.json()["tokens_predicted"] == n
+    m = srv.metrics()
+    assert m["n_resume_total"] == m["n_preempt_total"]
+    assert m["requests_preempted"] == 0 and m["preempt_ram_bytes"] == 0
+    assert not any(s["is_processing"] for s in srv.slots())
