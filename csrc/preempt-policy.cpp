@@ -222,7 +222,8 @@ plan plan_step(const std::vector<slot_view> & slots, const plan_params & p) {
             continue;
         }
         const int32_t res = reservation(s, p);
-        if (!waiting && (n_running == 0 || make_room(res))) {
+        // make_room first: even the request that goes regardless gets idle caches out of its way
+        if (!waiting && (make_room(res) || n_running == 0)) {
             need += res;
             n_running += 1;
         } else {

@@ -229,3 +229,10 @@ def test_with_nothing_running_the_head_of_the_line_always_goes() -> None:
 def test_a_slot_holding_no_cells_is_passed_over_as_a_victim() -> None:
     slots = [gen(0, 150), prompt(1, 0, 64), gen(2, 90)]
     assert _core.select_victim(slots, _core.PlanParams(256)) == 2
+
+
+def test_a_new_request_into_an_empty_pool_gets_idle_caches_out_of_its_way() -> None:
+    slots = [prompt(0, 0, 5000, is_new=True), idle(1, 200)]
+    pl = _core.plan_step(slots, _core.PlanParams(256, n_batch=2048))
+    assert list(pl.purge) == [1]
+    assert list(pl.hold) == []
