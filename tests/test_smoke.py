@@ -65,3 +65,23 @@ def test_metrics_endpoint_reports_upstream_and_preemption_series(start_server, s
 def test_metrics_endpoint_is_off_without_the_flag(start_server, stories_model: Path) -> None:
     srv = start_server(stories_model, n_ctx=256, n_parallel=2, metrics=False)
     assert srv.get("/metrics").status_code == 501
+
+
+def test_cli_reports_its_version_and_the_server_it_installed() -> None:
+    import sys
+
+    cli = [sys.executable, "-m", "llama_preempt.cli"]
+    out = subprocess.run(cli + ["--version"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stdout.strip() == f"llama-preempt {llama_preempt.__version__}"
+    out = subprocess.run(cli + ["server-path"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0
+    assert Path(out.stdout.strip()) == server_binary()
+
+
+def test_cli_rejects_an_unknown_command_naming_it() -> None:
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "llama_preempt.cli", "frobnicate"], capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 2
+    assert "frobnicate" in out.stderr
