@@ -9,18 +9,18 @@ std::string to_prometheus(const preempt_counters & c, const preempt_gauges & g) 
         const char * name;
         const char * type;
         const char * help;
-        double       value;
+        uint64_t     value;  // all integers: printed in full, not as 6-digit doubles
     };
     const item items[] = {
-        { "n_preempt_total",           "counter", "Number of times a slot was parked to make room in the KV pool",         (double) c.n_preempt_total },
-        { "n_preempt_swap_total",      "counter", "Number of parks that copied the slot's state to host RAM (SWAP)",        (double) c.n_preempt_swap_total },
-        { "n_preempt_recompute_total", "counter", "Number of parks that dropped the slot's cells to re-prefill them (RECOMPUTE)", (double) c.n_preempt_recompute_total },
-        { "n_resume_total",            "counter", "Number of times a parked slot was resumed",                              (double) c.n_resume_total },
-        { "n_recompute_tokens_total",  "counter", "Number of tokens re-prefilled to resume parked slots (RECOMPUTE)",       (double) c.n_recompute_tokens_total },
-        { "n_swap_restore_fail_total", "counter", "Number of SWAP restores that failed and fell back to RECOMPUTE",          (double) c.n_swap_restore_fail_total },
-        { "n_preempt_fail_total",      "counter", "Number of parked requests ended because they no longer fit the pool",    (double) c.n_fail_total },
-        { "requests_preempted",        "gauge",   "Number of requests parked now",                                          (double) g.n_requests_preempted },
-        { "preempt_ram_bytes",         "gauge",   "Host RAM held by parked slots now, in bytes",                            (double) g.ram_bytes },
+        { "n_preempt_total",           "counter", "Number of times a slot was parked to make room in the KV pool",         c.n_preempt_total },
+        { "n_preempt_swap_total",      "counter", "Number of parks that copied the slot's state to host RAM (SWAP)",        c.n_preempt_swap_total },
+        { "n_preempt_recompute_total", "counter", "Number of parks that dropped the slot's cells to re-prefill them (RECOMPUTE)", c.n_preempt_recompute_total },
+        { "n_resume_total",            "counter", "Number of times a parked slot was resumed",                              c.n_resume_total },
+        { "n_recompute_tokens_total",  "counter", "Number of tokens re-prefilled to resume parked slots (RECOMPUTE)",       c.n_recompute_tokens_total },
+        { "n_swap_restore_fail_total", "counter", "Number of SWAP restores that failed and fell back to RECOMPUTE",          c.n_swap_restore_fail_total },
+        { "n_preempt_fail_total",      "counter", "Number of parked requests ended because they no longer fit the pool",    c.n_fail_total },
+        { "requests_preempted",        "gauge",   "Number of requests parked now",                                          (uint64_t) g.n_requests_preempted },
+        { "preempt_ram_bytes",         "gauge",   "Host RAM held by parked slots now, in bytes",                            g.ram_bytes },
     };
     std::ostringstream out;
     for (const auto & it : items) {

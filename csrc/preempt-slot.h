@@ -8,6 +8,8 @@
 #include "server-task.h"
 
 #include <cstdint>
+#include <memory>
+#include <new>
 #include <stdexcept>
 
 namespace llama_preempt {
@@ -18,6 +20,24 @@ enum class parked_from {
     started,     // a new request that had not started its prompt
     prompt,      // mid-prompt: starts its prompt over
     generating,  // generating: replays prompt.tokens + sampled, then carries on sampling
+};
+
+// host RAM for one context's sequence state: left uninitialised (the copy fills it) and allocated
+// without throwing, so a large swap neither zero-fills gigabytes on the main loop nor aborts
+struct host_buffer {
+    std::unique_ptr<uint8_t[]> data;
+    size_t size = 0;
+
+    bool alloc(size_t n) {
+        data.reset(n > 0 ? new (std::nothrow) uint8_t[n] : nullptr);
+        size = data ? n : 0;
+        return n == 0 || data != nullptr;
+    }
+
+    void reset() {
+        data.reset();
+        size = 0;
+    }
 };
 
 // how a parked slot comes back
@@ -33,8 +53,8 @@ struct slot_preempt_state {
 
     // SWAP: the slot's state in host RAM, and its prompt (tokens and checkpoints) kept beside it,
     // so that a parked slot's prompt is empty like its cells
-    std::vector<uint8_t> swap_tgt;
-    std::vector<uint8_t> swap_dft;
+    host_buffer          swap_tgt;
+    host_buffer          swap_dft;
     server_prompt        swap_prompt;
 
     // RECOMPUTE replay list: the tokens the slot held plus `sampled`, which it had sampled and
@@ -56,11 +76,11 @@ struct slot_preempt_state {
 
     bool is_parked() const { return from != parked_from::none; }
 
-    size_t swap_bytes() const { return swap_tgt.size() + swap_dft.size(); }
+    size_t swap_bytes() const { return swap_tgt.size + swap_dft.size; }
 
     void free_swap() {
-        std::vector<uint8_t>().swap(swap_tgt);
-        std::vector<uint8_t>().swap(swap_dft);
+        swap_tgt.reset();
+        swap_dft.reset();
         swap_prompt.clear();
     }
 

@@ -352,3 +352,23 @@ def test_more_requests_than_slots_on_an_oversubscribed_pool_all_finish(
     assert m["n_resume_total"] == m["n_preempt_total"]
     assert m["requests_preempted"] == 0 and m["preempt_ram_bytes"] == 0
     assert not any(s["is_processing"] for s in srv.slots())
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_overflowing_requests_with_ngram_speculation_both_finish(
+        start_server, stories_model: Path, mode: str) -> None:
+    # n-gram speculators draft many tokens a step (ngram-simple drafted 22 at once here) and keep
+    # per-sequence state; parks and resumes must leave both consistent (the planner reserves the
+    # speculator's own draft limit, common_speculative_n_max)
+    srv = start_server(stories_model, n_ctx=384, n_parallel=2, n_batch=128,
+                       extra_args=["--spec-type", "ngram-simple,ngram-cache"] + MODES[mode])
+    prompts = [long_prompt(60), long_prompt(50, shift=3)]  # repetitive, so n-grams match
+    for p in prompts:
+        assert n_tokens(srv, p) + 250 < 384 - 8
+    res = run_concurrently([lambda p=p: complete(srv, p, 250) for p in prompts])
+    for r in res:
+        assert r.status_code == 200, r.text
+        assert r.json()["tokens_predicted"] == 250
+    m = srv.metrics()
+    assert m["n_preempt_total"] >= 1
+    assert m["spec_decode_num_draft_tokens_total"] > 0, "the speculators never drafted"
