@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from test_preempt import complete, long_prompt, n_tokens, run_concurrently, sse_events
+from helpers import complete, long_prompt, n_tokens, run_concurrently, sse_events
 
 FORCED = {"LLAMA_SERVER_PREEMPT_EVERY": "8"}
 

@@ -56,9 +56,9 @@ def parse_prometheus(text: str, prefix: str = "llamacpp:") -> MetricsSnapshot:
             except ValueError as e:
                 raise MetricsFormatError(f"bad value in metrics line {line!r}") from e
     snap = MetricsSnapshot()
-    for name, val in values.items():
+    for name, value in values.items():
         if name not in types or name not in helps:
             raise MetricsFormatError(f"metric {name} has no TYPE or HELP line")
         short = name[len(prefix):] if name.startswith(prefix) else name
-        snap.metrics[short] = Metric(short, types[name], helps[name], val)
+        snap.metrics[short] = Metric(short, types[name], helps[name], value)
     return snap
