@@ -116,6 +116,14 @@ def bench_model(name: str, model: Path, prompt: str, args: argparse.Namespace, c
     return rows
 
 
+def display_path(path: Path) -> str:
+    """A path as results record it: relative to the repository, never this machine's layout."""
+    try:
+        return str(path.resolve().relative_to(Path(__file__).resolve().parent.parent))
+    except ValueError:
+        return path.name
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", default="stories,smollm2", help="comma list of stories,smollm2")
@@ -153,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     cmd = "python bench/exactness.py " + " ".join(argv if argv is not None else sys.argv[1:])
     when = time.strftime("%Y-%m-%d %H:%M:%S")
     (args.out / "exactness.json").write_text(json.dumps(
-        {"command": cmd.strip(), "when": when, "config": {k: (str(v) if isinstance(v, Path) else v)
+        {"command": cmd.strip(), "when": when, "config": {k: (display_path(v) if isinstance(v, Path) else v)
                                                            for k, v in vars(args).items()},
          "rows": [asdict(r) for r in rows]}, indent=2) + "\n")
     lines = [f"# exactness ({when})", "", f"`{cmd.strip()}`", "",

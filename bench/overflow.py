@@ -98,6 +98,14 @@ def row_cells(r: RunResult) -> list[str]:
             f"{m.get('n_resume_total', 0):.0f}", f"{m.get('n_recompute_tokens_total', 0):.0f}", f"{r.peak_ram_mib:.2f}"]
 
 
+def display_path(path: Path) -> str:
+    """A path as results record it: relative to the repository, never this machine's layout."""
+    try:
+        return str(path.resolve().relative_to(Path(__file__).resolve().parent.parent))
+    except ValueError:
+        return path.name
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--n-ctx", type=int, default=1024)
@@ -134,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     record = {"command": "python bench/overflow.py " + " ".join(argv if argv is not None else sys.argv[1:]),
               "machine": f"{platform.machine()} {platform.processor() or ''}".strip(),
-              "when": time.strftime("%Y-%m-%d %H:%M:%S"), "config": vars(args) | {"out": str(args.out)},
+              "when": time.strftime("%Y-%m-%d %H:%M:%S"), "config": vars(args) | {"out": display_path(args.out)},
               "results": [asdict(r) for r in results]}
     (args.out / "overflow.json").write_text(json.dumps(record, indent=2) + "\n")
     lines = [f"# overflow ({record['when']})", "", f"`{record['command']}`", "",
