@@ -27,8 +27,8 @@ from rich.table import Table
 
 from llama_preempt.models import smollm2_path
 from llama_preempt.server import LlamaServer, ServerConfig
+from results_io import RESULTS, ROOT, display_path  # bench/ is on sys.path when run as a script
 
-ROOT = Path(__file__).resolve().parent.parent
 SHARED_STORIES = ROOT.parent / "shared" / "models" / "stories260K.gguf"
 
 
@@ -116,21 +116,13 @@ def bench_model(name: str, model: Path, prompt: str, args: argparse.Namespace, c
     return rows
 
 
-def display_path(path: Path) -> str:
-    """A path as results record it: relative to the repository, never this machine's layout."""
-    try:
-        return str(path.resolve().relative_to(Path(__file__).resolve().parent.parent))
-    except ValueError:
-        return path.name
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", default="stories,smollm2", help="comma list of stories,smollm2")
     ap.add_argument("--n-predict", type=int, default=600)
     ap.add_argument("--n-ctx", type=int, default=2048)
     ap.add_argument("--every", type=int, nargs="+", default=[8, 64, 200])
-    ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results")
+    ap.add_argument("--out", type=Path, default=RESULTS)
     args = ap.parse_args(argv)
 
     console = Console()

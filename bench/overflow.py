@@ -27,6 +27,7 @@ from rich.table import Table
 
 from llama_preempt.models import smollm2_path
 from llama_preempt.server import LlamaServer, ServerConfig
+from results_io import RESULTS, display_path  # bench/ is on sys.path when run as a script
 
 TOPICS = ["the history of bread", "how rivers form", "a day in the life of a lighthouse keeper",
           "why the sky is blue", "the rules of chess", "how bees make honey", "the first trains",
@@ -98,14 +99,6 @@ def row_cells(r: RunResult) -> list[str]:
             f"{m.get('n_resume_total', 0):.0f}", f"{m.get('n_recompute_tokens_total', 0):.0f}", f"{r.peak_ram_mib:.2f}"]
 
 
-def display_path(path: Path) -> str:
-    """A path as results record it: relative to the repository, never this machine's layout."""
-    try:
-        return str(path.resolve().relative_to(Path(__file__).resolve().parent.parent))
-    except ValueError:
-        return path.name
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--n-ctx", type=int, default=1024)
@@ -115,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--modes", default="stock,recompute,swap",
                     help="comma list of stock, recompute (--preempt-ram 0), swap (--preempt-ram -1), default")
-    ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results")
+    ap.add_argument("--out", type=Path, default=RESULTS)
     args = ap.parse_args(argv)
 
     model = smollm2_path()

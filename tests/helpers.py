@@ -37,6 +37,15 @@ def run_concurrently(fns: list[Any]) -> list[Any]:
         return [f.result() for f in futures]
 
 
+def complete_all(srv: LlamaServer, prompts: list[str], n_predict: int, **extra: Any) -> list[requests.Response]:
+    """Send the prompts at once; assert that every one finishes with exactly n_predict tokens."""
+    res = run_concurrently([lambda p=p: complete(srv, p, n_predict, **extra) for p in prompts])
+    for r in res:
+        assert r.status_code == 200, r.text
+        assert r.json()["tokens_predicted"] == n_predict
+    return res
+
+
 def sse_events(lines: list[str]) -> list[dict[str, Any] | str]:
     """The data: payloads of an SSE stream, JSON-decoded ("[DONE]" kept as a string)."""
     out: list[dict[str, Any] | str] = []

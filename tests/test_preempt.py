@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from helpers import BackgroundStream, complete, long_prompt, n_tokens, run_concurrently, sse_events
+from helpers import BackgroundStream, complete, complete_all, long_prompt, n_tokens, run_concurrently, sse_events
 
 RECOMPUTE = ["--preempt-ram", "0"]
 MODES = {"recompute": RECOMPUTE, "swap": []}
@@ -109,10 +109,7 @@ def test_two_requests_that_fit_alone_but_not_together_both_finish(
     prompts = [long_prompt(12), "Once upon a time there was a dog"]
     for p in prompts:
         assert n_tokens(srv, p) + 200 < 256 - 8  # each fits alone
-    res = run_concurrently([lambda p=p: complete(srv, p, 200) for p in prompts])
-    for r in res:
-        assert r.status_code == 200, r.text
-        assert r.json()["tokens_predicted"] == 200
+    complete_all(srv, prompts, 200)
     m = srv.metrics()
     assert m["n_preempt_total"] >= 1
     assert m["n_resume_total"] == m["n_preempt_total"]
@@ -138,10 +135,7 @@ def test_two_prompts_that_do_not_fit_together_both_finish(start_server, stories_
     prompts = [long_prompt(88), long_prompt(84, shift=7)]
     sizes = [n_tokens(srv, p) for p in prompts]
     assert sum(sizes) > 256 and max(sizes) + 32 < 256 - 8, sizes
-    res = run_concurrently([lambda p=p: complete(srv, p, 32) for p in prompts])
-    for r in res:
-        assert r.status_code == 200, r.text
-        assert r.json()["tokens_predicted"] == 32
+    complete_all(srv, prompts, 32)
     assert srv.metrics()["n_preempt_total"] >= 1
 
 
@@ -216,10 +210,7 @@ def test_the_bottom_of_the_retry_ladder_parks_instead_of_failing_everyone(
     srv = start_server(stories_model, n_ctx=256, n_parallel=2, n_batch=64, extra_args=MODES[mode],
                        env={"LLAMA_SERVER_PREEMPT_REACTIVE": "1"})
     prompts = [long_prompt(12), "Once upon a time there was a dog"]
-    res = run_concurrently([lambda p=p: complete(srv, p, 200) for p in prompts])
-    for r in res:
-        assert r.status_code == 200, r.text
-        assert r.json()["tokens_predicted"] == 200
+    complete_all(srv, prompts, 200)
     assert srv.metrics()["n_preempt_total"] >= 1
     assert "reason: last resort" in srv.log_text()
 
@@ -267,11 +258,7 @@ def test_forced_parks_on_a_hybrid_model_with_mtp_speculation_complete(
 def test_two_overflowing_requests_on_a_hybrid_model_with_mtp_both_finish(
         start_server, qwen35_mtp_model: Path, mode: str) -> None:
     srv = start_server(qwen35_mtp_model, n_ctx=256, n_parallel=2, n_batch=64, extra_args=MTP_ARGS + MODES[mode])
-    res = run_concurrently([lambda: complete(srv, "Once upon a time", 200),
-                            lambda: complete(srv, "There was a dog", 200)])
-    for r in res:
-        assert r.status_code == 200, r.text
-        assert r.json()["tokens_predicted"] == 200
+    complete_all(srv, ["Once upon a time", "There was a dog"], 200)
     assert srv.metrics()["n_preempt_total"] >= 1
 
 
@@ -305,10 +292,7 @@ def test_overflowing_requests_with_ngram_speculation_both_finish(
     prompts = [long_prompt(60), long_prompt(50, shift=3)]  # repetitive, so n-grams match
     for p in prompts:
         assert n_tokens(srv, p) + 250 < 384 - 8
-    res = run_concurrently([lambda p=p: complete(srv, p, 250) for p in prompts])
-    for r in res:
-        assert r.status_code == 200, r.text
-        assert r.json()["tokens_predicted"] == 250
+    complete_all(srv, prompts, 250)
     m = srv.metrics()
     assert m["n_preempt_total"] >= 1
     assert m["spec_decode_num_draft_tokens_total"] > 0, "the speculators never drafted"

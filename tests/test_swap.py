@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from helpers import complete, long_prompt, n_tokens, run_concurrently, sse_events
+from helpers import complete, complete_all, long_prompt, n_tokens, sse_events
 
 FORCED = {"LLAMA_SERVER_PREEMPT_EVERY": "8"}
 
@@ -62,11 +62,7 @@ def test_preempt_ram_zero_always_recomputes_and_overflowing_requests_finish(
         start_server, stories_model: Path) -> None:
     srv = start_server(stories_model, n_ctx=256, n_parallel=2, n_batch=64, extra_args=["--preempt-ram", "0"])
     assert "RECOMPUTE only (--preempt-ram 0)" in srv.log_text()
-    res = run_concurrently([lambda: complete(srv, long_prompt(12), 200),
-                            lambda: complete(srv, "Once upon a time there was a dog", 200)])
-    for r in res:
-        assert r.status_code == 200, r.text
-        assert r.json()["tokens_predicted"] == 200
+    complete_all(srv, [long_prompt(12), "Once upon a time there was a dog"], 200)
     m = srv.metrics()
     assert m["n_preempt_total"] >= 1
     assert m["n_preempt_recompute_total"] == m["n_preempt_total"]
