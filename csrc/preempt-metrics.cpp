@@ -4,14 +4,8 @@
 
 namespace llama_preempt {
 
-std::string to_prometheus(const preempt_counters & c, const preempt_gauges & g) {
-    struct item {
-        const char * name;
-        const char * type;
-        const char * help;
-        uint64_t     value;  // all integers: printed in full, not as 6-digit doubles
-    };
-    const item items[] = {
+std::vector<metric_item> metric_items(const preempt_counters & c, const preempt_gauges & g) {
+    return {
         { "n_preempt_total",           "counter", "Number of times a slot was parked to make room in the KV pool",         c.n_preempt_total },
         { "n_preempt_swap_total",      "counter", "Number of parks that copied the slot's state to host RAM (SWAP)",        c.n_preempt_swap_total },
         { "n_preempt_recompute_total", "counter", "Number of parks that dropped the slot's cells to re-prefill them (RECOMPUTE)", c.n_preempt_recompute_total },
@@ -22,8 +16,11 @@ std::string to_prometheus(const preempt_counters & c, const preempt_gauges & g) 
         { "requests_preempted",        "gauge",   "Number of requests parked now",                                          (uint64_t) g.n_requests_preempted },
         { "preempt_ram_bytes",         "gauge",   "Host RAM held by parked slots now, in bytes",                            g.ram_bytes },
     };
+}
+
+std::string to_prometheus(const preempt_counters & c, const preempt_gauges & g) {
     std::ostringstream out;
-    for (const auto & it : items) {
+    for (const auto & it : metric_items(c, g)) {
         out << "# HELP llamacpp:" << it.name << " " << it.help << "\n"
             << "# TYPE llamacpp:" << it.name << " " << it.type << "\n"
             << "llamacpp:"        << it.name << " " << it.value << "\n";

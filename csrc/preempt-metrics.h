@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace llama_preempt {
 
@@ -22,6 +23,16 @@ struct preempt_gauges {
     int32_t  n_requests_preempted = 0;  // slots parked now
     uint64_t ram_bytes            = 0;  // host RAM held by parked slots now (SWAP buffers)
 };
+
+// One series: the same name, type and value reach /metrics and the in-process Engine's stats().
+struct metric_item {
+    const char * name;   // without the "llamacpp:" prefix
+    const char * type;   // counter | gauge
+    const char * help;
+    uint64_t     value;  // all integers: printed in full, not as 6-digit doubles
+};
+
+std::vector<metric_item> metric_items(const preempt_counters & c, const preempt_gauges & g);
 
 // Prometheus text in upstream's "# HELP llamacpp:<name> ... / # TYPE ... / llamacpp:<name> <v>" form.
 std::string to_prometheus(const preempt_counters & c, const preempt_gauges & g);

@@ -84,8 +84,9 @@ struct slot_preempt_state {
         swap_prompt.clear();
     }
 
-    // the /slots fields
-    void add_to_json(json & res) const {
+    // the /slots fields; `state` is the slot's state by name (slot_state_name())
+    void add_to_json(json & res, const char * state) const {
+        res["state"]        = state;
         res["is_preempted"] = is_parked();
         res["n_preempt"]    = n_preempt;
         res["n_recompute"]  = n_recompute;

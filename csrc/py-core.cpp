@@ -1,7 +1,8 @@
 // llama_preempt._core: the compiled side of the Python package.
 //
 // It exposes the one policy implementation that the server runs, so the Python layer (tests,
-// the simulator) drives exactly the code the server does.
+// the simulator) drives exactly the code the server does, and the server itself in process
+// (EngineCore, py-engine.cpp), whose loop Python drives.
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
@@ -11,8 +12,12 @@
 namespace py = pybind11;
 namespace lp = llama_preempt;
 
+void register_engine(py::module_ & m);  // py-engine.cpp: the in-process server
+
 PYBIND11_MODULE(_core, m) {
     m.doc() = "llama-preempt compiled core: the preemption policy shared with llama-server";
+
+    register_engine(m);
 
     m.def("version", &lp::version, "llama-preempt version compiled into this module");
     m.def("version_line", &lp::version_line, "the identity line llama-server prints at start");

@@ -1,0 +1,587 @@
+// llama_preempt._core.Engine: the patched llama-server in this process, its loop driven by Python.
+//
+// - The model is loaded by upstream's own argument parser and server_context::load_model(), so
+//   every llama-server flag works.
+// - Requests go through upstream's own route handlers (server_routes), each on its own thread as
+//   an HTTP request would be, with a JSON body and no socket: parameter parsing, chat templates,
+//   sampling and response shapes are the server's.
+// - step() runs one iteration of upstream's loop (server_context::step(), patch 0006) on the
+//   calling thread with the GIL released, and returns what happened in it as JSON.
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include "arg.h"
+#include "common.h"
+#include "llama.h"
+#include "log.h"
+#include "server-common.h"
+#include "server-context.h"
+#include "server-http.h"
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace py = pybind11;
+
+namespace {
+
+struct engine_error : std::runtime_error {
+    using std::runtime_error::runtime_error;
+};
+struct engine_closed_error : engine_error {
+    using engine_error::engine_error;
+};
+struct engine_busy_error : engine_error {
+    using engine_error::engine_error;
+};
+struct model_load_error : engine_error {
+    using engine_error::engine_error;
+};
+struct engine_argument_error : std::invalid_argument {
+    using std::invalid_argument::invalid_argument;
+};
+
+// flags whose upstream handlers print and exit the process: an embedding host must not die
+const char * const k_exiting_flags[] = {
+    "-h", "--help", "--usage", "--version", "--completion-bash", "--list-devices", "-cl", "--cache-list",
+};
+
+// One request, answered by an upstream route handler on its own thread. The Python side reads
+// the status and either the body or the stream's chunks.
+struct engine_request {
+    std::atomic<bool> cancelled{false};
+    const std::function<bool()> should_stop = [this]() { return cancelled.load(); };
+
+    std::mutex              mtx;
+    std::condition_variable cv;
+    bool        started   = false;  // status (and for a stream, its first chunk) known
+    bool        done      = false;  // the handler and its stream are finished
+    bool        is_stream = false;
+    int         status    = 0;
+    std::string data;               // non-streamed body
+    std::deque<std::string> chunks; // streamed SSE chunks not taken yet
+
+    void set_started(int st, bool stream, std::string body) {
+        {
+            std::lock_guard<std::mutex> lk(mtx);
+            status    = st;
+            is_stream = stream;
+            data      = std::move(body);
+            started   = true;
+        }
+        cv.notify_all();
+    }
+
+    void push_chunk(std::string chunk) {
+        {
+            std::lock_guard<std::mutex> lk(mtx);
+            chunks.push_back(std::move(chunk));
+        }
+        cv.notify_all();
+    }
+
+    void set_done() {
+        {
+            std::lock_guard<std::mutex> lk(mtx);
+            started = true;
+            done    = true;
+        }
+        cv.notify_all();
+    }
+
+    // wait (GIL released) until pred holds or the timeout passes; a negative timeout waits forever
+    template <typename Pred>
+    bool wait_for(double timeout_s, Pred pred) {
+        py::gil_scoped_release nogil;
+        std::unique_lock<std::mutex> lk(mtx);
+        if (timeout_s < 0) {
+            cv.wait(lk, pred);
+            return true;
+        }
+        return cv.wait_for(lk, std::chrono::duration<double>(timeout_s), pred);
+    }
+};
+
+// the route handler's answer when it throws, as upstream's ex_wrapper (tools/server/server.cpp)
+server_http_res_ptr call_handler(const server_http_context::handler_t & handler, const server_http_req & req) {
+    std::string message;
+    error_type  type = ERROR_TYPE_SERVER;
+    try {
+        return handler(req);
+    } catch (const std::invalid_argument & e) {
+        type    = ERROR_TYPE_INVALID_REQUEST;
+        message = e.what();
+    } catch (const std::exception & e) {
+        message = e.what();
+    } catch (...) {
+        message = "unknown error";
+    }
+    auto res = std::make_unique<server_http_res>();
+    json err    = format_error_response(message, type);
+    res->status = json_value(err, "code", 500);
+    res->data   = safe_json_to_str({{"error", err}});
+    return res;
+}
+
+server_http_res_ptr not_found(const std::string & method, const std::string & path) {
+    auto res    = std::make_unique<server_http_res>();
+    res->status = 404;
+    res->data   = safe_json_to_str({{"error", {
+        {"code", 404}, {"message", "no route for " + method + " " + path}, {"type", "not_found_error"}}}});
+    return res;
+}
+
+class engine {
+public:
+    explicit engine(const std::vector<std::string> & args) {
+        for (const auto & a : args) {
+            for (const char * f : k_exiting_flags) {
+                if (a == f) {
+                    throw engine_argument_error(std::string("error: ") + f + " is not available in the Engine (it prints and exits); "
+                                                "run `llama-server " + f + "` instead");
+                }
+            }
+        }
+        init_process();
+
+        std::vector<std::string> argv_s = { "llama-server" };
+        argv_s.insert(argv_s.end(), args.begin(), args.end());
+        std::vector<char *> argv;
+        for (auto & a : argv_s) {
+            argv.push_back(a.data());
+        }
+        {
+            auto ctx_arg = common_params_parser_init(params, LLAMA_EXAMPLE_SERVER);
+            const common_params defaults = params;
+            try {
+                if (!common_params_parse_ex((int) argv.size(), argv.data(), ctx_arg)) {
+                    throw engine_argument_error("error: invalid arguments");
+                }
+                params.lr.init();
+            } catch (const std::invalid_argument & e) {
+                params = defaults;
+                throw engine_argument_error(string_strip(e.what()));
+            } catch (const std::exception & e) {
+                params = defaults;
+                throw engine_argument_error(string_strip(e.what()));
+            }
+        }
+
+        if (params.model.path.empty()) {
+            throw engine_argument_error("error: the Engine needs a local model file: pass -m PATH (nothing is downloaded)");
+        }
+        if (!std::filesystem::is_regular_file(params.model.path)) {
+            throw model_load_error("model file not found: " + params.model.path);
+        }
+
+        // what llama_server() does to the parsed params before it loads the model (tools/server/server.cpp)
+        if (params.embedding && params.n_batch > params.n_ubatch) {
+            params.n_batch = params.n_ubatch;
+        }
+        if (params.n_parallel < 0) {
+            params.n_parallel = 4;
+            params.kv_unified = true;
+        }
+        if (params.kv_unified_per_slot > 0 && params.n_ctx == 0 && (uint32_t) params.fit_params_min_ctx != UINT32_MAX) {
+            params.n_ctx = params.n_parallel * params.kv_unified_per_slot;
+        }
+        const auto model_name = params.model.get_name();
+        if (params.model_alias.empty() && !model_name.empty()) {
+            params.model_alias.insert(model_name);
+        }
+
+        ctx = std::make_unique<server_context>();
+        routes = std::make_unique<server_routes>(params, *ctx);  // before load_model(), as upstream does
+        bool loaded = false;
+        {
+            py::gil_scoped_release nogil;
+            loaded = ctx->load_model(params);
+        }
+        if (!loaded) {
+            routes.reset();
+            ctx.reset();
+            throw model_load_error("failed to load the model from " + params.model.path +
+                                   " (not a GGUF llama.cpp can load, or it does not fit; see the log above)");
+        }
+        routes->update_meta(*ctx);
+        build_route_table();
+        ctx->step_begin();
+        looping = true;
+    }
+
+    ~engine() {
+        try {
+            close();
+        } catch (...) {
+        }
+    }
+
+    engine(const engine &) = delete;
+    engine & operator=(const engine &) = delete;
+
+    // start a request: an upstream route handler runs on its own thread, as under HTTP
+    std::shared_ptr<engine_request> submit(const std::string & method, const std::string & target, const std::string & body) {
+        check_open();
+        auto req = std::make_shared<engine_request>();
+
+        std::string path  = target;
+        std::string query;
+        if (const auto q = target.find('?'); q != std::string::npos) {
+            path  = target.substr(0, q);
+            query = target.substr(q + 1);
+        }
+        std::map<std::string, std::string> params_kv = parse_query(query);
+        const server_http_context::handler_t * handler = find_route(method, path, params_kv);
+
+        std::lock_guard<std::mutex> lk(mtx_requests);
+        reap_finished();
+        auto h = handler ? *handler : server_http_context::handler_t{};
+        threads.push_back({ req, std::thread([this, req, h, method, path, query, params_kv, body]() {
+            run_request(*req, h, method, path, query, params_kv, body);
+        }) });
+        return req;
+    }
+
+    std::string step() {
+        check_open();
+        std::unique_lock<std::mutex> lk(mtx_step, std::try_to_lock);
+        if (!lk.owns_lock()) {
+            throw engine_busy_error("step() is already running on another thread: drive the loop from one thread "
+                                    "(or use start() and let the background thread do it)");
+        }
+        json report;
+        {
+            py::gil_scoped_release nogil;
+            report = ctx->step();
+        }
+        return report.dump();
+    }
+
+    // wait until a task is queued or a request finished, at most timeout_s; true if either happened
+    bool wait(double timeout_s) {
+        check_open();
+        py::gil_scoped_release nogil;
+        const auto deadline = std::chrono::steady_clock::now() +
+            std::chrono::duration_cast<std::chrono::steady_clock::duration>(std::chrono::duration<double>(std::max(0.0, timeout_s)));
+        while (true) {
+            if (n_finished.load() != n_finished_seen) {
+                n_finished_seen = n_finished.load();
+                return true;
+            }
+            if (ctx->step_wait(0)) {
+                return true;
+            }
+            const auto now = std::chrono::steady_clock::now();
+            if (now >= deadline) {
+                return false;
+            }
+            // a queued task wakes this at once; a finished request within 2 ms
+            const auto left_ms = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - now).count();
+            if (ctx->step_wait(std::max<int64_t>(1, std::min<int64_t>(left_ms, 2)))) {
+                return true;
+            }
+        }
+    }
+
+    std::string stats() {
+        check_open();
+        json out;
+        {
+            py::gil_scoped_release nogil;
+            std::lock_guard<std::mutex> lk(mtx_step);  // between steps: the slots are not moving
+            out = ctx->preempt_stats();
+        }
+        return out.dump();
+    }
+
+    int n_pending() {
+        std::lock_guard<std::mutex> lk(mtx_requests);
+        int n = 0;
+        for (auto & t : threads) {
+            std::lock_guard<std::mutex> lk_req(t.req->mtx);
+            n += t.req->done ? 0 : 1;
+        }
+        return n;
+    }
+
+    bool is_closed() const { return closed; }
+
+    // cancel what is pending, wait for the handler threads, stop the loop's worker, free the model
+    void close() {
+        if (closed) {
+            return;
+        }
+        closed = true;
+        py::gil_scoped_release nogil;
+        std::vector<running_request> to_join;
+        {
+            std::lock_guard<std::mutex> lk(mtx_requests);
+            for (auto & t : threads) {
+                t.req->cancelled = true;
+                t.req->cv.notify_all();
+            }
+            to_join.swap(threads);
+        }
+        // each handler notices its cancel within its polling interval (1 s) and returns
+        for (auto & t : to_join) {
+            if (t.thread.joinable()) {
+                t.thread.join();
+            }
+        }
+        std::lock_guard<std::mutex> lk(mtx_step);
+        if (looping) {
+            ctx->step_end();
+            looping = false;
+        }
+        table.clear();
+        routes.reset();
+        ctx.reset();
+    }
+
+private:
+    struct running_request {
+        std::shared_ptr<engine_request> req;
+        std::thread thread;
+    };
+
+    common_params                   params;
+    std::unique_ptr<server_context> ctx;
+    std::unique_ptr<server_routes>  routes;
+    std::map<std::string, server_http_context::handler_t> table;  // "POST /completion" -> handler
+
+    std::mutex                   mtx_step;      // held by step(); stats() reads between steps
+    std::mutex                   mtx_requests;
+    std::vector<running_request> threads;
+    std::atomic<uint64_t>        n_finished{0};
+    uint64_t                     n_finished_seen = 0;
+    bool                         looping = false;
+    std::atomic<bool>            closed{false};
+
+    static void init_process() {
+        static std::once_flag once;
+        std::call_once(once, []() {
+            std::setlocale(LC_NUMERIC, "C");
+            common_init();
+            llama_backend_init();
+        });
+    }
+
+    void check_open() const {
+        if (closed) {
+            throw engine_closed_error("the Engine is closed: create a new one");
+        }
+    }
+
+    static std::map<std::string, std::string> parse_query(const std::string & query) {
+        std::map<std::string, std::string> out;
+        size_t start = 0;
+        while (start < query.size()) {
+            size_t end = query.find('&', start);
+            if (end == std::string::npos) {
+                end = query.size();
+            }
+            const std::string kv = query.substr(start, end - start);
+            const size_t eq = kv.find('=');
+            if (!kv.empty()) {
+                out[kv.substr(0, eq)] = eq == std::string::npos ? "" : kv.substr(eq + 1);
+            }
+            start = end + 1;
+        }
+        return out;
+    }
+
+    // the routes tools/server/server.cpp registers for a single-model server (not the router's,
+    // the resumable-stream ones or the tools/MCP proxies, which need a socket or other processes)
+    void build_route_table() {
+        auto & r = *routes;
+        const std::pair<const char *, server_http_context::handler_t *> get_routes[] = {
+            {"/health", &r.get_health}, {"/v1/health", &r.get_health}, {"/metrics", &r.get_metrics},
+            {"/props", &r.get_props}, {"/models", &r.get_models}, {"/v1/models", &r.get_models},
+            {"/lora-adapters", &r.get_lora_adapters}, {"/slots", &r.get_slots},
+        };
+        const std::pair<const char *, server_http_context::handler_t *> post_routes[] = {
+            {"/props", &r.post_props},
+            {"/completion", &r.post_completions}, {"/completions", &r.post_completions},
+            {"/v1/completions", &r.post_completions_oai},
+            {"/chat/completions", &r.post_chat_completions}, {"/v1/chat/completions", &r.post_chat_completions},
+            {"/v1/chat/completions/control", &r.post_control},
+            {"/v1/responses", &r.post_responses_oai}, {"/responses", &r.post_responses_oai},
+            {"/v1/messages", &r.post_anthropic_messages}, {"/v1/messages/count_tokens", &r.post_anthropic_count_tokens},
+            {"/infill", &r.post_infill},
+            {"/embedding", &r.post_embeddings}, {"/embeddings", &r.post_embeddings}, {"/v1/embeddings", &r.post_embeddings_oai},
+            {"/rerank", &r.post_rerank}, {"/reranking", &r.post_rerank}, {"/v1/rerank", &r.post_rerank}, {"/v1/reranking", &r.post_rerank},
+            {"/tokenize", &r.post_tokenize}, {"/detokenize", &r.post_detokenize}, {"/apply-template", &r.post_apply_template},
+            {"/chat/completions/input_tokens", &r.post_chat_completions_tok},
+            {"/v1/chat/completions/input_tokens", &r.post_chat_completions_tok},
+            {"/responses/input_tokens", &r.post_responses_tok_oai}, {"/v1/responses/input_tokens", &r.post_responses_tok_oai},
+            {"/lora-adapters", &r.post_lora_adapters},
+            {"/slots/:id_slot", &r.post_slots},
+        };
+        for (const auto & [path, h] : get_routes) {
+            table[std::string("GET ") + path] = *h;
+        }
+        for (const auto & [path, h] : post_routes) {
+            table[std::string("POST ") + path] = *h;
+        }
+    }
+
+    const server_http_context::handler_t * find_route(const std::string & method, const std::string & path,
+                                                      std::map<std::string, std::string> & params_kv) const {
+        auto it = table.find(method + " " + path);
+        if (it != table.end()) {
+            return &it->second;
+        }
+        const std::string slots_prefix = "/slots/";
+        if (method == "POST" && path.rfind(slots_prefix, 0) == 0 && path.size() > slots_prefix.size()) {
+            params_kv["id_slot"] = path.substr(slots_prefix.size());
+            return &table.at("POST /slots/:id_slot");
+        }
+        return nullptr;
+    }
+
+    void run_request(engine_request & r, const server_http_context::handler_t & handler, const std::string & method,
+                     const std::string & path, const std::string & query,
+                     const std::map<std::string, std::string> & params_kv, const std::string & body) {
+        {
+            server_http_req req{ params_kv, {}, path, query, body, {}, r.should_stop };
+            server_http_res_ptr res = handler ? call_handler(handler, req) : not_found(method, path);
+            if (res->is_stream()) {
+                r.set_started(res->status, true, "");
+                while (true) {
+                    std::string chunk;
+                    bool more = false;
+                    try {
+                        more = res->next(chunk);
+                    } catch (const std::exception & e) {
+                        chunk = "error: " + safe_json_to_str(format_error_response(e.what(), ERROR_TYPE_SERVER)) + "\n\n";
+                    }
+                    if (!chunk.empty()) {
+                        r.push_chunk(std::move(chunk));
+                    }
+                    if (!more) {
+                        break;
+                    }
+                }
+            } else {
+                r.set_started(res->status, false, res->data);
+            }
+            res->on_complete();
+            res.reset();  // before req: the response keeps a pointer to it
+        }
+        r.set_done();
+        n_finished++;
+    }
+
+    // join the threads of finished requests (their Python handles keep the results)
+    void reap_finished() {
+        for (auto it = threads.begin(); it != threads.end();) {
+            bool done;
+            {
+                std::lock_guard<std::mutex> lk(it->req->mtx);
+                done = it->req->done;
+            }
+            if (done) {
+                it->thread.join();
+                it = threads.erase(it);
+            } else {
+                ++it;
+            }
+        }
+    }
+};
+
+} // namespace
+
+void register_engine(py::module_ & m) {
+    static py::exception<engine_error> exc_engine(m, "EngineError", PyExc_RuntimeError);
+    static py::exception<engine_closed_error> exc_closed(m, "EngineClosedError", exc_engine.ptr());
+    static py::exception<engine_busy_error> exc_busy(m, "EngineBusyError", exc_engine.ptr());
+    static py::exception<model_load_error> exc_load(m, "ModelLoadError", exc_engine.ptr());
+    static py::exception<engine_argument_error> exc_args(m, "EngineArgumentError", PyExc_ValueError);
+    py::register_exception_translator([](std::exception_ptr p) {
+        try {
+            if (p) {
+                std::rethrow_exception(p);
+            }
+        } catch (const engine_closed_error & e) {
+            py::set_error(exc_closed, e.what());
+        } catch (const engine_busy_error & e) {
+            py::set_error(exc_busy, e.what());
+        } catch (const model_load_error & e) {
+            py::set_error(exc_load, e.what());
+        } catch (const engine_error & e) {
+            py::set_error(exc_engine, e.what());
+        } catch (const engine_argument_error & e) {
+            py::set_error(exc_args, e.what());
+        }
+    });
+
+    py::class_<engine_request, std::shared_ptr<engine_request>>(m, "RequestHandle",
+            "one request answered by an upstream route handler on its own thread")
+        .def("cancel", [](engine_request & r) {
+            r.cancelled = true;
+            r.cv.notify_all();
+        }, "ask the handler to stop, as a client disconnect does")
+        .def_property_readonly("cancelled", [](engine_request & r) { return r.cancelled.load(); })
+        .def_property_readonly("done", [](engine_request & r) {
+            std::lock_guard<std::mutex> lk(r.mtx);
+            return r.done;
+        })
+        .def_property_readonly("started", [](engine_request & r) {
+            std::lock_guard<std::mutex> lk(r.mtx);
+            return r.started;
+        })
+        .def_property_readonly("status", [](engine_request & r) {
+            std::lock_guard<std::mutex> lk(r.mtx);
+            return r.status;
+        })
+        .def_property_readonly("is_stream", [](engine_request & r) {
+            std::lock_guard<std::mutex> lk(r.mtx);
+            return r.is_stream;
+        })
+        .def_property_readonly("data", [](engine_request & r) {
+            std::lock_guard<std::mutex> lk(r.mtx);
+            return py::bytes(r.data);
+        })
+        .def("take_chunks", [](engine_request & r) {
+            std::vector<py::bytes> out;
+            std::lock_guard<std::mutex> lk(r.mtx);
+            for (auto & c : r.chunks) {
+                out.emplace_back(c);
+            }
+            r.chunks.clear();
+            return out;
+        }, "the streamed chunks that arrived since the last call")
+        .def("wait_started", [](engine_request & r, double timeout_s) {
+            return r.wait_for(timeout_s, [&]() { return r.started; });
+        }, py::arg("timeout_s") = -1.0)
+        .def("wait_done", [](engine_request & r, double timeout_s) {
+            return r.wait_for(timeout_s, [&]() { return r.done; });
+        }, py::arg("timeout_s") = -1.0)
+        .def("wait_chunk", [](engine_request & r, double timeout_s) {
+            return r.wait_for(timeout_s, [&]() { return r.done || !r.chunks.empty(); });
+        }, py::arg("timeout_s") = -1.0, "wait for a chunk or the end of the stream");
+
+    py::class_<engine>(m, "EngineCore", "the patched llama-server in process; Python drives its loop")
+        .def(py::init<const std::vector<std::string> &>(), py::arg("args"),
+             "load a model with llama-server's own argument parser (argv without the program name)")
+        .def("submit", &engine::submit, py::arg("method"), py::arg("path"), py::arg("body") = "",
+             "start a request on an upstream route handler (its own thread); returns its handle")
+        .def("step", &engine::step, "one iteration of the server loop; a JSON report of what happened")
+        .def("wait", &engine::wait, py::arg("timeout_s"),
+             "wait (GIL released) until a task is queued or a request finished; True if either happened")
+        .def("stats", &engine::stats, "preemption counters, gauges and per-slot state as JSON, read between steps")
+        .def("n_pending", &engine::n_pending, "requests whose handler has not finished")
+        .def_property_readonly("closed", &engine::is_closed)
+        .def("close", &engine::close, "cancel pending requests, stop the loop and free the model and context");
+}
