@@ -553,6 +553,10 @@ void register_engine(py::module_ & m) {
             std::lock_guard<std::mutex> lk(r.mtx);
             return py::bytes(r.data);
         })
+        .def("has_chunks", [](engine_request & r) {
+            std::lock_guard<std::mutex> lk(r.mtx);
+            return !r.chunks.empty();
+        })
         .def("take_chunks", [](engine_request & r) {
             std::vector<py::bytes> out;
             std::lock_guard<std::mutex> lk(r.mtx);

@@ -2,6 +2,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
+
+from .stats import PreemptStats
 
 
 class MetricsFormatError(ValueError):
@@ -62,3 +65,10 @@ def parse_prometheus(text: str, prefix: str = "llamacpp:") -> MetricsSnapshot:
         short = name[len(prefix):] if name.startswith(prefix) else name
         snap.metrics[short] = Metric(short, types[name], helps[name], value)
     return snap
+
+
+def parse_preempt_stats(metrics_text: str, slots: list[dict[str, Any]]) -> PreemptStats:
+    """The preemption counters and gauges of a /metrics text plus the /slots entries, as the same
+    PreemptStats the in-process Engine returns. Raises KeyError when the server is not ours."""
+    snap = parse_prometheus(metrics_text)
+    return PreemptStats.from_series({name: m.value for name, m in snap.metrics.items()}, slots)

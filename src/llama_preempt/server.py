@@ -20,7 +20,8 @@ from typing import Any, Iterator
 import requests
 
 from .binary import server_binary
-from .metrics import MetricsSnapshot, parse_prometheus
+from .metrics import MetricsSnapshot, parse_preempt_stats, parse_prometheus
+from .stats import PreemptStats
 
 
 class ServerStartError(RuntimeError):
@@ -172,6 +173,12 @@ class LlamaServer:
         r = self.get("/metrics")
         r.raise_for_status()
         return parse_prometheus(r.text)
+
+    def preempt_stats(self) -> PreemptStats:
+        """The same PreemptStats the in-process Engine returns, from /metrics and /slots."""
+        r = self.get("/metrics")
+        r.raise_for_status()
+        return parse_preempt_stats(r.text, self.slots())
 
     def slots(self) -> list[dict[str, Any]]:
         r = self.get("/slots")

@@ -1,0 +1,529 @@
+"""The in-process Engine: the patched llama-server in this process, its loop driven from Python.
+
+    from llama_preempt.engine import Engine
+
+    with Engine("model.gguf", n_ctx=1024, n_parallel=4) as eng:
+        outs = eng.generate(["Once upon a time", "The dog"], n_predict=64, temperature=0)
+        print(outs[0].text, eng.stats().n_preempt_total)
+
+The model is loaded with llama-server's own argument parser (`args` takes any llama-server flag),
+requests go through the server's own route handlers (`/completion`, `/v1/chat/completions`, ...),
+and `step()` runs one iteration of the server's loop, returning a StepReport. Either drive the
+loop yourself (`step()`, `run()`, `generate()`, or simply `Request.result()`, which steps until
+its answer is there), or `start()` a background thread that does, so several Python threads can
+submit and stream at once.
+"""
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator, Sequence, Union
+
+from . import _core
+from .metrics import MetricsSnapshot, parse_prometheus
+from .stats import PreemptStats
+
+# errors raised by the compiled core (re-exported so callers need only this module)
+EngineError = _core.EngineError                   # base of the Engine's errors (a RuntimeError)
+EngineClosedError = _core.EngineClosedError       # the Engine was closed
+EngineBusyError = _core.EngineBusyError           # step() from two threads at once
+ModelLoadError = _core.ModelLoadError             # missing or unloadable model file
+EngineArgumentError = _core.EngineArgumentError   # a bad llama-server flag (a ValueError)
+
+# a flag the Engine adds unless the caller sets it: warnings and errors only (the binary logs info)
+_QUIET = ["-lv", "2"]
+_VERBOSITY_FLAGS = {"-lv", "--verbosity", "--log-verbosity", "-v", "--verbose", "--log-verbose"}
+
+
+class RequestError(EngineError):
+    """The server answered the request with an error (the same status, type and message as HTTP)."""
+
+    def __init__(self, status: int, type: str, message: str, body: Any = None) -> None:
+        super().__init__(f"{status} {type}: {message}")
+        self.status = status
+        self.type = type
+        self.message = message
+        self.body = body
+
+    @classmethod
+    def from_body(cls, status: int, body: Any) -> "RequestError":
+        err = body.get("error", {}) if isinstance(body, dict) else {}
+        if not isinstance(err, dict):
+            err = {"message": str(err)}
+        return cls(int(err.get("code", status) or status), str(err.get("type", "error")),
+                   str(err.get("message", body)), body)
+
+
+class RequestCancelled(EngineError):
+    """The request was cancelled before it finished."""
+
+
+# --- what a step did ---
+
+@dataclass(frozen=True)
+class ParkEvent:
+    slot: int
+    task: int
+    mode: str          # "swap" or "recompute"
+    n_tokens: int      # tokens the slot held
+    bytes: int         # host RAM its state took (swap)
+    reason: str
+    ms: float          # time the park took
+
+
+@dataclass(frozen=True)
+class ResumeEvent:
+    slot: int
+    task: int
+    mode: str          # how it came back: "swap" (restored) or "recompute" (replays)
+    fallback: bool     # a swap restore failed and it recomputes instead
+    parked_ms: float
+    restore_ms: float
+    n_replay: int      # tokens to re-prefill (recompute)
+
+
+@dataclass(frozen=True)
+class EndEvent:
+    slot: int
+    task: int
+    n_generated: int
+    stop: str          # eos, word, limit
+
+
+@dataclass(frozen=True)
+class FailEvent:
+    slot: int          # -1 when the task never had a slot
+    task: int
+    message: str
+
+
+@dataclass(frozen=True)
+class StepReport:
+    """What one iteration of the server loop did."""
+
+    n_decoded: int            # tokens decoded (prompt, replay and generated)
+    n_prompt: int             # of those, prompt tokens
+    n_replay: int             # of those, tokens re-prefilled after a park (recompute)
+    n_generated: int          # tokens sampled for requests
+    n_busy: int               # slots with a request after the step
+    elapsed_ms: float
+    parked: tuple[ParkEvent, ...] = ()
+    resumed: tuple[ResumeEvent, ...] = ()
+    finished: tuple[EndEvent, ...] = ()
+    failed: tuple[FailEvent, ...] = ()
+    cancelled: tuple[int, ...] = ()  # tasks cancelled (slot released without an answer)
+
+    @property
+    def idle(self) -> bool:
+        return self.n_busy == 0 and self.n_decoded == 0
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> "StepReport":
+        return cls(
+            n_decoded=int(d["n_decoded"]), n_prompt=int(d["n_prompt"]), n_replay=int(d["n_replay"]),
+            n_generated=int(d["n_generated"]), n_busy=int(d["busy"]), elapsed_ms=d["t_us"] / 1000.0,
+            parked=tuple(ParkEvent(**e) for e in d["parked"]),
+            resumed=tuple(ResumeEvent(**e) for e in d["resumed"]),
+            finished=tuple(EndEvent(e["slot"], e["task"], e["n_gen"], e["stop"]) for e in d["finished"]),
+            failed=tuple(FailEvent(**e) for e in d["failed"]),
+            cancelled=tuple(e["task"] for e in d["cancelled"]),
+        )
+
+
+# --- answers ---
+
+@dataclass(frozen=True)
+class Completion:
+    """One finished answer, from any completion endpoint."""
+
+    text: str
+    n_prompt: int
+    n_generated: int
+    stop: str                 # stop_type (/completion) or finish_reason (OpenAI endpoints)
+    timings: dict[str, Any] = field(default_factory=dict)
+    response: dict[str, Any] = field(default_factory=dict)  # the server's whole response
+
+    @classmethod
+    def from_response(cls, body: dict[str, Any]) -> "Completion":
+        timings = body.get("timings") or {}
+        if "choices" in body:  # /v1/chat/completions, /v1/completions
+            choice = body["choices"][0]
+            text = choice["message"].get("content") or "" if "message" in choice else choice.get("text", "")
+            usage = body.get("usage") or {}
+            return cls(text, int(usage.get("prompt_tokens", 0)), int(usage.get("completion_tokens", 0)),
+                       str(choice.get("finish_reason")), timings, body)
+        return cls(body.get("content", ""), int(body.get("tokens_evaluated", 0)),
+                   int(body.get("tokens_predicted", 0)), str(body.get("stop_type", "")), timings, body)
+
+
+def stream_text(chunk: dict[str, Any]) -> str:
+    """The text a streamed chunk adds, for /completion and the OpenAI endpoints alike."""
+    if "choices" in chunk:
+        if not chunk["choices"]:
+            return ""
+        choice = chunk["choices"][0]
+        if "delta" in choice:
+            return choice["delta"].get("content") or ""
+        return choice.get("text") or ""
+    return chunk.get("content", "") or ""
+
+
+class Request:
+    """A submitted request. `result()` / `stream()` step the engine themselves unless a background
+    loop runs, so a single thread can simply submit and read."""
+
+    def __init__(self, engine: "Engine", handle: Any, path: str, stream: bool) -> None:
+        self._engine = engine
+        self._handle = handle
+        self.path = path
+        self.is_stream = stream
+
+    @property
+    def done(self) -> bool:
+        return bool(self._handle.done)
+
+    @property
+    def cancelled(self) -> bool:
+        return bool(self._handle.cancelled)
+
+    def cancel(self) -> None:
+        """Stop the request as a client disconnect would; its slot (and any parked state) is freed."""
+        self._handle.cancel()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Wait until the request has finished; False if the timeout passed first."""
+        return self._engine._drive(lambda: self._handle.done, self._handle.wait_done, timeout)
+
+    def result(self, timeout: float | None = None) -> Any:
+        """The response body (a dict for completions). Raises RequestError for an error answer,
+        RequestCancelled if it was cancelled, TimeoutError if the timeout passed."""
+        if self.is_stream:
+            return list(self.stream(timeout=timeout))
+        if not self.wait(timeout):
+            raise TimeoutError(f"{self.path}: no answer within {timeout} s")
+        status = int(self._handle.status)
+        raw = bytes(self._handle.data)
+        if self._handle.cancelled and not raw:
+            raise RequestCancelled(f"{self.path}: cancelled")
+        body = _decode(raw)
+        if status != 200:
+            raise RequestError.from_body(status, body)
+        return body
+
+    def completion(self, timeout: float | None = None) -> Completion:
+        return Completion.from_response(self.result(timeout))
+
+    def sse(self, timeout: float | None = None) -> Iterator[str]:
+        """The raw SSE chunks as the HTTP stream carries them (data lines, comments, [DONE])."""
+        h = self._handle
+        deadline = None if timeout is None else time.monotonic() + timeout
+        if not self._engine._drive(lambda: h.started, h.wait_started, timeout):
+            raise TimeoutError(f"{self.path}: no answer within {timeout} s")
+        if not h.is_stream:
+            # an error before the first token is an ordinary error response, as over HTTP
+            status, body = int(h.status), _decode(bytes(h.data))
+            if h.cancelled and not body:
+                raise RequestCancelled(f"{self.path}: cancelled")
+            raise RequestError.from_body(status if status != 200 else 500, body)
+        while True:
+            for chunk in h.take_chunks():
+                yield bytes(chunk).decode("utf-8")
+            if h.done:
+                for chunk in h.take_chunks():
+                    yield bytes(chunk).decode("utf-8")
+                break
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                raise TimeoutError(f"{self.path}: stream stalled past {timeout} s")
+            self._engine._drive(lambda: h.done or h.has_chunks(), h.wait_chunk, left)
+        if h.cancelled:
+            raise RequestCancelled(f"{self.path}: cancelled")
+
+    def stream(self, timeout: float | None = None) -> Iterator[dict[str, Any]]:
+        """The streamed chunks, JSON-decoded: the same `data:` payloads as the SSE stream."""
+        for chunk in self.sse(timeout):
+            for line in chunk.splitlines():
+                if not line.startswith("data: "):
+                    continue
+                payload = line[len("data: "):]
+                if payload == "[DONE]":
+                    continue
+                data = json.loads(payload)
+                if isinstance(data, dict) and "error" in data:
+                    raise RequestError.from_body(int(data["error"].get("code", 500)), data)
+                yield data
+
+
+def _decode(raw: bytes) -> Any:
+    text = raw.decode("utf-8", errors="replace")
+    if not text:
+        return None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return text
+
+
+Prompt = Union[str, Sequence[dict[str, Any]]]
+Until = Union[None, Callable[[], bool], Request, Sequence[Request]]
+
+
+class Engine:
+    """The patched llama-server in process. Always close() it, or use it as a context manager."""
+
+    def __init__(self, model: str | os.PathLike[str], args: Sequence[str] = (), *,
+                 n_ctx: int | None = None, n_parallel: int | None = None, kv_unified: bool | None = None,
+                 preempt: bool | None = None, preempt_ram_mib: int | None = None,
+                 n_threads: int | None = None, n_gpu_layers: int | None = None, seed: int | None = None,
+                 n_batch: int | None = None, metrics: bool = True, slots: bool = True,
+                 verbose: bool = False) -> None:
+        argv = ["-m", os.fspath(model)]
+        for flag, value in (("-c", n_ctx), ("-np", n_parallel), ("--preempt-ram", preempt_ram_mib),
+                            ("-t", n_threads), ("-ngl", n_gpu_layers), ("--seed", seed), ("-b", n_batch)):
+            if value is not None:
+                argv += [flag, str(value)]
+        if kv_unified is not None:
+            argv.append("--kv-unified" if kv_unified else "--no-kv-unified")
+        if preempt is not None:
+            argv.append("--preempt" if preempt else "--no-preempt")
+        if metrics:
+            argv.append("--metrics")
+        argv.append("--slots" if slots else "--no-slots")
+        argv += [str(a) for a in args]
+        if not verbose and not _VERBOSITY_FLAGS.intersection(argv):
+            argv = _QUIET + argv
+        self.args = argv
+        self._core = _core.EngineCore(argv)
+        self._drive_lock = threading.Lock()  # one thread steps at a time
+        self._requests: list[Request] = []
+        self._requests_lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+        self._closed = False
+
+    # --- lifetime ---
+
+    def __enter__(self) -> "Engine":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def close(self) -> None:
+        """Stop the background loop, cancel what is pending, free the model and context.
+        A second close does nothing."""
+        if self._closed:
+            return
+        if self._thread is not None:
+            self.stop()
+        self._closed = True
+        self._core.close()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise EngineClosedError("the Engine is closed: create a new one")
+
+    # --- requests ---
+
+    def submit(self, prompt: str | None = None, *, messages: Sequence[dict[str, Any]] | None = None,
+               path: str | None = None, body: dict[str, Any] | None = None, stream: bool = False,
+               **params: Any) -> Request:
+        """Start a request. `prompt` goes to /completion, `messages` to /v1/chat/completions;
+        `path` and `body` send anything else. Extra keywords are request fields
+        (n_predict, temperature, ...)."""
+        self._check_open()
+        payload: dict[str, Any] = dict(body or {})
+        if messages is not None:
+            payload["messages"] = list(messages)
+            path = path or "/v1/chat/completions"
+        elif prompt is not None:
+            payload["prompt"] = prompt
+            path = path or "/completion"
+        if path is None:
+            raise ValueError("submit() needs a prompt, messages, or a path and body")
+        payload.update(params)
+        if stream:
+            payload["stream"] = True
+        req = Request(self, self._core.submit("POST", path, json.dumps(payload)), path, bool(payload.get("stream")))
+        with self._requests_lock:
+            self._requests = [r for r in self._requests if not r.done]
+            self._requests.append(req)
+        return req
+
+    def request(self, method: str, path: str, body: dict[str, Any] | None = None,
+                timeout: float | None = None) -> Any:
+        """Any route, answered synchronously: `request("GET", "/slots")`,
+        `request("POST", "/tokenize", {"content": "hi"})`. Returns the decoded body."""
+        self._check_open()
+        req = Request(self, self._core.submit(method.upper(), path, json.dumps(body) if body is not None else ""),
+                      path, False)
+        return req.result(timeout)
+
+    def tokenize(self, text: str, add_special: bool = True) -> list[int]:
+        return list(self.request("POST", "/tokenize", {"content": text, "add_special": add_special})["tokens"])
+
+    def slots(self) -> list[dict[str, Any]]:
+        return list(self.request("GET", "/slots"))
+
+    def metrics(self) -> MetricsSnapshot:
+        """/metrics through the server's own route (needs metrics=True, the default)."""
+        return parse_prometheus(str(self.request("GET", "/metrics")))
+
+    def stats(self) -> PreemptStats:
+        """Preemption counters, gauges and the slots, read directly from the server's slots."""
+        self._check_open()
+        d = json.loads(self._core.stats())
+        return PreemptStats.from_series(d["metrics"], d["slots"])
+
+    # --- the loop ---
+
+    def step(self) -> StepReport:
+        """One iteration of the server loop (takes queued tasks, runs update_slots() once, never
+        waits for work). Raises EngineBusyError if another thread is stepping."""
+        self._check_open()
+        if self._thread is not None:
+            raise EngineBusyError("the background loop is running (start()): stop() it before stepping by hand")
+        return StepReport.from_json(json.loads(self._core.step()))
+
+    def run(self, until: Until = None, *, timeout: float | None = None,
+            on_step: Callable[[StepReport], None] | None = None) -> list[StepReport]:
+        """Step until `until` holds: a callable, a Request or a list of them (all done), or, when
+        None, until nothing is pending and no slot is busy. Returns the steps' reports."""
+        self._check_open()
+        if self._thread is not None:
+            raise EngineBusyError("the background loop is running (start()): wait on the requests instead")
+        pred = self._until(until)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        reports: list[StepReport] = []
+        while not pred():
+            if deadline is not None and time.monotonic() > deadline:
+                raise TimeoutError(f"run(): not done within {timeout} s")
+            with self._drive_lock:
+                rep = self.step()
+            reports.append(rep)
+            if on_step is not None:
+                on_step(rep)
+            if rep.idle:
+                self._core.wait(0.05)
+        return reports
+
+    def generate(self, prompts: Sequence[Prompt], *, progress: Callable[[int, int, StepReport | None], None] | None = None,
+                 timeout: float | None = None, **params: Any) -> list[Completion]:
+        """Submit every prompt (a string for /completion, a list of chat messages for
+        /v1/chat/completions), run until all finish, and return the answers in input order.
+        `progress(n_done, n_total, report)` is called after each step (report is None in
+        background mode). The first failed request's RequestError is raised once all are done."""
+        reqs = [self.submit(messages=p, **params) if not isinstance(p, str) else self.submit(p, **params)
+                for p in prompts]
+        total = len(reqs)
+        if self._thread is None:
+            on_step = None
+            if progress is not None:
+                on_step = lambda rep: progress(sum(r.done for r in reqs), total, rep)  # noqa: E731
+            self.run(reqs, timeout=timeout, on_step=on_step)
+        else:
+            deadline = None if timeout is None else time.monotonic() + timeout
+            for r in reqs:
+                left = None if deadline is None else max(0.0, deadline - time.monotonic())
+                if not r.wait(left):
+                    raise TimeoutError(f"generate(): not done within {timeout} s")
+                if progress is not None:
+                    progress(sum(q.done for q in reqs), total, None)
+        out: list[Completion] = []
+        first_error: Exception | None = None
+        for r in reqs:
+            try:
+                out.append(r.completion())
+            except (RequestError, RequestCancelled) as e:
+                first_error = first_error or e
+        if first_error is not None:
+            raise first_error
+        return out
+
+    # --- background mode ---
+
+    def start(self) -> "Engine":
+        """Run the loop on a background thread, so any thread may submit, wait and stream."""
+        self._check_open()
+        if self._thread is not None:
+            return self
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._loop, name="llama-preempt-engine", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """Cancel the pending requests (parked ones too), let the loop free their slots, and end the
+        background thread. The engine stays open for stepping by hand."""
+        if self._thread is None:
+            return
+        with self._requests_lock:
+            pending = [r for r in self._requests if not r.done]
+        for r in pending:
+            r.cancel()
+        self._stop.set()
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            raise EngineError(f"the background loop did not stop within {timeout} s")
+        self._thread = None
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None
+
+    def _loop(self) -> None:
+        while True:
+            with self._drive_lock:
+                rep = StepReport.from_json(json.loads(self._core.step()))
+            if self._stop.is_set() and self._core.n_pending() == 0 and rep.n_busy == 0:
+                return
+            if rep.idle:
+                self._core.wait(0.05)
+
+    # --- helpers ---
+
+    def _until(self, until: Until) -> Callable[[], bool]:
+        if until is None:
+            last: dict[str, int] = {}
+
+            def idle() -> bool:
+                if self._core.n_pending() > 0:
+                    return False
+                busy = sum(1 for s in json.loads(self._core.stats())["slots"] if s["is_processing"])
+                last["busy"] = busy
+                return busy == 0
+            return idle
+        if isinstance(until, Request):
+            return lambda: until.done
+        if callable(until):
+            return until
+        reqs = list(until)
+        return lambda: all(r.done for r in reqs)
+
+    def _drive(self, pred: Callable[[], bool], wait: Callable[[float], bool], timeout: float | None) -> bool:
+        """Until pred() holds: step the loop if nobody else does, else wait for the other driver."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not pred():
+            if self._closed:
+                return pred()
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                return False
+            if self._thread is None and self._drive_lock.acquire(blocking=False):
+                try:
+                    rep = StepReport.from_json(json.loads(self._core.step()))
+                finally:
+                    self._drive_lock.release()
+                if rep.idle and not pred():
+                    self._core.wait(0.02 if left is None else max(0.0, min(0.02, left)))
+            else:
+                wait(0.05 if left is None else max(0.0, min(0.05, left)))
+        return True

@@ -1,0 +1,89 @@
+"""Preemption statistics: one type for the in-process Engine and for a server over HTTP.
+
+`Engine.stats()` reads them directly from the slots; `LlamaServer.preempt_stats()` (and
+`llama_preempt.metrics.parse_preempt_stats`) builds the same dataclass from `/metrics` and `/slots`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+# the preemption series, named as in /metrics without the "llamacpp:" prefix
+COUNTERS = (
+    "n_preempt_total",
+    "n_preempt_swap_total",
+    "n_preempt_recompute_total",
+    "n_resume_total",
+    "n_recompute_tokens_total",
+    "n_swap_restore_fail_total",
+    "n_preempt_fail_total",
+)
+GAUGES = ("requests_preempted", "preempt_ram_bytes")
+
+
+@dataclass(frozen=True)
+class SlotStats:
+    """One slot as the planner sees it."""
+
+    id: int
+    state: str               # idle, started, processing_prompt, generating, preempted, ...
+    is_processing: bool
+    is_preempted: bool
+    preempt_mode: str | None  # "swap" or "recompute" while parked
+    n_tokens: int            # cells the slot holds in the pool (0 while parked)
+    n_decoded: int           # tokens generated for its request so far
+    n_preempt: int           # times its request was parked
+    n_recompute: int         # tokens re-prefilled for its request
+    preempt_ram_bytes: int   # host RAM its parked state holds
+    t_preempted_ms: float    # time its request spent parked
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> "SlotStats":
+        """From an Engine stats slot or a /slots entry (which nests n_decoded in next_token)."""
+        n_decoded = d.get("n_decoded")
+        if n_decoded is None:
+            nt = d.get("next_token") or [{}]
+            n_decoded = nt[0].get("n_decoded", 0) if d.get("is_processing") else 0
+        n_tokens = d.get("n_tokens", d.get("n_prompt_tokens", 0))
+        state = d.get("state") or ("preempted" if d.get("is_preempted") else
+                                   "processing" if d.get("is_processing") else "idle")
+        return cls(
+            id=int(d["id"]),
+            state=str(state),
+            is_processing=bool(d.get("is_processing", False)),
+            is_preempted=bool(d.get("is_preempted", False)),
+            preempt_mode=d.get("preempt_mode"),
+            n_tokens=int(n_tokens or 0),
+            n_decoded=int(n_decoded or 0),
+            n_preempt=int(d.get("n_preempt", 0)),
+            n_recompute=int(d.get("n_recompute", 0)),
+            preempt_ram_bytes=int(d.get("preempt_ram_bytes", 0)),
+            t_preempted_ms=float(d.get("t_preempted_ms", 0.0)),
+        )
+
+
+@dataclass(frozen=True)
+class PreemptStats:
+    """The counters and gauges /metrics shows, and the slots."""
+
+    n_preempt_total: int = 0
+    n_preempt_swap_total: int = 0
+    n_preempt_recompute_total: int = 0
+    n_resume_total: int = 0
+    n_recompute_tokens_total: int = 0
+    n_swap_restore_fail_total: int = 0
+    n_preempt_fail_total: int = 0
+    requests_preempted: int = 0
+    preempt_ram_bytes: int = 0
+    slots: tuple[SlotStats, ...] = field(default_factory=tuple)
+
+    @classmethod
+    def from_series(cls, values: Mapping[str, float], slots: list[Mapping[str, Any]]) -> "PreemptStats":
+        missing = [n for n in (*COUNTERS, *GAUGES) if n not in values]
+        if missing:
+            raise KeyError(f"preemption series missing: {', '.join(missing)} (is this llama-preempt's server?)")
+        kw = {n: int(values[n]) for n in (*COUNTERS, *GAUGES)}
+        return cls(**kw, slots=tuple(SlotStats.from_json(s) for s in slots))
+
+    def parked(self) -> list[SlotStats]:
+        return [s for s in self.slots if s.is_preempted]
