@@ -254,14 +254,18 @@ public:
 
     std::string step() {
         check_open();
-        std::unique_lock<std::mutex> lk(mtx_step, std::try_to_lock);
-        if (!lk.owns_lock()) {
+        if (in_step.exchange(true)) {
             throw engine_busy_error("step() is already running on another thread: drive the loop from one thread "
                                     "(or use start() and let the background thread do it)");
         }
+        struct clear_flag {
+            std::atomic<bool> & f;
+            ~clear_flag() { f = false; }
+        } clear{ in_step };
         json report;
         {
             py::gil_scoped_release nogil;
+            std::lock_guard<std::mutex> lk(mtx_step);  // stats() may be reading the slots
             report = ctx->step();
         }
         return report.dump();
@@ -278,7 +282,7 @@ public:
                 n_finished_seen = n_finished.load();
                 return true;
             }
-            if (ctx->step_wait(0)) {
+            if (ctx->step_wait(0) > 0) {
                 return true;
             }
             const auto now = std::chrono::steady_clock::now();
@@ -287,7 +291,7 @@ public:
             }
             // a queued task wakes this at once; a finished request within 2 ms
             const auto left_ms = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - now).count();
-            if (ctx->step_wait(std::max<int64_t>(1, std::min<int64_t>(left_ms, 2)))) {
+            if (ctx->step_wait(std::max<int64_t>(1, std::min<int64_t>(left_ms, 2))) > 0) {
                 return true;
             }
         }
@@ -302,6 +306,11 @@ public:
             out = ctx->preempt_stats();
         }
         return out.dump();
+    }
+
+    size_t n_queued() {
+        check_open();
+        return ctx->step_wait(0);
     }
 
     int n_pending() {
@@ -360,6 +369,7 @@ private:
     std::map<std::string, server_http_context::handler_t> table;  // "POST /completion" -> handler
 
     std::mutex                   mtx_step;      // held by step(); stats() reads between steps
+    std::atomic<bool>            in_step{false}; // a second thread stepping at once is an error, not a wait
     std::mutex                   mtx_requests;
     std::vector<running_request> threads;
     std::atomic<uint64_t>        n_finished{0};
@@ -586,6 +596,7 @@ void register_engine(py::module_ & m) {
              "wait (GIL released) until a task is queued or a request finished; True if either happened")
         .def("stats", &engine::stats, "preemption counters, gauges and per-slot state as JSON, read between steps")
         .def("n_pending", &engine::n_pending, "requests whose handler has not finished")
+        .def("n_queued", &engine::n_queued, "tasks queued for the loop's next step")
         .def_property_readonly("closed", &engine::is_closed)
         .def("close", &engine::close, "cancel pending requests, stop the loop and free the model and context");
 }

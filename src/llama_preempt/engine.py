@@ -303,6 +303,7 @@ class Engine:
         self._requests_lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
+        self._loop_error: BaseException | None = None
         self._closed = False
 
     # --- lifetime ---
@@ -402,6 +403,10 @@ class Engine:
             raise EngineBusyError("the background loop is running (start()): wait on the requests instead")
         pred = self._until(until)
         deadline = None if timeout is None else time.monotonic() + timeout
+        if isinstance(until, Request):
+            self._await_queued([until])
+        elif until is not None and not callable(until):
+            self._await_queued(list(until))
         reports: list[StepReport] = []
         while not pred():
             if deadline is not None and time.monotonic() > deadline:
@@ -474,19 +479,25 @@ class Engine:
         if self._thread.is_alive():
             raise EngineError(f"the background loop did not stop within {timeout} s")
         self._thread = None
+        if self._loop_error is not None:
+            err, self._loop_error = self._loop_error, None
+            raise EngineError(f"the background loop ended with an error: {err!r}") from err
 
     @property
     def running(self) -> bool:
         return self._thread is not None
 
     def _loop(self) -> None:
-        while True:
-            with self._drive_lock:
-                rep = StepReport.from_json(json.loads(self._core.step()))
-            if self._stop.is_set() and self._core.n_pending() == 0 and rep.n_busy == 0:
-                return
-            if rep.idle:
-                self._core.wait(0.05)
+        try:
+            while True:
+                with self._drive_lock:
+                    rep = StepReport.from_json(json.loads(self._core.step()))
+                if self._stop.is_set() and self._core.n_pending() == 0 and rep.n_busy == 0:
+                    return
+                if rep.idle:
+                    self._core.wait(0.05)
+        except BaseException as e:  # surfaced to the threads that wait on the loop
+            self._loop_error = e
 
     # --- helpers ---
 
@@ -508,6 +519,16 @@ class Engine:
         reqs = list(until)
         return lambda: all(r.done for r in reqs)
 
+    def _await_queued(self, reqs: list[Request], timeout: float = 10.0) -> None:
+        """Before stepping a batch submitted together: wait until each request's handler has
+        queued its task (or already answered), so the batch runs concurrently, as it would have
+        if the requests had arrived over HTTP at once. Foreground only: nobody else takes tasks."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self._core.n_queued() >= sum(1 for r in reqs if not r.done):
+                return
+            time.sleep(0.0005)  # the handlers are tokenizing on their threads
+
     def _drive(self, pred: Callable[[], bool], wait: Callable[[float], bool], timeout: float | None) -> bool:
         """Until pred() holds: step the loop if nobody else does, else wait for the other driver."""
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -517,6 +538,8 @@ class Engine:
             left = None if deadline is None else deadline - time.monotonic()
             if left is not None and left <= 0:
                 return False
+            if self._loop_error is not None:
+                raise EngineError(f"the background loop ended with an error: {self._loop_error!r}") from self._loop_error
             if self._thread is None and self._drive_lock.acquire(blocking=False):
                 try:
                     rep = StepReport.from_json(json.loads(self._core.step()))
