@@ -84,9 +84,12 @@ struct slot_preempt_state {
         swap_prompt.clear();
     }
 
-    // the /slots fields; `state` is the slot's state by name (slot_state_name())
-    void add_to_json(json & res, const char * state) const {
+    // the /slots fields; `state` is the slot's state by name (slot_state_name()), `task` its
+    // request (or null): id_cmpl is the "id" its OpenAI-style responses carry, so a client can
+    // find its own slot
+    void add_to_json(json & res, const char * state, const server_task * task) const {
         res["state"]        = state;
+        res["id_cmpl"]      = task ? json(task->params.oaicompat_cmpl_id) : json(nullptr);
         res["is_preempted"] = is_parked();
         res["n_preempt"]    = n_preempt;
         res["n_recompute"]  = n_recompute;

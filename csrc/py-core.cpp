@@ -6,7 +6,10 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <tuple>
+
 #include "preempt-policy.h"
+#include "preempt-sim.h"
 #include "preempt-version.h"
 
 namespace py = pybind11;
@@ -103,4 +106,58 @@ PYBIND11_MODULE(_core, m) {
           "parked slot ids in the order they are considered for restore");
     m.def("reservation", &lp::reservation, py::arg("slot"), py::arg("params"),
           "cells the slot's next step adds to the pool");
+
+    py::class_<lp::sim_params>(m, "SimParams", "the simulated server: pool, slots, budget and per-token costs")
+        .def(py::init<>())
+        .def_readwrite("n_pool",           &lp::sim_params::n_pool)
+        .def_readwrite("n_slots",          &lp::sim_params::n_slots)
+        .def_readwrite("n_batch",          &lp::sim_params::n_batch)
+        .def_readwrite("preempt",          &lp::sim_params::preempt)
+        .def_readwrite("ram_budget_bytes", &lp::sim_params::ram_budget_bytes)
+        .def_readwrite("step_s",           &lp::sim_params::step_s)
+        .def_readwrite("decode_token_s",   &lp::sim_params::decode_token_s)
+        .def_readwrite("prefill_token_s",  &lp::sim_params::prefill_token_s)
+        .def_readwrite("bytes_per_cell",   &lp::sim_params::bytes_per_cell)
+        .def_readwrite("swap_out_bps",     &lp::sim_params::swap_out_bps)
+        .def_readwrite("swap_in_bps",      &lp::sim_params::swap_in_bps)
+        .def_readwrite("max_steps",        &lp::sim_params::max_steps);
+
+    py::class_<lp::sim_result>(m, "SimResult", "what a simulated run did")
+        .def_readonly("n_steps",            &lp::sim_result::n_steps)
+        .def_readonly("n_park_swap",        &lp::sim_result::n_park_swap)
+        .def_readonly("n_park_recompute",   &lp::sim_result::n_park_recompute)
+        .def_readonly("n_resume",           &lp::sim_result::n_resume)
+        .def_readonly("n_recompute_tokens", &lp::sim_result::n_recompute_tokens)
+        .def_readonly("n_tokens_generated", &lp::sim_result::n_tokens_generated)
+        .def_readonly("peak_parked_bytes",  &lp::sim_result::peak_parked_bytes)
+        .def_readonly("peak_cells",         &lp::sim_result::peak_cells)
+        .def_readonly("makespan_s",         &lp::sim_result::makespan_s)
+        .def_readonly("hit_step_limit",     &lp::sim_result::hit_step_limit)
+        .def("requests", [](const lp::sim_result & r) {
+            // (outcome 0 pending / 1 completed / 2 failed, t_start, t_first, t_done, n_preempt, t_parked_s)
+            std::vector<std::tuple<int, double, double, double, int, double>> out;
+            out.reserve(r.requests.size());
+            for (const auto & q : r.requests) {
+                out.emplace_back((int) q.outcome, q.t_start, q.t_first, q.t_done, q.n_preempt, q.t_parked_s);
+            }
+            return out;
+        });
+
+    m.def("simulate", [](const std::vector<double> & t_arrival, const std::vector<int32_t> & n_prompt,
+                         const std::vector<int32_t> & n_gen, const lp::sim_params & params) {
+              if (t_arrival.size() != n_prompt.size() || t_arrival.size() != n_gen.size()) {
+                  throw py::value_error("t_arrival, n_prompt and n_gen must have the same length");
+              }
+              std::vector<lp::sim_request> reqs(t_arrival.size());
+              for (size_t i = 0; i < reqs.size(); ++i) {
+                  if (n_prompt[i] < 1 || n_gen[i] < 1) {
+                      throw py::value_error("every request needs at least one prompt token and one generated token");
+                  }
+                  reqs[i] = { t_arrival[i], n_prompt[i], n_gen[i] };
+              }
+              py::gil_scoped_release nogil;
+              return lp::simulate(reqs, params);
+          },
+          py::arg("t_arrival"), py::arg("n_prompt"), py::arg("n_gen"), py::arg("params"),
+          "run the server loop in simulation with the server's own planner");
 }

@@ -34,7 +34,7 @@ def _real_stories() -> Path | None:
 @pytest.fixture(scope="session")
 def generated_stories(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A stories260K-shaped model made with the gguf package, once per test session."""
-    from model_gen import generate_stories260k
+    from llama_preempt.testmodel import generate_stories260k
 
     out = tmp_path_factory.mktemp("models") / "stories260K-generated.gguf"
     return generate_stories260k(out)

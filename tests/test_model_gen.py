@@ -1,4 +1,4 @@
-"""The synthetic stories260K generator (tests/model_gen.py): deterministic, shaped like the real one.
+"""The synthetic stories260K generator (llama_preempt.testmodel): deterministic, shaped like the real one.
 
 No server is needed here; the server tests use the generated file as their model.
 """
@@ -14,7 +14,7 @@ import gguf
 import numpy as np
 import pytest
 
-import model_gen
+from llama_preempt import testmodel as model_gen
 
 S = model_gen.STORIES260K
 

@@ -1,22 +1,341 @@
-"""The llama-preempt command line."""
+"""The llama-preempt command line: demo, stats, simulate, serve.
+
+Every error is one line on stderr and a non-zero exit ("llama-preempt: error: ..."), never a
+traceback; Ctrl-C ends any command cleanly (exit 130).
+"""
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import sys
+import time
+from pathlib import Path
+from typing import Any, Sequence
 
 from . import __version__
-from .binary import server_binary
 
 
-def main(argv: list[str] | None = None) -> int:
+class CLIError(Exception):
+    pass
+
+
+def _console(stderr: bool = False) -> Any:
+    from rich.console import Console
+
+    return Console(stderr=stderr, highlight=False)
+
+
+# --- demo ---
+
+def _chat_table(label: str, chats: list[Any], n_tokens: int) -> Any:
+    from rich.progress_bar import ProgressBar
+    from rich.table import Table
+
+    errors = sorted({c.error for c in chats if c.error})
+    t = Table(title=label, title_justify="left", expand=False,
+              caption=("lost: " + "; ".join(errors)) if errors else None, caption_justify="left")
+    t.add_column("chat", justify="right")
+    t.add_column("topic")
+    t.add_column("progress", width=24)
+    t.add_column("tokens", justify="right")
+    t.add_column("state")
+    t.add_column("parks")
+    style = {"done": "green", "lost": "red", "parked": "yellow", "generating": "cyan"}
+    for c in chats:
+        state = c.state if c.state != "parked" else f"parked ({c.parked_mode})"
+        parks = ", ".join(c.modes) if c.modes else ""
+        t.add_row(str(c.index + 1), c.topic[:24], ProgressBar(total=n_tokens, completed=min(c.tokens, n_tokens), width=22),
+                  str(c.tokens), f"[{style.get(c.state, 'white')}]{state}[/]", parks)
+    return t
+
+
+def _summary_table(runs: list[Any]) -> Any:
+    from rich.table import Table
+
+    t = Table(title="summary: the same load, twice", title_justify="left")
+    t.add_column("")
+    for r in runs:
+        t.add_column(r.label, justify="right")
+    rows = [
+        ("chats completed", lambda r: f"{r.completed} / {r.chats}"),
+        ("chats lost", lambda r: f"[red]{r.lost}[/]" if r.lost else "0"),
+        ("tokens delivered", lambda r: str(r.tokens)),
+        ("aggregate tok/s", lambda r: f"{r.tok_s:.1f}"),
+        ("wall time", lambda r: f"{r.wall_s:.1f} s"),
+        ("parks by swap", lambda r: str(r.parks_swap)),
+        ("parks by recompute", lambda r: str(r.parks_recompute)),
+        ("recomputed tokens", lambda r: str(r.recomputed_tokens)),
+        ("peak host RAM held", lambda r: f"{r.peak_ram_bytes / 2**20:.1f} MiB"),
+    ]
+    for name, fn in rows:
+        t.add_row(name, *[fn(r) for r in runs])
+    return t
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from .demo import DemoConfig, run_scenario
+    from .models import ModelChoice, default_model
+
+    err = _console(stderr=True)
+    log = (lambda msg: None) if args.json else (lambda msg: err.print(f"[dim]{msg}[/]"))
+    if args.model is not None:
+        if not args.model.is_file():
+            raise CLIError(f"--model: no such file: {args.model}")
+        choice = ModelChoice(args.model, args.model.name, "--model")
+    else:
+        choice = default_model(log)
+    for flag, value, low in (("--ctx", args.ctx, 16), ("--parallel", args.parallel, 2), ("--chats", args.chats, 1),
+                             ("--tokens", args.tokens, 1)):
+        if value < low:
+            raise CLIError(f"{flag} must be at least {low}, got {value}")
+    if args.preempt_ram < -1:
+        raise CLIError(f"--preempt-ram expects -1 (no limit), 0 (always recompute) or a size in MiB, got {args.preempt_ram}")
+    cfg = DemoConfig(model=choice.path, n_ctx=args.ctx, n_parallel=args.parallel, n_chats=args.chats,
+                     n_tokens=args.tokens, preempt_ram_mib=args.preempt_ram, engine=args.engine,
+                     threads=args.threads, verbose=args.verbose)
+
+    out = _console()
+    if not args.json:
+        out.print(f"[bold]llama-preempt demo[/]: {cfg.n_chats} chats x {cfg.n_tokens} tokens on one unified pool of "
+                  f"{cfg.n_ctx} cells, {cfg.n_parallel} slots; model {choice.name} ({choice.how}); "
+                  f"{'in-process Engine' if cfg.engine == 'engine' else 'drop-in llama-server over HTTP'}")
+    runs = []
+    for preempt in (False, True):
+        if args.json:
+            runs.append(run_scenario(cfg, preempt, lambda label, chats: None))
+            continue
+        from rich.live import Live
+
+        with Live(console=out, refresh_per_second=10, transient=False) as live:
+            runs.append(run_scenario(cfg, preempt, lambda label, chats: live.update(_chat_table(label, chats, cfg.n_tokens))))
+        out.print()
+    if args.json:
+        print(json.dumps({"model": {"path": str(choice.path), "name": choice.name, "source": choice.how},
+                          "config": {"ctx": cfg.n_ctx, "parallel": cfg.n_parallel, "chats": cfg.n_chats,
+                                     "tokens": cfg.n_tokens, "preempt_ram_mib": cfg.preempt_ram_mib, "engine": cfg.engine},
+                          "runs": [r.to_json() for r in runs]}, indent=2))
+        return 0
+    out.print(_summary_table(runs))
+    stock, ours = runs
+    out.print(f"upstream lost [bold red]{stock.lost} of {stock.chats}[/] chats; llama-preempt completed "
+              f"[bold green]{ours.completed} of {ours.chats}[/] ({ours.parks_swap + ours.parks_recompute} parks).")
+    return 0
+
+
+# --- stats ---
+
+def cmd_stats(args: argparse.Namespace) -> int:
+    import requests
+
+    from .statsview import fetch, rates, render, to_json
+
+    if args.interval <= 0:
+        raise CLIError(f"--interval must be positive, got {args.interval}")
+    session = requests.Session()
+    snap = fetch(args.url, session)
+    if args.once:
+        if args.json:
+            print(json.dumps(to_json(snap, None), indent=2))
+        else:
+            _console().print(render(snap, None))
+        return 0
+    prev = None
+    if args.json:  # one JSON object a line, every interval
+        while True:
+            print(json.dumps(to_json(snap, rates(prev, snap))), flush=True)
+            time.sleep(args.interval)
+            prev, snap = snap, fetch(args.url, session)
+    from rich.live import Live
+
+    with Live(render(snap, None), console=_console(), refresh_per_second=4) as live:
+        while True:
+            time.sleep(args.interval)
+            prev, snap = snap, fetch(args.url, session)
+            live.update(render(snap, rates(prev, snap)))
+
+
+# --- simulate ---
+
+def _parse_sweep(items: Sequence[str]) -> dict[str, list[int]]:
+    out: dict[str, list[int]] = {}
+    for item in items:
+        key, _, values = item.partition("=")
+        key = {"ctx": "ctx", "c": "ctx", "ram": "ram", "preempt-ram": "ram", "preempt_ram": "ram"}.get(key.strip())
+        if key is None or not values:
+            raise CLIError(f"--sweep: expected ctx=N,N,... or ram=MIB,MIB,..., got {item!r}")
+        try:
+            out[key] = [int(v) for v in values.split(",") if v.strip()]
+        except ValueError:
+            raise CLIError(f"--sweep {item!r}: values must be integers") from None
+    return out
+
+
+def cmd_simulate(args: argparse.Namespace) -> int:
+    from dataclasses import replace
+
+    from .simulator import Costs, Workload, calibrate, simulate
+
+    if args.workload is not None:
+        wl = Workload.from_jsonl(args.workload)
+    else:
+        wl = Workload.synthetic(args.requests, rate=args.rate, prompt=args.prompt_len, gen=args.gen_len, seed=args.seed)
+    costs = Costs()
+    if args.calibrate:
+        costs = calibrate(args.calibrate, costs)
+    overrides = {k: v for k, v in (("step_ms", args.step_ms), ("decode_token_ms", args.decode_ms),
+                                   ("prefill_token_ms", args.prefill_ms), ("bytes_per_cell", args.bytes_per_cell),
+                                   ("swap_out_gbps", args.swap_out_gbps), ("swap_in_gbps", args.swap_in_gbps))
+                 if v is not None}
+    for k, v in overrides.items():
+        if v <= 0 and k != "step_ms":
+            raise CLIError(f"--{k.replace('_', '-')} must be positive, got {v}")
+    costs = replace(costs, **overrides)
+    sweep = _parse_sweep(args.sweep or [])
+    ctxs = sweep.get("ctx", [args.ctx])
+    budgets = sweep.get("ram", [args.preempt_ram])
+    t0 = time.perf_counter()
+    reports = [simulate(wl, n_ctx=c, n_parallel=args.parallel, n_batch=args.batch, preempt=not args.no_preempt,
+                        preempt_ram_mib=b, costs=costs) for c in ctxs for b in budgets]
+    elapsed = time.perf_counter() - t0
+    if args.json:
+        print(json.dumps({"workload": {"requests": len(wl), "source": str(args.workload) if args.workload else "synthetic"},
+                          "costs": costs.__dict__, "elapsed_s": elapsed,
+                          "results": [r.to_json() for r in reports]}, indent=2))
+        return 0
+    from rich.table import Table
+
+    t = Table(title=f"simulated: {len(wl)} requests, {args.parallel} slots, n_batch {args.batch}"
+                    f"{', no preemption' if args.no_preempt else ''} (costs: step {costs.step_ms:g} ms, decode "
+                    f"{costs.decode_token_ms:g} ms/token, prefill {costs.prefill_token_ms:g} ms/token, "
+                    f"{costs.bytes_per_cell:g} B/cell)", title_justify="left")
+    for col in ("-c", "--preempt-ram", "completed", "failed", "parks swap", "parks recompute", "recomputed tok",
+                "peak parked", "TTFT p50", "TTFT p99", "queue p99", "longest park", "makespan"):
+        t.add_column(col, justify="right")
+    for r in reports:
+        t.add_row(str(r.n_ctx), "no limit" if r.preempt_ram_mib < 0 else f"{r.preempt_ram_mib} MiB",
+                  str(r.completed), f"[red]{r.failed}[/]" if r.failed else "0", str(r.parks_swap), str(r.parks_recompute),
+                  str(r.recomputed_tokens), f"{r.peak_parked_mib:.1f} MiB", f"{r.ttft_p50_s:.2f} s", f"{r.ttft_p99_s:.2f} s",
+                  f"{r.queue_p99_s:.2f} s", f"{r.longest_park_s:.2f} s", f"{r.makespan_s:.1f} s")
+    con = _console()
+    con.print(t)
+    con.print(f"[dim]{len(reports)} simulation(s) in {elapsed:.2f} s[/]")
+    return 0
+
+
+# --- serve ---
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from .binary import server_binary
+
+    exe = str(server_binary())
+    os.execv(exe, [exe, *args.server_args])  # replaces this process: signals reach llama-server itself
+    return 0  # not reached
+
+
+def cmd_server_path(args: argparse.Namespace) -> int:
+    from .binary import server_binary
+
+    print(server_binary())
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="llama-preempt", description="KV preemption for llama.cpp's HTTP server")
     ap.add_argument("--version", action="version", version=f"llama-preempt {__version__}")
-    sub = ap.add_subparsers(dest="cmd", required=True)
-    sub.add_parser("server-path", help="print the path of the drop-in llama-server binary")
-    args = ap.parse_args(argv)
-    if args.cmd == "server-path":
-        print(server_binary())
-    return 0
+    sub = ap.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
+
+    d = sub.add_parser("demo", help="the overflow scenario, without and with preemption, on a real model")
+    d.add_argument("--model", type=Path, default=None, help="any gguf (default: SmolLM2-135M-Instruct Q4_1 from PyPI)")
+    d.add_argument("--ctx", type=int, default=1024, help="cells in the unified KV pool (-c; default 1024)")
+    d.add_argument("--parallel", type=int, default=4, help="slots (-np; default 4)")
+    d.add_argument("--chats", type=int, default=4, help="concurrent chats (default 4)")
+    d.add_argument("--tokens", type=int, default=400, help="tokens each chat generates (default 400)")
+    d.add_argument("--preempt-ram", type=int, default=8192, help="MiB parked slots may hold (-1 no limit, 0 recompute only)")
+    d.add_argument("--engine", choices=("engine", "server"), default="engine",
+                   help="engine: the in-process Engine (default); server: the drop-in llama-server over HTTP")
+    d.add_argument("--threads", type=int, default=None, help="CPU threads (default: llama.cpp's choice)")
+    d.add_argument("--json", action="store_true", help="print the summary as JSON (no live view)")
+    d.add_argument("--verbose", action="store_true", help="keep llama.cpp's log")
+    d.set_defaults(fn=cmd_demo)
+
+    s = sub.add_parser("stats", help="a live view of a running server's slots and preemption")
+    s.add_argument("url", help="the server, e.g. http://127.0.0.1:8080")
+    s.add_argument("--once", action="store_true", help="one snapshot, then exit")
+    s.add_argument("--json", action="store_true", help="JSON (with --once one object, else one a line)")
+    s.add_argument("--interval", type=float, default=1.0, help="seconds between refreshes (default 1)")
+    s.set_defaults(fn=cmd_stats)
+
+    m = sub.add_parser("simulate", help="run a workload through the server's planner in simulation")
+    src = m.add_argument_group("workload (synthetic unless --workload)")
+    src.add_argument("--workload", type=Path, default=None,
+                     help='JSONL: {"t": seconds, "prompt_tokens": N, "max_tokens": M} per line')
+    src.add_argument("--requests", type=int, default=100, help="synthetic: number of requests (default 100)")
+    src.add_argument("--rate", type=float, default=2.0, help="synthetic: arrivals per second, 0 = all at once (default 2)")
+    src.add_argument("--prompt-len", default="100-400", help="synthetic: prompt tokens, N or LO-HI (default 100-400)")
+    src.add_argument("--gen-len", default="100-400", help="synthetic: generated tokens, N or LO-HI (default 100-400)")
+    src.add_argument("--seed", type=int, default=0)
+    srv = m.add_argument_group("server")
+    srv.add_argument("--ctx", type=int, default=4096, help="cells in the unified pool (-c; default 4096)")
+    srv.add_argument("--parallel", type=int, default=4, help="slots (-np; default 4)")
+    srv.add_argument("--batch", type=int, default=512, help="n_batch (-b; default 512)")
+    srv.add_argument("--preempt-ram", type=int, default=8192, help="MiB (-1 no limit, 0 recompute only; default 8192)")
+    srv.add_argument("--no-preempt", action="store_true", help="upstream's behaviour: a full pool fails every running request")
+    srv.add_argument("--sweep", action="append", metavar="KEY=V,V,...",
+                     help="ctx=1024,2048,... and/or ram=0,256,-1: one row per combination")
+    cost = m.add_argument_group("costs (defaults: SmolLM2-135M Q4_1 on 2 CPU cores)")
+    cost.add_argument("--calibrate", metavar="URL", help="measure decode and prefill costs from a running server")
+    cost.add_argument("--step-ms", type=float, default=None)
+    cost.add_argument("--decode-ms", type=float, default=None, help="per generated token")
+    cost.add_argument("--prefill-ms", type=float, default=None, help="per prompt or replayed token")
+    cost.add_argument("--bytes-per-cell", type=float, default=None, help="KV bytes per cell")
+    cost.add_argument("--swap-out-gbps", type=float, default=None)
+    cost.add_argument("--swap-in-gbps", type=float, default=None)
+    m.add_argument("--json", action="store_true")
+    m.set_defaults(fn=cmd_simulate)
+
+    # `serve` takes llama-server's own flags: main() hands them over before argparse sees them
+    sub.add_parser("serve", help="run the drop-in llama-server with the given flags (llama-preempt serve -m M ...)")
+
+    p = sub.add_parser("server-path", help="print the path of the drop-in llama-server binary")
+    p.set_defaults(fn=cmd_server_path)
+    return ap
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["serve"]:
+        try:
+            return cmd_serve(argparse.Namespace(server_args=argv[1:]))
+        except Exception as e:  # the binary is missing or cannot run
+            print(f"llama-preempt: error: {e}", file=sys.stderr)
+            return 2
+    args = build_parser().parse_args(argv)
+    from .binary import ServerBinaryNotFound
+    from .demo import DemoError
+    from .models import ModelNotInstalled
+    from .server import ServerStartError
+    from .simulator import CalibrationError, WorkloadError
+    from .statsview import StatsError
+
+    known: tuple[type[BaseException], ...] = (CLIError, DemoError, ModelNotInstalled, ServerStartError, CalibrationError,
+                                              WorkloadError, StatsError, ServerBinaryNotFound)
+    try:
+        from .engine import EngineArgumentError, EngineError
+        known += (EngineError, EngineArgumentError)
+    except ImportError:  # the compiled core is missing: the commands that need it say so below
+        pass
+    try:
+        return int(args.fn(args))
+    except KeyboardInterrupt:
+        print("llama-preempt: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        return 0
+    except known as e:
+        msg = str(e).strip().splitlines()[0] if str(e).strip() else e.__class__.__name__
+        print(f"llama-preempt: error: {msg}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

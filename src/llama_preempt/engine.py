@@ -246,16 +246,37 @@ class Request:
     def stream(self, timeout: float | None = None) -> Iterator[dict[str, Any]]:
         """The streamed chunks, JSON-decoded: the same `data:` payloads as the SSE stream."""
         for chunk in self.sse(timeout):
-            for line in chunk.splitlines():
-                if not line.startswith("data: "):
-                    continue
-                payload = line[len("data: "):]
-                if payload == "[DONE]":
-                    continue
-                data = json.loads(payload)
-                if isinstance(data, dict) and "error" in data:
-                    raise RequestError.from_body(int(data["error"].get("code", 500)), data)
-                yield data
+            yield from _sse_data(chunk)
+
+    def poll(self) -> list[dict[str, Any]]:
+        """The streamed chunks that arrived since the last call, without waiting or stepping.
+        Raises RequestError for an error answer (before or during the stream)."""
+        h = self._handle
+        if not h.started:
+            return []
+        if not h.is_stream:
+            status, body = int(h.status), _decode(bytes(h.data))
+            if h.cancelled and not body:
+                raise RequestCancelled(f"{self.path}: cancelled")
+            raise RequestError.from_body(status if status != 200 else 500, body)
+        out: list[dict[str, Any]] = []
+        for chunk in h.take_chunks():
+            out.extend(_sse_data(bytes(chunk).decode("utf-8")))
+        return out
+
+
+def _sse_data(chunk: str) -> Iterator[dict[str, Any]]:
+    """The decoded `data:` payloads of one SSE chunk; an error payload raises RequestError."""
+    for line in chunk.splitlines():
+        if not line.startswith("data: "):
+            continue
+        payload = line[len("data: "):]
+        if payload == "[DONE]":
+            continue
+        data = json.loads(payload)
+        if isinstance(data, dict) and "error" in data:
+            raise RequestError.from_body(int(data["error"].get("code", 500)), data)
+        yield data
 
 
 def _decode(raw: bytes) -> Any:
@@ -404,9 +425,9 @@ class Engine:
         pred = self._until(until)
         deadline = None if timeout is None else time.monotonic() + timeout
         if isinstance(until, Request):
-            self._await_queued([until])
+            self.wait_queued([until])
         elif until is not None and not callable(until):
-            self._await_queued(list(until))
+            self.wait_queued(list(until))
         reports: list[StepReport] = []
         while not pred():
             if deadline is not None and time.monotonic() > deadline:
@@ -519,7 +540,7 @@ class Engine:
         reqs = list(until)
         return lambda: all(r.done for r in reqs)
 
-    def _await_queued(self, reqs: list[Request], timeout: float = 10.0) -> None:
+    def wait_queued(self, reqs: Sequence[Request], timeout: float = 10.0) -> None:
         """Before stepping a batch submitted together: wait until each request's handler has
         queued its task (or already answered), so the batch runs concurrently, as it would have
         if the requests had arrived over HTTP at once. Foreground only: nobody else takes tasks."""

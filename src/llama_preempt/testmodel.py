@@ -32,7 +32,8 @@ generation is always well-behaved:
 The file is written to a temporary name next to ``path`` and renamed into place, and the same
 seed gives a byte-identical file.
 
-CLI: ``python tests/model_gen.py OUT.gguf [--n-ctx-train N] [--seed S]``.
+CLI: ``python -m llama_preempt.testmodel OUT.gguf [--n-ctx-train N] [--seed S]`` (needs the ``gguf``
+and ``numpy`` packages: ``pip install "llama-preempt[test]"``).
 """
 
 from __future__ import annotations

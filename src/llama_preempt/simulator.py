@@ -1,0 +1,262 @@
+"""Size a deployment before you run it: the server loop in simulation, with the server's own planner.
+
+    from llama_preempt.simulator import Workload, simulate
+    wl = Workload.synthetic(n_requests=200, rate=4.0, prompt="100-400", gen="200-600", seed=1)
+    print(simulate(wl, n_ctx=8192, n_parallel=8, preempt_ram_mib=512))
+
+The loop runs in `_core` (csrc/preempt-sim.cpp) and calls `plan_step()`, the function the server
+calls every step, so what it parks, resumes and holds is what the server would. Time comes from
+per-token costs (`Costs`): the defaults were measured on SmolLM2-135M Q4_1 on 2 CPU cores;
+`calibrate(url)` measures the decode and prefill costs of a running server.
+"""
+from __future__ import annotations
+
+import json
+import random
+import statistics
+import threading
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+from . import _core
+
+
+class WorkloadError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class Costs:
+    """Per-step and per-token costs of the simulated server. The defaults are SmolLM2-135M-Instruct
+    Q4_1 on this project's 2-core machine, measured with `calibrate()` against the drop-in server
+    (-c 4096 -np 4 --kv-unified -t 2: step 2.30-2.33 ms, decode 4.51-4.62 ms/token, prefill
+    2.21-2.22 ms/token over two runs)."""
+
+    step_ms: float = 2.3           # fixed cost of a step that decodes anything
+    decode_token_ms: float = 4.6   # per generated token in a step
+    prefill_token_ms: float = 2.2  # per prompt (or replayed) token
+    bytes_per_cell: float = 23040  # KV bytes per cell (SmolLM2-135M: 30 layers x 2 x 3 x 64 x f16)
+    swap_out_gbps: float = 1.8     # park copy, GB/s (measured on this machine, bench/README.md)
+    swap_in_gbps: float = 6.0      # restore copy, GB/s
+
+    def to_params(self, p: Any) -> None:
+        p.step_s = self.step_ms / 1000
+        p.decode_token_s = self.decode_token_ms / 1000
+        p.prefill_token_s = self.prefill_token_ms / 1000
+        p.bytes_per_cell = self.bytes_per_cell
+        p.swap_out_bps = self.swap_out_gbps * 1e9
+        p.swap_in_bps = self.swap_in_gbps * 1e9
+
+
+def _parse_len(spec: str | int, what: str) -> tuple[int, int]:
+    """'200' (fixed) or '100-400' (uniform) -> (lo, hi)."""
+    text = str(spec).strip()
+    try:
+        if "-" in text:
+            lo_s, hi_s = text.split("-", 1)
+            lo, hi = int(lo_s), int(hi_s)
+        else:
+            lo = hi = int(text)
+    except ValueError:
+        raise WorkloadError(f"{what}: expected N or LO-HI (tokens), got {spec!r}") from None
+    if lo < 1 or hi < lo:
+        raise WorkloadError(f"{what}: expected 1 <= LO <= HI, got {spec!r}")
+    return lo, hi
+
+
+@dataclass(frozen=True)
+class Workload:
+    """Requests by arrival time (seconds), prompt tokens and tokens to generate."""
+
+    t_arrival: tuple[float, ...]
+    n_prompt: tuple[int, ...]
+    n_gen: tuple[int, ...]
+
+    def __len__(self) -> int:
+        return len(self.t_arrival)
+
+    @classmethod
+    def synthetic(cls, n_requests: int, *, rate: float = 0.0, prompt: str | int = "100-400",
+                  gen: str | int = "100-400", seed: int = 0) -> "Workload":
+        """Poisson arrivals at `rate` requests/s (0: all at once); lengths fixed ('N') or uniform ('LO-HI')."""
+        if n_requests < 1:
+            raise WorkloadError("--requests must be at least 1")
+        if rate < 0:
+            raise WorkloadError("--rate must be >= 0 (0: all requests arrive at once)")
+        p_lo, p_hi = _parse_len(prompt, "--prompt-len")
+        g_lo, g_hi = _parse_len(gen, "--gen-len")
+        rng = random.Random(seed)
+        t = 0.0
+        ts, ps, gs = [], [], []
+        for _ in range(n_requests):
+            if rate > 0:
+                t += rng.expovariate(rate)
+            ts.append(t)
+            ps.append(rng.randint(p_lo, p_hi))
+            gs.append(rng.randint(g_lo, g_hi))
+        return cls(tuple(ts), tuple(ps), tuple(gs))
+
+    @classmethod
+    def from_jsonl(cls, path: Path) -> "Workload":
+        """One request a line: {"t": seconds (default 0), "prompt_tokens": N, "max_tokens": M}
+        (also accepted: "arrival", "n_prompt", "n_predict", "n_gen")."""
+        ts, ps, gs = [], [], []
+        try:
+            lines = Path(path).read_text().splitlines()
+        except OSError as e:
+            raise WorkloadError(f"--workload: cannot read {path}: {e.strerror}") from None
+        for i, line in enumerate(lines, 1):
+            if not line.strip():
+                continue
+            try:
+                d = json.loads(line)
+                t = float(d.get("t", d.get("arrival", 0.0)))
+                p = int(d.get("prompt_tokens", d.get("n_prompt")))
+                g = int(d.get("max_tokens", d.get("n_predict", d.get("n_gen"))))
+            except (ValueError, TypeError, AttributeError):
+                raise WorkloadError(f"--workload {path}:{i}: expected a JSON object with prompt_tokens and "
+                                    f"max_tokens (and optionally t), got {line[:80]!r}") from None
+            if p < 1 or g < 1 or t < 0:
+                raise WorkloadError(f"--workload {path}:{i}: tokens must be >= 1 and t >= 0")
+            ts.append(t)
+            ps.append(p)
+            gs.append(g)
+        if not ts:
+            raise WorkloadError(f"--workload {path}: no requests in the file")
+        return cls(tuple(ts), tuple(ps), tuple(gs))
+
+
+def _pct(values: Sequence[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    s = sorted(values)
+    return s[min(len(s) - 1, max(0, round(q / 100 * (len(s) - 1))))]
+
+
+@dataclass(frozen=True)
+class SimReport:
+    n_ctx: int
+    n_parallel: int
+    preempt: bool
+    preempt_ram_mib: int
+    requests: int
+    completed: int
+    failed: int
+    parks_swap: int
+    parks_recompute: int
+    resumes: int
+    recomputed_tokens: int
+    tokens_generated: int
+    peak_parked_mib: float
+    peak_cells: int
+    ttft_p50_s: float
+    ttft_p99_s: float
+    queue_p50_s: float
+    queue_p99_s: float
+    longest_park_s: float
+    makespan_s: float
+    steps: int
+    hit_step_limit: bool = False
+    per_request: list[dict[str, Any]] = field(default_factory=list, repr=False)
+
+    @property
+    def parks(self) -> int:
+        return self.parks_swap + self.parks_recompute
+
+    def to_json(self, per_request: bool = False) -> dict[str, Any]:
+        d = asdict(self)
+        if not per_request:
+            d.pop("per_request")
+        return d
+
+
+_OUTCOME = {0: "pending", 1: "completed", 2: "failed"}
+
+
+def simulate(workload: Workload, *, n_ctx: int, n_parallel: int, n_batch: int = 512, preempt: bool = True,
+             preempt_ram_mib: int = 8192, costs: Costs = Costs(), max_steps: int = 50_000_000) -> SimReport:
+    """Run the workload through the simulated server; see the module docstring."""
+    if n_ctx < 2:
+        raise WorkloadError("--ctx must be at least 2 cells")
+    if n_parallel < 1:
+        raise WorkloadError("--parallel must be at least 1")
+    if n_batch < 1:
+        raise WorkloadError("--batch must be at least 1")
+    if preempt_ram_mib < -1:
+        raise WorkloadError("--preempt-ram expects -1 (no limit), 0 (always recompute) or a size in MiB")
+    p = _core.SimParams()
+    p.n_pool, p.n_slots, p.n_batch, p.preempt = n_ctx, n_parallel, n_batch, preempt
+    p.ram_budget_bytes = -1 if preempt_ram_mib < 0 else preempt_ram_mib << 20
+    p.max_steps = max_steps
+    costs.to_params(p)
+    r = _core.simulate(list(workload.t_arrival), list(workload.n_prompt), list(workload.n_gen), p)
+
+    reqs = r.requests()
+    ttft, queue, per = [], [], []
+    for i, (outcome, t_start, t_first, t_done, n_preempt, t_parked) in enumerate(reqs):
+        arrival = workload.t_arrival[i]
+        if outcome == 1:
+            ttft.append(t_first - arrival)
+            queue.append(t_start - arrival)
+        per.append({"outcome": _OUTCOME[outcome], "t_arrival": arrival, "t_start": t_start, "t_first": t_first,
+                    "t_done": t_done, "n_preempt": n_preempt, "t_parked_s": t_parked})
+    return SimReport(
+        n_ctx=n_ctx, n_parallel=n_parallel, preempt=preempt, preempt_ram_mib=preempt_ram_mib,
+        requests=len(reqs), completed=sum(1 for q in reqs if q[0] == 1), failed=sum(1 for q in reqs if q[0] == 2),
+        parks_swap=r.n_park_swap, parks_recompute=r.n_park_recompute, resumes=r.n_resume,
+        recomputed_tokens=r.n_recompute_tokens, tokens_generated=r.n_tokens_generated,
+        peak_parked_mib=r.peak_parked_bytes / 2**20, peak_cells=r.peak_cells,
+        ttft_p50_s=_pct(ttft, 50), ttft_p99_s=_pct(ttft, 99), queue_p50_s=_pct(queue, 50), queue_p99_s=_pct(queue, 99),
+        longest_park_s=max((q[5] for q in reqs), default=0.0) if reqs else 0.0,
+        makespan_s=r.makespan_s, steps=r.n_steps, hit_step_limit=r.hit_step_limit, per_request=per)
+
+
+def sweep(workload: Workload, *, ctxs: Iterable[int], budgets: Iterable[int], **kw: Any) -> list[SimReport]:
+    """simulate() across pool sizes and host-RAM budgets (MiB), for picking -c and --preempt-ram."""
+    return [simulate(workload, n_ctx=c, preempt_ram_mib=b, **kw) for c in ctxs for b in budgets]
+
+
+# --- calibration against a running server ---
+
+class CalibrationError(RuntimeError):
+    pass
+
+
+def calibrate(url: str, base: Costs = Costs(), timeout: float = 120.0) -> Costs:
+    """Measure the prefill and decode costs of the server at `url` (llama-preempt's or stock):
+    one request alone, then several at once, all at temperature 0 with a fixed length. The KV bytes
+    per cell and the copy bandwidths cannot be seen over HTTP and stay as in `base`."""
+    import requests
+
+    url = url.rstrip("/")
+    try:
+        props = requests.get(url + "/props", timeout=10).json()
+    except (requests.RequestException, ValueError) as e:
+        raise CalibrationError(f"--calibrate {url}: no llama-server answers there ({e.__class__.__name__})") from None
+    n_par = max(1, min(4, int(props.get("total_slots", 1))))
+    words = ("once upon a time there was a little girl who loved to play in the park with her red ball "
+             "and her dog ").split()
+    prompt = " ".join(words[i % len(words)] for i in range(200))
+
+    def one(p: str, n: int) -> dict[str, Any]:
+        r = requests.post(url + "/completion", json={"prompt": p, "n_predict": n, "temperature": 0,
+                                                     "ignore_eos": True, "cache_prompt": False}, timeout=timeout)
+        if r.status_code != 200:
+            raise CalibrationError(f"--calibrate {url}: the server answered {r.status_code}: {r.text[:200]}")
+        return dict(r.json()["timings"])
+
+    solo = one(prompt, 64)
+    prefill_ms = solo["prompt_ms"] / max(1, solo["prompt_n"])
+    t1 = solo["predicted_ms"] / max(1, solo["predicted_n"])  # one token a step
+    if n_par == 1:
+        return replace(base, prefill_token_ms=prefill_ms, step_ms=t1 * 0.7, decode_token_ms=t1 * 0.3)
+    out: list[dict[str, Any]] = []
+    threads = [threading.Thread(target=lambda i=i: out.append(one(f"{i} {prompt[:200]}", 96))) for i in range(n_par)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    tn = statistics.median(o["predicted_ms"] / max(1, o["predicted_n"]) for o in out)  # n_par tokens a step
+    decode_ms = max(0.0, (tn - t1) / (n_par - 1))
+    return replace(base, prefill_token_ms=prefill_ms, decode_token_ms=decode_ms, step_ms=max(0.0, t1 - decode_ms))

@@ -1,0 +1,115 @@
+"""What a running server is doing now: its slots, the preemption counters and their rates, and the
+host RAM parked slots hold against the budget (`llama-preempt stats URL`)."""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import requests
+from rich.console import Group
+from rich.table import Table
+
+from .metrics import MetricsFormatError, parse_prometheus
+from .stats import COUNTERS, PreemptStats
+
+
+class StatsError(RuntimeError):
+    pass
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    url: str
+    t: float                       # time.monotonic() when taken
+    stats: PreemptStats
+    series: dict[str, float] = field(default_factory=dict)  # every unlabeled llamacpp:* value
+    budget_mib: int | None = None  # --preempt-ram, when the server says (/props)
+    version: str | None = None
+
+
+def fetch(url: str, session: requests.Session | None = None, timeout: float = 5.0) -> Snapshot:
+    """One snapshot of the server at url; StatsError with what to do when it cannot be had."""
+    s = session or requests.Session()
+    base = url.rstrip("/")
+    try:
+        m = s.get(base + "/metrics", timeout=timeout)
+    except requests.RequestException as e:
+        raise StatsError(f"cannot reach {url}: {e.__class__.__name__} (is the server running, and is the URL right?)") from None
+    if m.status_code in (404, 501):
+        raise StatsError(f"{url} has no /metrics: start llama-server with --metrics")
+    if m.status_code != 200:
+        raise StatsError(f"{url}/metrics answered {m.status_code}: {m.text[:200]}")
+    try:
+        snap = parse_prometheus(m.text)
+    except MetricsFormatError as e:
+        raise StatsError(f"{url}/metrics is not llama-server's metrics text ({e})") from None
+    if "n_preempt_total" not in snap:
+        raise StatsError(f"{url} shows no preemption metrics: it is not llama-preempt's llama-server "
+                         f"(a stock llama.cpp server?); run `llama-preempt serve ...` instead")
+    sl = s.get(base + "/slots", timeout=timeout)
+    if sl.status_code in (404, 501):
+        raise StatsError(f"{url} has no /slots: start llama-server with --slots (it is on by default)")
+    if sl.status_code != 200:
+        raise StatsError(f"{url}/slots answered {sl.status_code}: {sl.text[:200]}")
+    budget, version = None, None
+    try:
+        props = s.get(base + "/props", timeout=timeout).json().get("llama_preempt", {})
+        budget = props.get("preempt_ram_mib")
+        version = props.get("version")
+    except (requests.RequestException, ValueError, AttributeError):
+        pass
+    values = {name: metric.value for name, metric in snap.metrics.items()}
+    return Snapshot(url, time.monotonic(), PreemptStats.from_series(values, list(sl.json())), values, budget, version)
+
+
+def rates(prev: Snapshot | None, cur: Snapshot) -> dict[str, float] | None:
+    """Per-second rates of the preemption counters between two snapshots."""
+    if prev is None or cur.t <= prev.t:
+        return None
+    dt = cur.t - prev.t
+    return {n: (getattr(cur.stats, n) - getattr(prev.stats, n)) / dt for n in COUNTERS}
+
+
+def to_json(snap: Snapshot, r: dict[str, float] | None) -> dict[str, Any]:
+    st = snap.stats
+    return {
+        "url": snap.url,
+        "version": snap.version,
+        "counters": {n: getattr(st, n) for n in COUNTERS},
+        "rates_per_s": r,
+        "requests_preempted": st.requests_preempted,
+        "ram": {"held_bytes": st.preempt_ram_bytes,
+                "budget_bytes": None if snap.budget_mib is None else (-1 if snap.budget_mib < 0 else snap.budget_mib << 20)},
+        "requests_processing": snap.series.get("requests_processing"),
+        "slots": [s.__dict__ for s in st.slots],
+    }
+
+
+def _mib(n: float) -> str:
+    return f"{n / 2**20:.1f} MiB"
+
+
+def render(snap: Snapshot, r: dict[str, float] | None) -> Group:
+    st = snap.stats
+    slots = Table(title=f"{snap.url}  ({snap.version or 'llama-preempt'})", title_justify="left")
+    for col in ("slot", "state", "tokens held", "parked", "parks", "recomputed", "host RAM", "parked for"):
+        slots.add_column(col, justify="right" if col not in ("state", "parked") else "left")
+    for s in st.slots:
+        state = {"preempted": "[yellow]parked[/]", "generating": "[green]generating[/]",
+                 "processing_prompt": "[cyan]prompt[/]", "started": "[cyan]started[/]"}.get(s.state, s.state)
+        slots.add_row(str(s.id), state, str(s.n_tokens), s.preempt_mode or "", str(s.n_preempt),
+                      str(s.n_recompute), _mib(s.preempt_ram_bytes) if s.preempt_ram_bytes else "",
+                      f"{s.t_preempted_ms / 1000:.1f} s" if s.t_preempted_ms else "")
+    counters = Table(title="preemption", title_justify="left")
+    counters.add_column("counter")
+    counters.add_column("total", justify="right")
+    counters.add_column("per s", justify="right")
+    for n in COUNTERS:
+        counters.add_row(n, str(getattr(st, n)), "" if r is None else f"{r[n]:.2f}")
+    budget = ("no limit" if snap.budget_mib is not None and snap.budget_mib < 0 else
+              "recompute only" if snap.budget_mib == 0 else
+              f"{snap.budget_mib} MiB" if snap.budget_mib is not None else "unknown")
+    counters.add_row("requests parked now", str(st.requests_preempted), "")
+    counters.add_row("host RAM held / budget", f"{_mib(st.preempt_ram_bytes)} / {budget}", "")
+    return Group(slots, counters)
