@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import statistics
 import sys
 import time
@@ -25,14 +24,12 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from llama_preempt.demo import TOPICS
 from llama_preempt.engine import Engine
 from llama_preempt.models import smollm2_path
 from llama_preempt.server import LlamaServer, ServerConfig
-from results_io import RESULTS, display_path  # bench/ is on sys.path when run as a script
+from results_io import display_path, write_results  # bench/ is on sys.path when run as a script
 
-TOPICS = ["the history of bread", "how rivers form", "a day in the life of a lighthouse keeper",
-          "why the sky is blue", "the rules of chess", "how bees make honey", "the first trains",
-          "a walk through a rainforest"]
 
 
 @dataclass
@@ -127,14 +124,10 @@ def main() -> int:
     console.print(f"answers equal to the other front end's, per run pair (of {args.n_requests}): {same}; "
                   f"equal to the same front end's first run: {self_same}")
 
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    out = {"command": "python bench/engine_vs_http.py " + " ".join(sys.argv[1:]),
-           "model": display_path(model), "machine": {"platform": platform.platform(), "processor": platform.processor(),
-                                                     "python": platform.python_version()},
+    out = {"command": "python bench/engine_vs_http.py " + " ".join(sys.argv[1:]), "model": display_path(model),
            "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k != "model"},
            "summary": rows, "equal_answers_per_pair": same, "equal_to_first_run": self_same,
            "runs": [{**{k: v for k, v in asdict(r).items() if k != "texts"}, "tok_s": r.tok_s} for r in runs]}
-    (RESULTS / "engine_vs_http.json").write_text(json.dumps(out, indent=2) + "\n")
     md = ["| front end | completed | tok/s median | tok/s range | wall s median | parks per run |", "|---|---|---|---|---|---|"]
     for r in rows:
         md.append(f"| {r['front_end']} | {r['completed']} | {r['tok_s_median']} | {r['tok_s_range'][0]}-{r['tok_s_range'][1]} "
@@ -142,7 +135,7 @@ def main() -> int:
     md.append("")
     md.append(f"Answers equal to the other front end's, per run pair (of {args.n_requests}): {same}; equal to the same "
               f"front end's first run: {self_same}. Command: `{out['command'].strip()}`.")
-    (RESULTS / "engine_vs_http.md").write_text("\n".join(md) + "\n")
+    write_results("engine_vs_http", out, md)
     return 0
 
 

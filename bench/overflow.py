@@ -25,13 +25,11 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from llama_preempt.demo import TOPICS
 from llama_preempt.models import smollm2_path
 from llama_preempt.server import LlamaServer, ServerConfig
 from results_io import RESULTS, display_path  # bench/ is on sys.path when run as a script
 
-TOPICS = ["the history of bread", "how rivers form", "a day in the life of a lighthouse keeper",
-          "why the sky is blue", "the rules of chess", "how bees make honey", "the first trains",
-          "a walk through a rainforest"]
 
 
 @dataclass

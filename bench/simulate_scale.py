@@ -10,12 +10,11 @@ each configuration to bench/results/simulate_scale.{json,md}.
 from __future__ import annotations
 
 import json
-import platform
 import sys
 import time
 
 from llama_preempt.simulator import Workload, simulate
-from results_io import RESULTS  # bench/ is on sys.path when run as a script
+from results_io import write_results  # bench/ is on sys.path when run as a script
 
 
 def main() -> int:
@@ -30,18 +29,15 @@ def main() -> int:
                      "recomputed_tokens": r.recomputed_tokens, "makespan_s": round(r.makespan_s, 1),
                      "us_per_step": round(wall / max(1, r.steps) * 1e6, 1)})
         print(rows[-1])
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    out = {"command": "python bench/simulate_scale.py", "machine": {"platform": platform.platform(),
-           "processor": platform.processor(), "python": platform.python_version()},
+    out = {"command": "python bench/simulate_scale.py",
            "workload": "10,000 requests, rate 40/s, prompt 1000-8000, gen 500-4000, seed 7; -c 1048576 -np 256 -b 2048",
            "runs": rows}
-    (RESULTS / "simulate_scale.json").write_text(json.dumps(out, indent=2) + "\n")
     md = ["| --preempt-ram | wall s | steps | µs/step | completed | failed | parks swap | parks recompute | simulated makespan s |",
           "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         md.append(f"| {r['preempt_ram_mib']} | {r['wall_s']} | {r['steps']} | {r['us_per_step']} | {r['completed']} | "
                   f"{r['failed']} | {r['parks_swap']} | {r['parks_recompute']} | {r['makespan_s']} |")
-    (RESULTS / "simulate_scale.md").write_text("\n".join(md) + "\n")
+    write_results("simulate_scale", out, md)
     return 0
 
 

@@ -1,13 +1,13 @@
 """Fixtures: the stories260K test model (real or generated) and real llama-server processes."""
 from __future__ import annotations
 
-import hashlib
 import os
 from pathlib import Path
 from typing import Callable, Iterator
 
 import pytest
 
+from llama_preempt.models import sha256_of
 from llama_preempt.server import LlamaServer, ServerConfig
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -17,16 +17,10 @@ SHARED_QWEN35_MTP = ROOT.parent / "shared" / "models" / "tiny-qwen35-mtp.gguf"
 QWEN35_MTP_SHA256 = "a33facccf53b76082c7e520f85a70f7235d3ed68e2a4e0abdf0ffbbf431831bb"
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def _real_stories() -> Path | None:
-    if SHARED_STORIES.is_file() and _sha256(SHARED_STORIES) == STORIES_SHA256:
+    if SHARED_STORIES.is_file() and sha256_of(SHARED_STORIES) == STORIES_SHA256:
         return SHARED_STORIES
     return None
 
@@ -68,7 +62,7 @@ def each_stories_model(request: pytest.FixtureRequest, generated_stories: Path) 
 def qwen35_mtp_model() -> Path:
     if not SHARED_QWEN35_MTP.is_file():
         pytest.skip(f"the hybrid MTP test model is not at {SHARED_QWEN35_MTP}")
-    if _sha256(SHARED_QWEN35_MTP) != QWEN35_MTP_SHA256:
+    if sha256_of(SHARED_QWEN35_MTP) != QWEN35_MTP_SHA256:
         pytest.skip(f"{SHARED_QWEN35_MTP} has an unexpected sha256")
     return SHARED_QWEN35_MTP
 
