@@ -319,3 +319,30 @@ def test_ctrl_c_ends_the_demo_cleanly(stories_model: Path, engine: str) -> None:
     assert "Traceback" not in err and "interrupted" in err
     for child in children:
         assert not Path(f"/proc/{child}").exists() or "zombie" in Path(f"/proc/{child}/status").read_text().lower()
+
+
+def test_simulate_calibrates_its_costs_from_a_running_server(start_server, stories_model: Path) -> None:
+    srv = start_server(stories_model, n_ctx=2048, n_parallel=4)
+    p = cli("simulate", "--calibrate", srv.url, "--requests", "8", "--rate", "0", "--json")
+    assert p.returncode == 0, p.stderr
+    costs = json.loads(p.stdout)["costs"]
+    # stories260K decodes far faster than the SmolLM2 defaults: these were measured, not defaulted
+    assert 0 < costs["prefill_token_ms"] < 2.2 and costs["decode_token_ms"] < 4.6
+    assert costs["bytes_per_cell"] == 23040  # not visible over HTTP: stays as given
+
+
+def test_stats_live_json_prints_a_line_per_interval_with_rates(start_server, stories_model: Path) -> None:
+    import os
+
+    srv = start_server(stories_model, n_ctx=256, n_parallel=2)
+    proc = subprocess.Popen([sys.executable, "-m", "llama_preempt.cli", "stats", srv.url, "--json", "--interval", "0.2"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=dict(os.environ))
+    try:
+        first = json.loads(proc.stdout.readline())  # type: ignore[union-attr]
+        second = json.loads(proc.stdout.readline())  # type: ignore[union-attr]
+    finally:
+        proc.terminate()
+        proc.wait(10)
+    assert first["rates_per_s"] is None
+    assert set(second["rates_per_s"]) == set(first["counters"])
+    assert len(second["slots"]) == 2
