@@ -25,6 +25,17 @@ std::string to_prometheus(const preempt_counters & c, const preempt_gauges & g) 
             << "# TYPE llamacpp:" << it.name << " " << it.type << "\n"
             << "llamacpp:"        << it.name << " " << it.value << "\n";
     }
+    out << "# HELP llamacpp:request_preemptions Times each finished request was parked\n"
+        << "# TYPE llamacpp:request_preemptions histogram\n";
+    uint64_t cumulative = 0;
+    for (int b = 0; b < preempt_counters::n_buckets; ++b) {
+        cumulative += c.request_preemptions[b];
+        const double le = preempt_counters::bucket_le[b];
+        out << "llamacpp:request_preemptions_bucket{le=\"" << (le < 0 ? std::string("+Inf") : std::to_string((int) le))
+            << "\"} " << cumulative << "\n";
+    }
+    out << "llamacpp:request_preemptions_sum "   << c.request_preemptions_sum   << "\n"
+        << "llamacpp:request_preemptions_count " << c.request_preemptions_count << "\n";
     return out.str();
 }
 

@@ -16,6 +16,23 @@ struct preempt_counters {
     uint64_t n_recompute_tokens_total  = 0;  // tokens re-prefilled after a park (decoded successfully)
     uint64_t n_swap_restore_fail_total = 0;  // SWAP restores that failed and fell back to RECOMPUTE
     uint64_t n_fail_total              = 0;  // parked requests ended because they no longer fit the pool
+
+    // per finished request: how many times it was parked (a Prometheus histogram)
+    static constexpr int    n_buckets = 8;
+    static constexpr double bucket_le[n_buckets] = { 0, 1, 2, 3, 5, 10, 20, -1 };  // -1: +Inf
+    uint64_t request_preemptions[n_buckets] = {};  // per bucket, not cumulative
+    uint64_t request_preemptions_sum   = 0;
+    uint64_t request_preemptions_count = 0;
+
+    void observe_request(int32_t n_preempt) {
+        int b = 0;
+        while (b < n_buckets - 1 && n_preempt > bucket_le[b]) {
+            b++;
+        }
+        request_preemptions[b]++;
+        request_preemptions_sum += (uint64_t) n_preempt;
+        request_preemptions_count++;
+    }
 };
 
 // read when /metrics is asked: what is parked right now

@@ -11,6 +11,17 @@ const char * park_reason_name(park_reason r) {
         case park_reason::pool_full:   return "pool full";
         case park_reason::forced:      return "forced (LLAMA_SERVER_PREEMPT_EVERY)";
         case park_reason::last_resort: return "last resort (decode failed at n_batch 1)";
+        case park_reason::api:         return "api (POST /slots/{id}?action=park)";
+    }
+    return "?";
+}
+
+const char * park_reason_key(park_reason r) {
+    switch (r) {
+        case park_reason::pool_full:   return "planner";
+        case park_reason::forced:      return "forced";
+        case park_reason::last_resort: return "last_resort";
+        case park_reason::api:         return "api";
     }
     return "?";
 }
@@ -55,20 +66,24 @@ int32_t charged_cells(const slot_view & s) {
 
 int32_t select_victim(const std::vector<slot_view> & slots, const plan_params & p,
                       const std::vector<int32_t> & skip) {
-    // the leader (most tokens) keeps running: parking it would waste the most work, and a pool
-    // that cannot hold the leader alone is a context overflow, not a scheduling problem
+    // the leader keeps running: the slot with the most tokens among those of the highest
+    // priority. Parking it would waste the most work, and a pool that cannot hold the leader alone
+    // is a context overflow, not a scheduling problem
     int32_t leader = -1;
-    int32_t leader_cells = -1;
+    const slot_view * lead = nullptr;
     for (const auto & s : slots) {
-        if (is_running(s) && !contains(skip, s.id) && s.n_cells > leader_cells) {
+        if (is_running(s) && !contains(skip, s.id) &&
+            (!lead || s.priority > lead->priority || (s.priority == lead->priority && s.n_cells > lead->n_cells))) {
+            lead = &s;
             leader = s.id;
-            leader_cells = s.n_cells;
         }
     }
 
-    // best candidate per tier: 0 = preferred, 1 = starved or resuming (only when no tier-0 exists)
-    int32_t best[2]       = { -1, -1 };
-    int32_t best_cells[2] = {  0,  0 };
+    // the best candidate: lowest priority first; within a priority, tier 0 (preferred) before
+    // tier 1 (starved or resuming, only when no tier-0 candidate of that priority exists), then
+    // the smallest, then the later id so the order is stable
+    const slot_view * best = nullptr;
+    int best_tier = 0;
     for (const auto & s : slots) {
         if (!is_running(s) || s.id == leader || contains(skip, s.id)) {
             continue;
@@ -79,14 +94,17 @@ int32_t select_victim(const std::vector<slot_view> & slots, const plan_params & 
         const bool resuming = s.phase == slot_phase::prompt && s.n_replay_left > 0;
         // a slot holding no cells frees nothing but its reservation
         const int  tier     = (s.n_preempt >= p.n_starved || resuming || s.n_cells == 0) ? 1 : 0;
-        // smallest first; on a tie the later id, so the order is stable
-        if (best[tier] < 0 || s.n_cells < best_cells[tier] ||
-            (s.n_cells == best_cells[tier] && s.id > best[tier])) {
-            best[tier]       = s.id;
-            best_cells[tier] = s.n_cells;
+        const bool better = !best ||
+            s.priority < best->priority ||
+            (s.priority == best->priority && (tier < best_tier ||
+            (tier == best_tier && (s.n_cells < best->n_cells ||
+            (s.n_cells == best->n_cells && s.id > best->id)))));
+        if (better) {
+            best = &s;
+            best_tier = tier;
         }
     }
-    return best[0] >= 0 ? best[0] : best[1];
+    return best ? best->id : -1;
 }
 
 std::vector<int32_t> restore_order(const std::vector<slot_view> & slots) {
@@ -97,6 +115,9 @@ std::vector<int32_t> restore_order(const std::vector<slot_view> & slots) {
         }
     }
     std::stable_sort(parked.begin(), parked.end(), [](const slot_view * a, const slot_view * b) {
+        if (a->priority != b->priority) {
+            return a->priority > b->priority;     // highest priority first
+        }
         if (a->n_preempt != b->n_preempt) {
             return a->n_preempt > b->n_preempt;   // most-preempted first
         }

@@ -43,6 +43,7 @@ struct slot_view {
     int64_t t_parked_us = 0;  // when it was parked
     bool    can_resume  = true;  // false: keep it parked this step (a test knob holds it)
 
+    int32_t priority      = 0;      // the request's priority: higher is parked later and restored sooner
     int32_t n_preempt     = 0;      // times parked so far
     bool    in_family     = false;  // parent or child of an n_cmpl request: never a victim
     bool    is_multimodal = false;  // its tokens hold media placeholders: never a victim
@@ -61,10 +62,13 @@ struct plan_params {
 enum class park_reason {
     pool_full,  // the planner saw the next step overflow the pool
     forced,     // LLAMA_SERVER_PREEMPT_EVERY test knob
-    last_resort // the decode failed at n_batch 1 and a victim existed
+    last_resort, // the decode failed at n_batch 1 and a victim existed
+    api,         // POST /slots/{id}?action=park: stays parked until unparked
 };
 
 const char * park_reason_name(park_reason r);
+// a short name for /slots' parked_by: planner, forced, last_resort, api
+const char * park_reason_key(park_reason r);
 
 // One step's decisions, applied by the mechanics in this order: purge, fail, park, resume, hold.
 // Room goes to running slots first, then to parked slots (restore order), then to new requests.
@@ -94,14 +98,16 @@ int32_t reservation(const slot_view & s, const plan_params & p);
 int32_t charged_cells(const slot_view & s);
 
 // The slot to park next among running slots (new requests are not victims, they wait), or -1
-// when no slot may be parked: never the slot with the most tokens; never a family, multimodal or
-// excluded slot; among the
-// rest the smallest, passing over starved (parked n_starved times) and resuming slots while
-// another candidate exists. `skip` lists slots already chosen this step.
+// when no slot may be parked: never the leader (the slot with the most tokens among those of the
+// highest priority); never a family, multimodal or excluded slot; among the rest the lowest
+// priority first, and within a priority the smallest, passing over starved (parked n_starved
+// times) and resuming slots while another candidate of that priority exists. `skip` lists slots
+// already chosen this step.
 int32_t select_victim(const std::vector<slot_view> & slots, const plan_params & p,
                       const std::vector<int32_t> & skip = {});
 
-// Order in which parked slots are considered for restore: most-preempted first, then longest parked.
+// Order in which parked slots are considered for restore: highest priority first, then
+// most-preempted, then longest parked.
 std::vector<int32_t> restore_order(const std::vector<slot_view> & slots);
 
 // The planner: run once per step before the batch is built.

@@ -4,6 +4,7 @@
 // written on the main loop, outside yield_to_queue lambdas.
 #pragma once
 
+#include "preempt-policy.h"
 #include "server-common.h"
 #include "server-task.h"
 
@@ -65,6 +66,9 @@ struct slot_preempt_state {
     bool    resuming      = false;  // replaying after a park
     int32_t n_redo_left   = 0;      // a prompt-phase victim: prompt tokens it is processing again
 
+    park_reason reason      = park_reason::pool_full;  // why it was parked
+    bool        held_by_api = false;  // parked through the API: the planner leaves it parked until unparked
+
     int32_t n_restore   = 0;  // cells needed to be back where it was
     int64_t t_parked_us = 0;
     int32_t n_gen_forced = 0; // stats.n_gen at the last forced park (LLAMA_SERVER_PREEMPT_EVERY)
@@ -94,6 +98,7 @@ struct slot_preempt_state {
         res["n_preempt"]    = n_preempt;
         res["n_recompute"]  = n_recompute;
         res["preempt_mode"] = !is_parked() ? json(nullptr) : json(mode == park_mode::swap ? "swap" : "recompute");
+        res["parked_by"]    = !is_parked() ? json(nullptr) : json(park_reason_key(reason));
         res["preempt_ram_bytes"] = swap_bytes();
         res["t_preempted_ms"] = t_parked_total_us / 1000.0;
     }

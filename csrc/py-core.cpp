@@ -63,6 +63,7 @@ PYBIND11_MODULE(_core, m) {
         .def_readwrite("n_restore",     &lp::slot_view::n_restore)
         .def_readwrite("t_parked_us",   &lp::slot_view::t_parked_us)
         .def_readwrite("can_resume",    &lp::slot_view::can_resume)
+        .def_readwrite("priority",      &lp::slot_view::priority)
         .def_readwrite("n_preempt",     &lp::slot_view::n_preempt)
         .def_readwrite("in_family",     &lp::slot_view::in_family)
         .def_readwrite("is_multimodal", &lp::slot_view::is_multimodal)

@@ -360,7 +360,8 @@ class Engine:
                **params: Any) -> Request:
         """Start a request. `prompt` goes to /completion, `messages` to /v1/chat/completions;
         `path` and `body` send anything else. Extra keywords are request fields
-        (n_predict, temperature, ...)."""
+        (n_predict, temperature, priority, ...): `priority` (default 0) orders who is parked
+        first (lowest) and resumed first (highest) when the pool is full."""
         self._check_open()
         payload: dict[str, Any] = dict(body or {})
         if messages is not None:
@@ -398,6 +399,15 @@ class Engine:
     def metrics(self) -> MetricsSnapshot:
         """/metrics through the server's own route (needs metrics=True, the default)."""
         return parse_prometheus(str(self.request("GET", "/metrics")))
+
+    def park(self, slot: int) -> dict[str, Any]:
+        """Park the request in `slot` now (POST /slots/{slot}?action=park). It stays parked until
+        unpark(slot) or until it is cancelled; RequestError says why a slot cannot be parked."""
+        return dict(self.request("POST", f"/slots/{int(slot)}?action=park"))
+
+    def unpark(self, slot: int) -> dict[str, Any]:
+        """Let a slot parked through park() resume; the planner resumes it as soon as it fits."""
+        return dict(self.request("POST", f"/slots/{int(slot)}?action=unpark"))
 
     def stats(self) -> PreemptStats:
         """Preemption counters, gauges and the slots, read directly from the server's slots."""

@@ -20,8 +20,26 @@ class Metric:
 
 
 @dataclass
+class Histogram:
+    name: str                  # without the "llamacpp:" prefix
+    help: str
+    buckets: dict[str, float]  # upper bound ("0", "1", ..., "+Inf") -> cumulative count
+    sum: float
+    count: float
+
+    def per_bucket(self) -> dict[str, float]:
+        """Counts per bucket rather than cumulative."""
+        out, prev = {}, 0.0
+        for le, v in self.buckets.items():
+            out[le] = v - prev
+            prev = v
+        return out
+
+
+@dataclass
 class MetricsSnapshot:
     metrics: dict[str, Metric] = field(default_factory=dict)
+    histograms: dict[str, Histogram] = field(default_factory=dict)
 
     def __getitem__(self, name: str) -> float:
         return self.metrics[name].value
@@ -35,14 +53,16 @@ class MetricsSnapshot:
 
 
 def parse_prometheus(text: str, prefix: str = "llamacpp:") -> MetricsSnapshot:
-    """Parse the unlabeled llamacpp:* series with their HELP and TYPE lines.
+    """Parse the unlabeled llamacpp:* series with their HELP and TYPE lines, and the histograms
+    (NAME_bucket{le=...}, NAME_sum, NAME_count under one TYPE ... histogram line).
 
     Raises MetricsFormatError when a series has no TYPE or HELP line, which Prometheus needs.
-    Labeled series (name{...}) are skipped.
+    Other labeled series (name{...}) are skipped.
     """
     helps: dict[str, str] = {}
     types: dict[str, str] = {}
     values: dict[str, float] = {}
+    buckets: dict[str, dict[str, float]] = {}
     for line in text.splitlines():
         if line.startswith("# HELP "):
             name, _, desc = line[len("# HELP "):].partition(" ")
@@ -51,14 +71,23 @@ def parse_prometheus(text: str, prefix: str = "llamacpp:") -> MetricsSnapshot:
             name, _, typ = line[len("# TYPE "):].partition(" ")
             types[name] = typ.strip()
         elif line and not line.startswith("#"):
-            name, _, val = line.partition(" ")
-            if "{" in name:
-                continue
+            name, _, val = line.rpartition(" ")
             try:
-                values[name] = float(val)
+                value = float(val)
             except ValueError as e:
                 raise MetricsFormatError(f"bad value in metrics line {line!r}") from e
+            if "{" in name:
+                base, _, labels = name.partition("{")
+                if base.endswith("_bucket") and 'le="' in labels:
+                    buckets.setdefault(base[: -len("_bucket")], {})[labels.split('le="', 1)[1].split('"', 1)[0]] = value
+                continue
+            values[name] = value
     snap = MetricsSnapshot()
+    hist_names = {n for n, t in types.items() if t == "histogram"}
+    for name in hist_names:
+        short = name[len(prefix):] if name.startswith(prefix) else name
+        snap.histograms[short] = Histogram(short, helps.get(name, ""), buckets.get(name, {}),
+                                           values.pop(name + "_sum", 0.0), values.pop(name + "_count", 0.0))
     for name, value in values.items():
         if name not in types or name not in helps:
             raise MetricsFormatError(f"metric {name} has no TYPE or HELP line")

@@ -1,0 +1,72 @@
+// What a client sees of preemption in its own stream, and the slot actions park / unpark.
+//
+// A streamed request that is parked gets the SSE comment ": preempted", then ": preempt-keepalive"
+// every --preempt-keepalive seconds while it waits, then ": resumed". Comments are legal SSE that
+// clients ignore, so the data lines of the stream are unchanged; the keepalives keep idle-timeout
+// proxies and clients from giving up on an answer that is only waiting.
+#pragma once
+
+#include "ggml.h"
+#include "server-task.h"
+
+#include <string>
+
+namespace llama_preempt {
+
+// sent by the main loop to a streamed request's reader when it is parked or resumed
+struct stream_notice_result : server_task_result {
+    std::string kind;  // "preempted" or "resumed"
+
+    bool is_stop() override {
+        return false;  // not a result of the task: the reader keeps waiting for those
+    }
+
+    json to_json() override {
+        return json{ { "preempt_notice", kind } };
+    }
+};
+
+// per stream, on its HTTP thread: is the request parked, and when did it last hear from us
+struct stream_notices {
+    int64_t keepalive_us = 0;
+    bool    parked       = false;
+    int64_t t_last_us    = 0;
+
+    explicit stream_notices(int32_t keepalive_s) : keepalive_us(int64_t(keepalive_s) * 1000000) {}
+
+    // a notice becomes its SSE comment; false for any other result
+    bool take(server_task_result * result, std::string & output) {
+        auto * n = dynamic_cast<stream_notice_result *>(result);
+        if (n == nullptr) {
+            return false;
+        }
+        parked    = n->kind == "preempted";
+        t_last_us = ggml_time_us();
+        output    = ": " + n->kind + "\n\n";
+        return true;
+    }
+
+    bool keepalive_due() const {
+        return parked && keepalive_us > 0 && ggml_time_us() - t_last_us >= keepalive_us;
+    }
+
+    std::string keepalive() {
+        t_last_us = ggml_time_us();
+        return ": preempt-keepalive\n\n";
+    }
+};
+
+inline bool is_slot_action(const std::string & action) {
+    return action == "park" || action == "unpark";
+}
+
+// the answer to POST /slots/{id}?action=park|unpark
+struct slot_action_result : server_task_result {
+    json data;
+
+    json to_json() override {
+        return data;
+    }
+};
+
+} // namespace llama_preempt
