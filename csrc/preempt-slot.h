@@ -94,6 +94,7 @@ struct slot_preempt_state {
     void add_to_json(json & res, const char * state, const server_task * task) const {
         res["state"]        = state;
         res["id_cmpl"]      = task ? json(task->params.oaicompat_cmpl_id) : json(nullptr);
+        res["priority"]     = task ? task->params.priority : 0;
         res["is_preempted"] = is_parked();
         res["n_preempt"]    = n_preempt;
         res["n_recompute"]  = n_recompute;

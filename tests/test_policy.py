@@ -236,3 +236,40 @@ def test_a_new_request_into_an_empty_pool_gets_idle_caches_out_of_its_way() -> N
     pl = _core.plan_step(slots, _core.PlanParams(256, n_batch=2048))
     assert list(pl.purge) == [1]
     assert list(pl.hold) == []
+
+
+# --- request priority ---
+
+def test_the_lowest_priority_slot_is_parked_first_even_when_it_is_the_largest() -> None:
+    slots = [gen(0, 50, priority=5), gen(1, 60, priority=5), gen(2, 140, priority=0)]
+    # within one priority the smallest would go (slot 0); priority comes first
+    assert _core.select_victim(slots, _core.PlanParams(256)) == 2
+    pl = _core.plan_step(slots, _core.PlanParams(256))
+    assert pl.park == [2]
+
+
+def test_the_leader_is_the_largest_of_the_highest_priority() -> None:
+    # the high-priority slot is the leader even though a low-priority one is larger: it keeps running
+    slots = [gen(0, 40, priority=9), gen(1, 200, priority=0)]
+    assert _core.select_victim(slots, _core.PlanParams(245)) == 1
+
+
+def test_a_high_priority_slot_is_parked_only_when_no_lower_priority_candidate_exists() -> None:
+    slots = [gen(0, 100, priority=2), gen(1, 90, priority=2), gen(2, 30, priority=1, n_preempt=3)]
+    # the starved low-priority slot still goes before any higher-priority one
+    assert _core.select_victim(slots, _core.PlanParams(256)) == 2
+    assert _core.select_victim(slots, _core.PlanParams(256), skip=[2]) == 1
+
+
+def test_the_starvation_guard_orders_slots_within_one_priority() -> None:
+    slots = [gen(0, 200), gen(1, 20, n_preempt=3), gen(2, 30)]
+    assert _core.select_victim(slots, _core.PlanParams(256)) == 2
+
+
+def test_restore_goes_highest_priority_first() -> None:
+    slots = [_core.SlotView(0, P.PARKED, n_restore=50, t_parked_us=1, n_preempt=3, priority=0),
+             _core.SlotView(1, P.PARKED, n_restore=50, t_parked_us=5, n_preempt=1, priority=4),
+             _core.SlotView(2, P.PARKED, n_restore=50, t_parked_us=2, n_preempt=1, priority=4)]
+    assert _core.restore_order(slots) == [2, 1, 0]
+    # room for one: the high-priority slot parked longest comes back
+    assert _core.plan_step(slots, _core.PlanParams(60)).resume == [2]

@@ -73,6 +73,7 @@ class ParkEvent:
     bytes: int         # host RAM its state took (swap)
     reason: str
     ms: float          # time the park took
+    priority: int = 0  # the request's priority
 
 
 @dataclass(frozen=True)

@@ -37,6 +37,7 @@ class SlotStats:
     preempt_ram_bytes: int   # host RAM its parked state holds
     t_preempted_ms: float    # time its request spent parked
     id_cmpl: str | None = None  # the "id" of its request's OpenAI-style responses
+    priority: int = 0           # its request's priority
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> "SlotStats":
@@ -61,6 +62,7 @@ class SlotStats:
             preempt_ram_bytes=int(d.get("preempt_ram_bytes", 0)),
             t_preempted_ms=float(d.get("t_preempted_ms", 0.0)),
             id_cmpl=d.get("id_cmpl") or None,
+            priority=int(d.get("priority", 0)),
         )
 
 

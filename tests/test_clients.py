@@ -1,0 +1,309 @@
+"""What clients and operators see and steer: stream notices with keepalive, request priority,
+park/unpark slot actions, the request_preemptions histogram and the timings fields."""
+from __future__ import annotations
+
+import json
+import threading
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+import requests
+
+from helpers import complete, long_prompt, run_concurrently
+from llama_preempt.engine import Engine, RequestError
+from llama_preempt.metrics import parse_prometheus
+from llama_preempt.server import LlamaServer
+
+FORCED = {"LLAMA_SERVER_PREEMPT_EVERY": "8"}
+BODIES: dict[str, dict[str, Any]] = {
+    "/completion": {"prompt": "Once upon a time", "n_predict": 48, "temperature": 0, "ignore_eos": True},
+    "/v1/completions": {"prompt": "Once upon a time", "max_tokens": 48, "temperature": 0},
+    "/v1/chat/completions": {"messages": [{"role": "user", "content": "Tell me a story"}], "max_tokens": 48,
+                             "temperature": 0},
+}
+
+
+def sse(srv: LlamaServer, path: str, body: dict[str, Any]) -> Iterator[str]:
+    with requests.post(srv.url + path, json={**body, "stream": True}, stream=True, timeout=120) as r:
+        assert r.status_code == 200, r.text
+        for raw in r.iter_lines():
+            if raw:
+                yield raw.decode("utf-8")
+
+
+def comments(lines: list[str]) -> list[str]:
+    return [line[2:] for line in lines if line.startswith(": ")]
+
+
+def data_payloads(path: str, lines: list[str]) -> list[Any]:
+    """The data lines, without what legitimately differs between two runs (ids, clocks)."""
+    out = []
+    for line in lines:
+        if not line.startswith("data: "):
+            continue
+        d = line[6:]
+        if d == "[DONE]":
+            out.append(d)
+            continue
+        obj = json.loads(d)
+        for k in ("id", "created", "timings", "id_slot", "system_fingerprint"):
+            obj.pop(k, None)
+        out.append(obj)
+    return out
+
+
+def alternate(notices: list[str]) -> list[str]:
+    """preempted/resumed with the keepalives dropped; asserts every keepalive falls inside a park."""
+    seq, parked = [], False
+    for n in notices:
+        if n == "preempt-keepalive":
+            assert parked, notices
+            continue
+        assert n in ("preempted", "resumed"), n
+        assert parked == (n == "resumed"), notices  # strictly alternating
+        parked = n == "preempted"
+        seq.append(n)
+    assert not parked, notices
+    return seq
+
+
+# --- streams ---
+
+@pytest.mark.parametrize("path", list(BODIES))
+def test_a_streamed_request_hears_of_each_park_and_resume_and_its_data_is_unchanged(
+        start_server, stories_model: Path, path: str) -> None:
+    ref = start_server(stories_model, n_ctx=512, n_parallel=2)
+    srv = start_server(stories_model, n_ctx=512, n_parallel=2, env=FORCED)
+    want = list(sse(ref, path, BODIES[path]))
+    got = list(sse(srv, path, BODIES[path]))
+    assert comments(want) == [] or set(comments(want)) <= {""}
+    seq = alternate(comments(got))
+    assert len(seq) // 2 == srv.metrics()["n_preempt_total"] >= 48 // 8 - 1
+    # SWAP is exact: the data lines are those of the stream that was never parked
+    assert data_payloads(path, got) == data_payloads(path, want)
+
+
+def test_a_long_park_sends_keepalives_while_other_requests_produce_results(start_server, stories_model: Path) -> None:
+    srv = start_server(stories_model, n_ctx=512, n_parallel=2, extra_args=["--preempt-keepalive", "1"])
+    seen: list[str] = []
+    slot_id: dict[str, int] = {}
+    parked = threading.Event()
+    keepalive = threading.Event()
+
+    def reader() -> None:
+        for line in sse(srv, "/completion", {"prompt": "Once upon a time", "n_predict": 120, "temperature": 0,
+                                             "ignore_eos": True}):
+            seen.append(line)
+            if line == ": preempted":
+                parked.set()
+            if line == ": preempt-keepalive":
+                keepalive.set()
+
+    t = threading.Thread(target=reader)
+    t.start()
+    while not slot_id:
+        busy = [s for s in srv.slots() if s["is_processing"]]
+        if busy:
+            slot_id["id"] = busy[0]["id"]
+    assert srv.post(f"/slots/{slot_id['id']}?action=park", {}).json()["is_preempted"]
+    assert parked.wait(30)
+    # the other slot keeps producing results the whole time the first is parked
+    while not keepalive.is_set():
+        assert complete(srv, "There was a dog", 24).status_code == 200
+    assert srv.post(f"/slots/{slot_id['id']}?action=unpark", {}).status_code == 200
+    t.join(60)
+    assert alternate(comments(seen)) == ["preempted", "resumed"]
+    assert "preempt-keepalive" in comments(seen)
+    final = json.loads([line for line in seen if line.startswith("data: ")][-1][6:])
+    assert final["stop"] and final["tokens_predicted"] == 120
+
+
+def test_keepalives_can_be_turned_off(start_server, stories_model: Path) -> None:
+    srv = start_server(stories_model, n_ctx=512, n_parallel=2, extra_args=["--preempt-keepalive", "0"],
+                       env={**FORCED, "LLAMA_SERVER_PREEMPT_HOLD_MS": "1500"})
+    lines = list(sse(srv, "/completion", BODIES["/completion"]))
+    assert "preempt-keepalive" not in comments(lines)
+    assert alternate(comments(lines))
+
+
+def test_a_prompt_that_can_never_fit_gets_an_error_response_not_a_stream(start_server, stories_model: Path) -> None:
+    srv = start_server(stories_model, n_ctx=128, n_parallel=2)
+    r = requests.post(srv.url + "/completion", json={"prompt": long_prompt(300), "n_predict": 8, "stream": True},
+                      timeout=60)
+    assert r.status_code == 400 and r.json()["error"]["type"] == "exceed_context_size_error"
+
+
+def test_a_non_streamed_request_sees_only_the_timings_fields(start_server, stories_model: Path) -> None:
+    ref = start_server(stories_model, n_ctx=512, n_parallel=2)
+    srv = start_server(stories_model, n_ctx=512, n_parallel=2, env=FORCED)
+    want = complete(ref, "Once upon a time", 48).json()
+    got = complete(srv, "Once upon a time", 48).json()
+    assert got.keys() == want.keys() and got["content"] == want["content"]
+    assert got["timings"].keys() == want["timings"].keys()
+    assert want["timings"]["n_preempt"] == 0 and want["timings"]["preempted_ms"] == 0
+    assert got["timings"]["n_preempt"] >= 48 // 8 - 1 and got["timings"]["preempted_ms"] >= 0
+
+
+def test_time_parked_is_not_generation_time(start_server, stories_model: Path) -> None:
+    srv = start_server(stories_model, n_ctx=512, n_parallel=2, extra_args=["--preempt-keepalive", "1"])
+    body = {"prompt": "Once upon a time", "n_predict": 200, "temperature": 0, "ignore_eos": True,
+            "t_max_predict_ms": 400}
+    seen: list[str] = []
+    keepalives = threading.Event()
+
+    def reader() -> None:
+        for line in sse(srv, "/completion", body):
+            seen.append(line)
+            if comments(seen).count("preempt-keepalive") >= 2:
+                keepalives.set()
+
+    t = threading.Thread(target=reader)
+    t.start()
+    while not any(s["is_processing"] for s in srv.slots()):
+        pass
+    sid = next(s["id"] for s in srv.slots() if s["is_processing"])
+    assert srv.post(f"/slots/{sid}?action=park", {}).status_code == 200
+    assert keepalives.wait(30)  # parked for two keepalive intervals: over 1 s, more than t_max_predict_ms
+    assert srv.post(f"/slots/{sid}?action=unpark", {}).status_code == 200
+    t.join(60)
+    final = json.loads([line for line in seen if line.startswith("data: ")][-1][6:])
+    timings = final["timings"]
+    assert timings["preempted_ms"] >= 1000
+    assert timings["predicted_ms"] < timings["preempted_ms"]
+    # t_max_predict_ms (400 ms) did not cut the answer short because it waited parked for over a second
+    assert final["tokens_predicted"] == 200 and final["stop_type"] == "limit"
+
+
+# --- priority ---
+
+def test_a_high_priority_request_is_never_parked_while_a_lower_one_can_be(
+        stories_model: Path) -> None:
+    with Engine(stories_model, n_ctx=256, n_parallel=4, n_batch=32, kv_unified=True, seed=1, n_threads=2) as eng:
+        prompts = [long_prompt(6, shift=3 * i) for i in range(4)]
+        reqs = [eng.submit(p, n_predict=100, temperature=0, ignore_eos=True, priority=(7 if i == 1 else 0))
+                for i, p in enumerate(prompts)]
+        reports = eng.run(reqs)
+        assert all(r.completion().n_generated == 100 for r in reqs)
+        parks = [p for rep in reports for p in rep.parked]
+        assert parks, "the load should have overflowed the pool"
+        assert all(p.priority == 0 for p in parks)
+
+
+def test_the_highest_priority_parked_request_is_restored_first(stories_model: Path) -> None:
+    with Engine(stories_model, n_ctx=512, n_parallel=3, kv_unified=True, seed=1, n_threads=2) as eng:
+        reqs = [eng.submit(f"Once upon a time {i}", n_predict=300, temperature=0, ignore_eos=True, priority=p)
+                for i, p in enumerate((0, 3, 1))]
+        eng.run(lambda: all(s.n_decoded > 0 for s in eng.stats().slots))
+        by_prio = {s.id: s.priority for s in eng.stats().slots}
+        assert sorted(by_prio.values()) == [0, 1, 3]
+        for sid in sorted(by_prio, key=lambda i: by_prio[i]):
+            eng.park(sid)
+        # unparked together, lowest priority first: the one step that takes the three actions
+        # resumes them in priority order
+        unparks = [eng.submit(path=f"/slots/{sid}?action=unpark", body={})
+                   for sid in sorted(by_prio, key=lambda i: by_prio[i])]
+        eng.wait_queued(unparks)
+        rep = eng.step()
+        assert [by_prio[r.slot] for r in rep.resumed] == [3, 1, 0]
+        eng.run(reqs)
+        assert all(r.completion().n_generated == 300 for r in reqs)
+
+
+# --- park / unpark ---
+
+def test_park_and_unpark_round_trip_and_the_answer_is_still_complete_and_exact(start_server, stories_model: Path) -> None:
+    srv = start_server(stories_model, n_ctx=512, n_parallel=2)
+    want = complete(srv, "Once upon a time", 150).json()["content"]
+    got: dict[str, Any] = {}
+
+    def client() -> None:
+        got.update(complete(srv, "Once upon a time", 150, cache_prompt=False).json())
+
+    t = threading.Thread(target=client)
+    t.start()
+    while not any(s["is_processing"] for s in srv.slots()):
+        pass
+    sid = next(s["id"] for s in srv.slots() if s["is_processing"])
+    parked = srv.post(f"/slots/{sid}?action=park", {})
+    assert parked.status_code == 200, parked.text
+    assert parked.json()["preempt_mode"] == "swap"
+    slot = next(s for s in srv.slots() if s["id"] == sid)
+    assert slot["is_preempted"] and slot["parked_by"] == "api" and slot["state"] == "preempted"
+    # the planner leaves it parked: nothing else runs, yet it stays put
+    assert srv.metrics()["n_resume_total"] == 0
+    assert srv.post(f"/slots/{sid}?action=unpark", {}).status_code == 200
+    t.join(60)
+    assert got["tokens_predicted"] == 150 and got["content"] == want
+    assert got["timings"]["n_preempt"] == 1
+
+
+def test_the_slot_actions_errors(start_server, stories_model: Path) -> None:
+    srv = start_server(stories_model, n_ctx=512, n_parallel=2)
+
+    def act(slot: Any, action: str) -> requests.Response:
+        return srv.post(f"/slots/{slot}?action={action}", {})
+
+    def error(r: requests.Response, code: int, text: str) -> None:
+        assert r.status_code == code, r.text
+        assert text in r.json()["error"]["message"]
+
+    error(act(0, "park"), 400, "is idle")
+    error(act(0, "unpark"), 400, "is not parked")
+    error(act(7, "park"), 400, "no slot 7")
+    error(act("x", "park"), 400, "Invalid slot ID")
+    # a slot of an n_cmpl family cannot be parked
+    done = threading.Event()
+    t = threading.Thread(target=lambda: (complete(srv, "Once upon a time", 300, n_cmpl=2), done.set()))
+    t.start()
+    while not any(s["is_processing"] for s in srv.slots()):
+        pass
+    sid = next(s["id"] for s in srv.slots() if s["is_processing"])
+    error(act(sid, "park"), 400, "n_cmpl")
+    t.join(60)
+    # a slot the planner parked is not the API's to unpark
+    held = start_server(stories_model, n_ctx=512, n_parallel=2,
+                        env={**FORCED, "LLAMA_SERVER_PREEMPT_HOLD_MS": "600000"})
+    with requests.post(held.url + "/completion", json={**BODIES["/completion"], "stream": True}, stream=True, timeout=60):
+        while not any(s["is_preempted"] for s in held.slots()):
+            pass
+        sid = next(s["id"] for s in held.slots() if s["is_preempted"])
+        assert next(s for s in held.slots() if s["id"] == sid)["parked_by"] == "forced"
+        error(held.post(f"/slots/{sid}?action=unpark", {}), 400, "parked by the forced")
+        error(held.post(f"/slots/{sid}?action=park", {}), 400, "already parked")
+    # preemption off
+    off = start_server(stories_model, n_ctx=512, n_parallel=2, preempt=False)
+    error(off.post("/slots/0?action=park", {}), 400, "preemption is off")
+
+
+def test_engine_park_unpark_and_priority(stories_model: Path) -> None:
+    with Engine(stories_model, n_ctx=512, n_parallel=2, kv_unified=True, n_threads=2) as eng:
+        req = eng.submit("Once upon a time", n_predict=100, temperature=0, ignore_eos=True, priority=2)
+        eng.run(lambda: any(s.n_decoded > 0 for s in eng.stats().slots))
+        sid = next(s.id for s in eng.stats().slots if s.is_processing)
+        assert eng.park(sid)["is_preempted"]
+        assert eng.stats().parked()[0].id == sid
+        for _ in range(20):  # the planner leaves it parked
+            assert not eng.step().resumed
+        with pytest.raises(RequestError, match="already parked"):
+            eng.park(sid)
+        eng.unpark(sid)
+        assert req.completion().n_generated == 100
+
+
+# --- the histogram ---
+
+def test_the_histogram_counts_every_finished_request_by_its_parks(start_server, stories_model: Path) -> None:
+    srv = start_server(stories_model, n_ctx=256, n_parallel=4, n_batch=32)
+    prompts = [long_prompt(6, shift=3 * i) for i in range(4)] + ["Once upon a time"]
+    res = [r.json() for r in run_concurrently([lambda p=p: complete(srv, p, 100) for p in prompts])]
+    h = parse_prometheus(srv.get("/metrics").text).histograms["request_preemptions"]
+    assert h.count == len(prompts)
+    per_response = [r["timings"]["n_preempt"] for r in res]
+    assert h.sum == sum(per_response)
+    bounds = [0, 1, 2, 3, 5, 10, 20]
+    expected: dict[str, int] = {}
+    for le in bounds:
+        expected[str(le)] = sum(1 for n in per_response if n <= le)
+    expected["+Inf"] = len(per_response)
+    assert h.buckets == expected
