@@ -229,8 +229,12 @@ public:
     engine(const engine &) = delete;
     engine & operator=(const engine &) = delete;
 
-    // start a request: an upstream route handler runs on its own thread, as under HTTP
-    std::shared_ptr<engine_request> submit(const std::string & method, const std::string & target, const std::string & body) {
+    // start a request: an upstream route handler runs on its own thread, as under HTTP. With
+    // wait_queued, return only once its task is queued (or it answered without one): the caller
+    // owns the loop, so the tasks of requests submitted one after another all wait for its next
+    // step, and a batch runs together as it would have had its requests arrived at once
+    std::shared_ptr<engine_request> submit(const std::string & method, const std::string & target, const std::string & body,
+                                           bool wait_queued) {
         check_open();
         auto req = std::make_shared<engine_request>();
 
@@ -243,12 +247,26 @@ public:
         std::map<std::string, std::string> params_kv = parse_query(query);
         const server_http_context::handler_t * handler = find_route(method, path, params_kv);
 
-        std::lock_guard<std::mutex> lk(mtx_requests);
-        reap_finished();
-        auto h = handler ? *handler : server_http_context::handler_t{};
-        threads.push_back({ req, std::thread([this, req, h, method, path, query, params_kv, body]() {
-            run_request(*req, h, method, path, query, params_kv, body);
-        }) });
+        py::gil_scoped_release nogil;
+        std::lock_guard<std::mutex> lk_submit(mtx_submit);  // one submit at a time: the count below is ours
+        const size_t n_before = ctx->step_wait(0);
+        {
+            std::lock_guard<std::mutex> lk(mtx_requests);
+            reap_finished();
+            auto h = handler ? *handler : server_http_context::handler_t{};
+            threads.push_back({ req, std::thread([this, req, h, method, path, query, params_kv, body]() {
+                run_request(*req, h, method, path, query, params_kv, body);
+            }) });
+        }
+        if (wait_queued) {
+            const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+            while (ctx->step_wait(1) <= n_before && std::chrono::steady_clock::now() < deadline) {
+                std::lock_guard<std::mutex> lk(req->mtx);
+                if (req->started || req->done) {
+                    break;  // answered (an error, or a route that needs no task), or another thread stepped
+                }
+            }
+        }
         return req;
     }
 
@@ -371,6 +389,7 @@ private:
     std::mutex                   mtx_step;      // held by step(); stats() reads between steps
     std::atomic<bool>            in_step{false}; // a second thread stepping at once is an error, not a wait
     std::mutex                   mtx_requests;
+    std::mutex                   mtx_submit;
     std::vector<running_request> threads;
     std::atomic<uint64_t>        n_finished{0};
     uint64_t                     n_finished_seen = 0;
@@ -590,7 +609,9 @@ void register_engine(py::module_ & m) {
         .def(py::init<const std::vector<std::string> &>(), py::arg("args"),
              "load a model with llama-server's own argument parser (argv without the program name)")
         .def("submit", &engine::submit, py::arg("method"), py::arg("path"), py::arg("body") = "",
-             "start a request on an upstream route handler (its own thread); returns its handle")
+             py::arg("wait_queued") = true,
+             "start a request on an upstream route handler (its own thread); with wait_queued, return once its "
+             "task is queued; returns its handle")
         .def("step", &engine::step, "one iteration of the server loop; a JSON report of what happened")
         .def("wait", &engine::wait, py::arg("timeout_s"),
              "wait (GIL released) until a task is queued or a request finished; True if either happened")

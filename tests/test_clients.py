@@ -201,9 +201,8 @@ def test_the_highest_priority_parked_request_is_restored_first(stories_model: Pa
             eng.park(sid)
         # unparked together, lowest priority first: the one step that takes the three actions
         # resumes them in priority order
-        unparks = [eng.submit(path=f"/slots/{sid}?action=unpark", body={})
-                   for sid in sorted(by_prio, key=lambda i: by_prio[i])]
-        eng.wait_queued(unparks)
+        for sid in sorted(by_prio, key=lambda i: by_prio[i]):
+            eng.submit(path=f"/slots/{sid}?action=unpark", body={})  # returns once queued; nothing steps
         rep = eng.step()
         assert [by_prio[r.slot] for r in rep.resumed] == [3, 1, 0]
         eng.run(reqs)

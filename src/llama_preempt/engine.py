@@ -376,7 +376,10 @@ class Engine:
         payload.update(params)
         if stream:
             payload["stream"] = True
-        req = Request(self, self._core.submit("POST", path, json.dumps(payload)), path, bool(payload.get("stream")))
+        # stepping by hand, submit() returns once the request's task is queued, so requests submitted
+        # one after another run together in the next step; a background loop takes them as they come
+        req = Request(self, self._core.submit("POST", path, json.dumps(payload), self._thread is None), path,
+                      bool(payload.get("stream")))
         with self._requests_lock:
             self._requests = [r for r in self._requests if not r.done]
             self._requests.append(req)
@@ -387,8 +390,8 @@ class Engine:
         """Any route, answered synchronously: `request("GET", "/slots")`,
         `request("POST", "/tokenize", {"content": "hi"})`. Returns the decoded body."""
         self._check_open()
-        req = Request(self, self._core.submit(method.upper(), path, json.dumps(body) if body is not None else ""),
-                      path, False)
+        req = Request(self, self._core.submit(method.upper(), path, json.dumps(body) if body is not None else "",
+                                              self._thread is None), path, False)
         return req.result(timeout)
 
     def tokenize(self, text: str, add_special: bool = True) -> list[int]:
@@ -435,10 +438,6 @@ class Engine:
             raise EngineBusyError("the background loop is running (start()): wait on the requests instead")
         pred = self._until(until)
         deadline = None if timeout is None else time.monotonic() + timeout
-        if isinstance(until, Request):
-            self.wait_queued([until])
-        elif until is not None and not callable(until):
-            self.wait_queued(list(until))
         reports: list[StepReport] = []
         while not pred():
             if deadline is not None and time.monotonic() > deadline:
@@ -550,16 +549,6 @@ class Engine:
             return until
         reqs = list(until)
         return lambda: all(r.done for r in reqs)
-
-    def wait_queued(self, reqs: Sequence[Request], timeout: float = 10.0) -> None:
-        """Before stepping a batch submitted together: wait until each request's handler has
-        queued its task (or already answered), so the batch runs concurrently, as it would have
-        if the requests had arrived over HTTP at once. Foreground only: nobody else takes tasks."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self._core.n_queued() >= sum(1 for r in reqs if not r.done):
-                return
-            time.sleep(0.0005)  # the handlers are tokenizing on their threads
 
     def _drive(self, pred: Callable[[], bool], wait: Callable[[float], bool], timeout: float | None) -> bool:
         """Until pred() holds: step the loop if nobody else does, else wait for the other driver."""
