@@ -36,6 +36,13 @@ struct stream_notices {
 
     // a notice becomes its SSE comment; false for any other result
     bool take(server_task_result * result, std::string & output) {
+        auto * partial = dynamic_cast<server_task_result_cmpl_partial *>(result);
+        if (partial != nullptr && partial->is_begin) {
+            // a request parked before it started: its notice opened the stream, and the begin
+            // marker (headers only) that follows its resume has nothing left to send
+            output.clear();
+            return true;
+        }
         auto * n = dynamic_cast<stream_notice_result *>(result);
         if (n == nullptr) {
             return false;

@@ -306,3 +306,29 @@ def test_the_histogram_counts_every_finished_request_by_its_parks(start_server, 
         expected[str(le)] = sum(1 for n in per_response if n <= le)
     expected["+Inf"] = len(per_response)
     assert h.buckets == expected
+
+
+def test_a_request_parked_before_it_started_opens_its_stream_with_the_notice(stories_model: Path) -> None:
+    with Engine(stories_model, n_ctx=512, n_parallel=2, kv_unified=True, n_threads=2) as eng:
+        req = eng.submit("Once upon a time", n_predict=40, temperature=0, ignore_eos=True, stream=True)
+        # queued behind it, before any step: the request takes a slot and is parked before its prompt
+        parks = [eng.submit(path=f"/slots/{i}?action=park", body={}) for i in range(2)]
+        eng.step()
+        answers = []
+        for p in parks:
+            try:
+                answers.append(p.result())
+            except RequestError as e:
+                assert "is idle" in e.message
+        assert len(answers) == 1
+        sid = answers[0]["id_slot"]
+        chunks = req.sse()
+        first = next(chunks)
+        assert first == ": preempted\n\n"  # the stream is open: headers went out with the notice
+        eng.unpark(sid)
+        rest = list(chunks)
+        lines = [line for c in [first, *rest] for line in c.splitlines() if line]
+        assert alternate(comments(lines)) == ["preempted", "resumed"]
+        data = [json.loads(line[6:]) for line in lines if line.startswith("data: ")]
+        assert data[-1]["stop"] and data[-1]["tokens_predicted"] == 40
+        assert "data: null" not in lines and all(isinstance(d, dict) for d in data)
