@@ -8,10 +8,13 @@ Used by the test suite and by anyone who wants the patched server from Python:
 """
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import socket
 import subprocess
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,6 +29,24 @@ from .stats import PreemptStats
 
 class ServerStartError(RuntimeError):
     pass
+
+
+@contextlib.contextmanager
+def _sigint_deferred() -> Iterator[None]:
+    """Hold a Ctrl-C back until the block is done: one that lands inside Popen, after the child
+    exists but before Popen returns it, would otherwise leave a server nobody can stop. (Only the
+    main thread receives signals; the child starts with default handlers after exec.)"""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    caught: list[int] = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: caught.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        if caught:
+            raise KeyboardInterrupt
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -104,7 +125,7 @@ class LlamaServer:
         env = dict(os.environ)
         env.update(self.config.env)
         try:
-            with self.log_path.open("wb") as log:
+            with self.log_path.open("wb") as log, _sigint_deferred():
                 self.proc = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT,
                                              stdin=subprocess.DEVNULL, env=env)
             self._wait_healthy(timeout)
