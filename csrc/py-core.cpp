@@ -6,6 +6,8 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <algorithm>
+#include <chrono>
 #include <tuple>
 
 #include "preempt-policy.h"
@@ -107,6 +109,19 @@ PYBIND11_MODULE(_core, m) {
           "parked slot ids in the order they are considered for restore");
     m.def("reservation", &lp::reservation, py::arg("slot"), py::arg("params"),
           "cells the slot's next step adds to the pool");
+    m.def("time_plan_step", [](const std::vector<lp::slot_view> & slots, const lp::plan_params & params, int64_t n) {
+              // the planner's own cost per call, without Python in the loop (bench/cells.py)
+              py::gil_scoped_release nogil;
+              size_t sink = 0;
+              const auto t0 = std::chrono::steady_clock::now();
+              for (int64_t i = 0; i < n; ++i) {
+                  sink += lp::plan_step(slots, params).park.size();
+              }
+              const auto t1 = std::chrono::steady_clock::now();
+              (void) sink;
+              return std::chrono::duration<double, std::micro>(t1 - t0).count() / std::max<int64_t>(1, n);
+          },
+          py::arg("slots"), py::arg("params"), py::arg("n") = 1000, "microseconds per plan_step call, timed in C++");
 
     py::class_<lp::sim_params>(m, "SimParams", "the simulated server: pool, slots, budget and per-token costs")
         .def(py::init<>())
