@@ -266,3 +266,16 @@ def test_matches_real_stories260k_keys_shapes_and_vocab(reader: gguf.GGUFReader)
         "tokenizer.ggml.padding_token_id",
     ]:
         assert _scalar(real, key) == pytest.approx(_scalar(reader, key)), key
+
+
+def test_a_larger_llama_shape_in_f16_loads_and_generates(tmp_path: pathlib.Path) -> None:
+    """The generator makes the bench's realistic-KV models (LLAMA32_1B on a GPU machine); a small
+    shape in f16 here proves the path: the file loads and generates the requested tokens."""
+    from llama_preempt.engine import Engine
+
+    shape = model_gen.ModelShape(n_vocab=512, n_embd=128, n_layer=2, n_head=4, n_head_kv=2, n_ff=256, n_rot=32,
+                                 rms_eps=1e-5)
+    out = model_gen.generate_llama(tmp_path / "small.gguf", shape, f16=True)
+    with Engine(out, n_ctx=256, n_parallel=2, n_threads=2) as eng:
+        assert eng.submit("Once upon a time", n_predict=16, temperature=0).completion().n_generated == 16
+    assert model_gen.LLAMA32_1B.n_embd_kv * 2 * 2 * model_gen.LLAMA32_1B.n_layer == 32 * 1024  # KV bytes per token (f16)

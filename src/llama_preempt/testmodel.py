@@ -51,9 +51,12 @@ import numpy as np
 import numpy.typing as npt
 
 __all__ = [
+    "LLAMA32_1B",
+    "SHAPES",
     "SPECIAL_AND_BYTE_IDS",
     "STORIES260K",
     "ModelShape",
+    "generate_llama",
     "generate_stories260k",
     "vocab",
 ]
@@ -85,6 +88,14 @@ class ModelShape:
 STORIES260K = ModelShape(
     n_vocab=512, n_embd=64, n_layer=5, n_head=8, n_head_kv=4, n_ff=172, n_rot=8, rms_eps=1e-5
 )
+
+#: Llama-3.2-1B's geometry (16 layers, 8 KV heads of 64: 32 KiB of f16 KV per token) with the tok512
+#: vocabulary: for benchmarks where the KV size per token, not the text, decides the costs.
+LLAMA32_1B = ModelShape(
+    n_vocab=512, n_embd=2048, n_layer=16, n_head=32, n_head_kv=8, n_ff=8192, n_rot=64, rms_eps=1e-5
+)
+
+SHAPES = {"stories260k": STORIES260K, "llama-3.2-1b": LLAMA32_1B}
 
 UNK_ID = 0
 BOS_ID = 1
@@ -204,7 +215,8 @@ def _weights(shape: ModelShape, seed: int) -> list[tuple[str, F32]]:
     return tensors
 
 
-def _write(path: pathlib.Path, shape: ModelShape, n_ctx_train: int, seed: int) -> None:
+def _write(path: pathlib.Path, shape: ModelShape, n_ctx_train: int, seed: int, f16: bool = False,
+           name: str = "stories260K-synthetic") -> None:
     voc = vocab()
     w = gguf.GGUFWriter(str(path), "llama")
     # key order follows the real file (general.architecture is written by the constructor)
@@ -212,7 +224,7 @@ def _write(path: pathlib.Path, shape: ModelShape, n_ctx_train: int, seed: int) -
     w.add_token_scores(list(voc.scores))
     w.add_token_types(list(voc.types))
     w.add_tokenizer_model("llama")
-    w.add_name("stories260K-synthetic")
+    w.add_name(name)
     w.add_unk_token_id(UNK_ID)
     w.add_bos_token_id(BOS_ID)
     w.add_eos_token_id(EOS_ID)
@@ -228,8 +240,9 @@ def _write(path: pathlib.Path, shape: ModelShape, n_ctx_train: int, seed: int) -
     w.add_block_count(shape.n_layer)
     w.add_rope_dimension_count(shape.n_rot)
     w.add_layer_norm_rms_eps(shape.rms_eps)
-    for name, data in _weights(shape, seed):
-        w.add_tensor(name, data)
+    for tname, data in _weights(shape, seed):
+        # norms stay f32 (llama.cpp expects it); matrices may be f16 to halve a large file
+        w.add_tensor(tname, data.astype(np.float16) if f16 and data.ndim == 2 else data)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -246,13 +259,24 @@ def generate_stories260k(
     """
     if n_ctx_train < 1:
         raise ValueError(f"n_ctx_train must be positive, got {n_ctx_train}")
+    return generate_llama(path, STORIES260K, n_ctx_train=n_ctx_train, seed=seed)
+
+
+def generate_llama(path: pathlib.Path, shape: ModelShape, *, n_ctx_train: int = 2048, seed: int = 260,
+                   f16: bool = False) -> pathlib.Path:
+    """Write a llama GGUF of any shape with the tok512 vocabulary and seeded random weights (the
+    same well-behaved construction as the stories260K stand-in); return it. `f16` stores the
+    matrices in f16 (a Llama-3.2-1B shape is 2 GB that way, 4 GB in f32)."""
+    if n_ctx_train < 1:
+        raise ValueError(f"n_ctx_train must be positive, got {n_ctx_train}")
     path = pathlib.Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     os.close(fd)
     tmp = pathlib.Path(tmp_name)
     try:
-        _write(tmp, STORIES260K, n_ctx_train, seed)
+        name = "stories260K-synthetic" if shape == STORIES260K else f"llama-synthetic-{shape.n_layer}x{shape.n_embd}"
+        _write(tmp, shape, n_ctx_train, seed, f16=f16, name=name)
         os.chmod(tmp, 0o644)
         os.replace(tmp, path)
     except BaseException:
@@ -268,8 +292,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("out", type=pathlib.Path, help="output .gguf path")
     ap.add_argument("--n-ctx-train", type=int, default=2048, help="llama.context_length")
     ap.add_argument("--seed", type=int, default=260, help="numpy default_rng seed")
+    ap.add_argument("--shape", choices=sorted(SHAPES), default="stories260k",
+                    help="stories260k (default) or llama-3.2-1b (32 KiB of KV per token, for GPU benchmarks)")
+    ap.add_argument("--f16", action="store_true", help="store the matrices in f16")
     args = ap.parse_args(argv)
-    out = generate_stories260k(args.out, n_ctx_train=args.n_ctx_train, seed=args.seed)
+    out = generate_llama(args.out, SHAPES[args.shape], n_ctx_train=args.n_ctx_train, seed=args.seed, f16=args.f16)
     print(out)
     return 0
 
