@@ -57,6 +57,7 @@ class Load:
     tight_mib: int          # a --preempt-ram that forces a mix of swap and recompute
     threads: int
     gpu_layers: int | None = None
+    server_args: tuple[str, ...] = ()  # for every server, stock and ours (e.g. -fa on)
 
     def prompts(self) -> list[str]:
         out = []
@@ -186,7 +187,7 @@ RESTORE_RE = re.compile(r"restored by swap \([\d.]+ MiB, \d+ tokens\) in ([\d.]+
 
 
 def run_cell(cell: Cell, load: Load, binaries: dict[str, Path], run: int, timeline: bool = False) -> RunResult:
-    extra = list(cell.args)
+    extra = list(cell.args) + list(load.server_args)
     if load.gpu_layers is not None:
         extra += ["-ngl", str(load.gpu_layers)]
     cfg = ServerConfig(model=load.model, n_ctx=cell.pool, n_parallel=cell.n_parallel, kv_unified=cell.unified,
@@ -251,7 +252,8 @@ def solo_overhead(load: Load, binaries: dict[str, Path], pairs: int, console: Co
         got = {}
         for name in ("stock", "ours"):
             cfg = ServerConfig(model=load.model, n_ctx=load.ample, n_parallel=2, kv_unified=True, threads=load.threads,
-                               seed=1234, extra_args=[] if load.gpu_layers is None else ["-ngl", str(load.gpu_layers)])
+                               seed=1234, extra_args=list(load.server_args) + (
+                                   [] if load.gpu_layers is None else ["-ngl", str(load.gpu_layers)]))
             with LlamaServer(cfg, binary=binaries[name]) as srv:
                 t0 = time.perf_counter()
                 c = stream_chat(srv.url, prompt, load.n_predict)
@@ -433,6 +435,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--gpu-layers", type=int, default=None, help="-ngl for a GPU build")
     ap.add_argument("--out", type=Path, default=RESULTS)
     ap.add_argument("--name", default=None, help="results file stem (default: cells or cells_quick)")
+    ap.add_argument("--server-args", default="", help="more flags for every server, e.g. '-fa on'")
+    shape = ap.add_argument_group("the load (defaults depend on --quick)")
+    shape.add_argument("--chats", type=int, default=None)
+    shape.add_argument("--tokens", type=int, default=None, help="tokens each chat generates")
+    shape.add_argument("--prompt-words", type=int, default=None)
+    shape.add_argument("--pools", default=None, help="two oversubscribed pool sizes, e.g. 1536,1024")
+    shape.add_argument("--ample", type=int, default=None, help="a pool that holds every chat")
+    shape.add_argument("--split-slot", type=int, default=None, help="cells per slot in the static split (x256)")
+    shape.add_argument("--tight-mib", type=int, default=None, help="a --preempt-ram that forces a swap/recompute mix")
     args = ap.parse_args(argv)
     console = Console()
 
@@ -448,6 +459,17 @@ def main(argv: list[str] | None = None) -> int:
             model = args.model
         load = Load(model, n_chats=6, prompt_words=200, n_predict=256, pools=(1536, 1024), ample=4096, split_slot=512,
                     tight_mib=12, threads=args.threads, gpu_layers=args.gpu_layers)
+
+    from dataclasses import replace
+
+    overrides: dict[str, Any] = {k: v for k, v in (("n_chats", args.chats), ("n_predict", args.tokens),
+                                                    ("prompt_words", args.prompt_words), ("ample", args.ample),
+                                                    ("split_slot", args.split_slot), ("tight_mib", args.tight_mib))
+                                 if v is not None}
+    if args.pools:
+        a, b = (int(x) for x in args.pools.split(","))
+        overrides["pools"] = (a, b)
+    load = replace(load, server_args=tuple(args.server_args.split()), **overrides)
 
     from stock import stock_server
     from llama_preempt.binary import server_binary

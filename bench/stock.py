@@ -11,6 +11,7 @@ the patches do not touch is a cache hit.
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -66,7 +67,9 @@ def stock_server(log=print) -> Path:
     gen = ["-G", "Ninja"] if shutil.which("ninja") else []
     gen += _same_compilers()
     log(f"stock: building the unpatched llama-server into {BUILD.relative_to(ROOT)} (log: {build_log.relative_to(ROOT)})")
-    _run(["cmake", "-S", str(ROOT / "bench" / "stock"), "-B", str(BUILD), *gen, "-DCMAKE_BUILD_TYPE=Release",
+    # the same backend as ours: CMAKE_ARGS (e.g. -DGGML_CUDA=ON) is how our build is asked for one
+    backend = shlex.split(os.environ.get("CMAKE_ARGS", ""))
+    _run(["cmake", "-S", str(ROOT / "bench" / "stock"), "-B", str(BUILD), *gen, *backend, "-DCMAKE_BUILD_TYPE=Release",
           f"-DLLAMA_STOCK_SOURCE={SOURCE}"], build_log)
     _run(["cmake", "--build", str(BUILD), "--target", "llama-server", "-j", str(os.cpu_count() or 2)], build_log)
     if not exe.is_file():
