@@ -1,8 +1,8 @@
 """The unpatched llama-server for the benchmarks' "stock" cell, built once into build/stock.
 
-The source is the same pinned sdist as ours, extracted without patches/ (vendor/fetch.py
---pristine), configured with the same options (cmake/llama-options.cmake), so "stock" and "ours"
-differ only by the patches. The tree sits at the same place relative to its build dir as
+The source is our vendored tree with patches/ reversed, which is the pinned sdist's tree exactly
+(this works offline, from our own sdist too), configured with the same options
+(cmake/llama-options.cmake), so "stock" and "ours" differ only by the patches. The tree sits at the same place relative to its build dir as
 vendor/llama.cpp does relative to ours, so with ccache (CCACHE_BASEDIR = the repository) every object
 the patches do not touch is a cache hit.
 
@@ -39,6 +39,28 @@ def _run(cmd: list[str], log: Path) -> None:
         raise StockBuildError(f"{' '.join(cmd[:3])} ... failed (exit {proc.returncode}); {log}:\n{tail}")
 
 
+def unpatch(dest: Path, log: Path) -> None:
+    """The pristine tree, offline: a copy of vendor/llama.cpp with the patch series reversed (the
+    sdist of llama-cpp-python may not be cached where the bench runs, a GPU machine say)."""
+    tree = ROOT / "vendor" / "llama.cpp"
+    if not (tree / "CMakeLists.txt").is_file():
+        raise StockBuildError("vendor/llama.cpp is missing: build the package first (pip install .)")
+    tmp = dest.with_name(dest.name + ".partial")
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.copytree(tree, tmp, ignore=shutil.ignore_patterns(".llama-preempt-stamp.json"))
+    env = {**os.environ, "GIT_CEILING_DIRECTORIES": str(tmp.parent)}
+    for patch in sorted((ROOT / "patches").glob("*.patch"), reverse=True):
+        cmd = ["git", "apply", "-R", "-p1", str(patch)] if shutil.which("git") else \
+              ["patch", "-R", "-p1", "--batch", "-i", str(patch)]
+        proc = subprocess.run(cmd, cwd=tmp, capture_output=True, text=True, env=env)
+        if proc.returncode != 0:
+            raise StockBuildError(f"taking {patch.name} back out failed: {proc.stderr or proc.stdout}")
+        with log.open("a") as f:
+            f.write(f"reversed {patch.name}\n")
+    shutil.rmtree(dest, ignore_errors=True)
+    os.replace(tmp, dest)
+
+
 def _same_compilers() -> list[str]:
     """The compilers of our own build (ccache keys on the compiler: c++ and g++ differ)."""
     out = []
@@ -62,8 +84,8 @@ def stock_server(log=print) -> Path:
     STOCK.mkdir(parents=True, exist_ok=True)
     build_log = STOCK / "build.log"
     if not (SOURCE / "CMakeLists.txt").is_file():
-        log(f"stock: extracting the unpatched llama.cpp into {SOURCE.relative_to(ROOT)}")
-        _run([sys.executable, str(ROOT / "vendor" / "fetch.py"), "--pristine", str(SOURCE)], build_log)
+        log(f"stock: the unpatched llama.cpp into {SOURCE.relative_to(ROOT)} (our tree with patches/ taken back out)")
+        unpatch(SOURCE, build_log)
     gen = ["-G", "Ninja"] if shutil.which("ninja") else []
     gen += _same_compilers()
     log(f"stock: building the unpatched llama-server into {BUILD.relative_to(ROOT)} (log: {build_log.relative_to(ROOT)})")
