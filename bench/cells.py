@@ -407,7 +407,7 @@ def plots(rows: list[dict[str, Any]], timeline_run: RunResult | None, out: Path,
         ax.set_xlabel("seconds")
         handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in colors.values()]
         ax.legend(handles, ["prompt", "started", "generating", "parked (swap)", "parked (recompute)"],
-                  loc="upper right", fontsize=7, ncol=5)
+                  loc="upper center", bbox_to_anchor=(0.5, -0.18), fontsize=7, ncol=5)
         ax.set_title(f"{timeline_run.cell}, run {timeline_run.run}: slot states from /slots every 20 ms", fontsize=9)
         fig.tight_layout()
         fig.savefig(out / "cells_timeline.png", dpi=110)

@@ -64,47 +64,57 @@ int32_t charged_cells(const slot_view & s) {
     return std::max(0, s.n_cells - s.n_shared);
 }
 
-int32_t select_victim(const std::vector<slot_view> & slots, const plan_params & p,
-                      const std::vector<int32_t> & skip) {
-    // the leader keeps running: the slot with the most tokens among those of the highest
-    // priority. Parking it would waste the most work, and a pool that cannot hold the leader alone
-    // is a context overflow, not a scheduling problem
-    int32_t leader = -1;
+// Running slots that may be parked, best victim first: lowest priority first; within a priority,
+// tier 0 (preferred) before tier 1 (starved or resuming, only when no tier-0 candidate of that
+// priority exists), then the smallest, then the later id so the order is stable. The leader keeps
+// running: the slot with the most tokens among those of the highest priority. Parking it would
+// waste the most work, and a pool that cannot hold the leader alone is a context overflow, not a
+// scheduling problem. Parking others never changes who leads, so one order serves a whole step.
+static std::vector<const slot_view *> victim_order(const std::vector<slot_view> & slots, const plan_params & p,
+                                                   const std::vector<int32_t> & skip) {
     const slot_view * lead = nullptr;
     for (const auto & s : slots) {
         if (is_running(s) && !contains(skip, s.id) &&
             (!lead || s.priority > lead->priority || (s.priority == lead->priority && s.n_cells > lead->n_cells))) {
             lead = &s;
-            leader = s.id;
         }
     }
 
-    // the best candidate: lowest priority first; within a priority, tier 0 (preferred) before
-    // tier 1 (starved or resuming, only when no tier-0 candidate of that priority exists), then
-    // the smallest, then the later id so the order is stable
-    const slot_view * best = nullptr;
-    int best_tier = 0;
+    std::vector<const slot_view *> cand;
     for (const auto & s : slots) {
-        if (!is_running(s) || s.id == leader || contains(skip, s.id)) {
+        if (!is_running(s) || &s == lead || contains(skip, s.id)) {
             continue;
         }
         if (s.in_family || s.is_multimodal || !s.can_park) {
             continue;
         }
-        const bool resuming = s.phase == slot_phase::prompt && s.n_replay_left > 0;
-        // a slot holding no cells frees nothing but its reservation
-        const int  tier     = (s.n_preempt >= p.n_starved || resuming || s.n_cells == 0) ? 1 : 0;
-        const bool better = !best ||
-            s.priority < best->priority ||
-            (s.priority == best->priority && (tier < best_tier ||
-            (tier == best_tier && (s.n_cells < best->n_cells ||
-            (s.n_cells == best->n_cells && s.id > best->id)))));
-        if (better) {
-            best = &s;
-            best_tier = tier;
-        }
+        cand.push_back(&s);
     }
-    return best ? best->id : -1;
+    auto tier = [&](const slot_view * s) {
+        const bool resuming = s->phase == slot_phase::prompt && s->n_replay_left > 0;
+        // a slot holding no cells frees nothing but its reservation
+        return (s->n_preempt >= p.n_starved || resuming || s->n_cells == 0) ? 1 : 0;
+    };
+    std::sort(cand.begin(), cand.end(), [&](const slot_view * a, const slot_view * b) {
+        if (a->priority != b->priority) {
+            return a->priority < b->priority;
+        }
+        const int ta = tier(a), tb = tier(b);
+        if (ta != tb) {
+            return ta < tb;
+        }
+        if (a->n_cells != b->n_cells) {
+            return a->n_cells < b->n_cells;
+        }
+        return a->id > b->id;
+    });
+    return cand;
+}
+
+int32_t select_victim(const std::vector<slot_view> & slots, const plan_params & p,
+                      const std::vector<int32_t> & skip) {
+    const auto order = victim_order(slots, p, skip);
+    return order.empty() ? -1 : order.front()->id;
 }
 
 std::vector<int32_t> restore_order(const std::vector<slot_view> & slots) {
@@ -133,17 +143,32 @@ std::vector<int32_t> restore_order(const std::vector<slot_view> & slots) {
     return ids;
 }
 
-static const slot_view * find(const std::vector<slot_view> & slots, int32_t id) {
-    for (const auto & s : slots) {
-        if (s.id == id) {
-            return &s;
+// slot ids are looked up often in a step: index them once
+struct slot_index {
+    std::vector<const slot_view *> by_id;
+
+    explicit slot_index(const std::vector<slot_view> & slots) {
+        int32_t n = 0;
+        for (const auto & s : slots) {
+            n = std::max(n, s.id + 1);
+        }
+        by_id.assign(n, nullptr);
+        for (const auto & s : slots) {
+            if (s.id >= 0) {
+                by_id[s.id] = &s;
+            }
         }
     }
-    return nullptr;
-}
+
+    const slot_view * operator[](int32_t id) const {
+        return id >= 0 && id < (int32_t) by_id.size() ? by_id[id] : nullptr;
+    }
+};
 
 plan plan_step(const std::vector<slot_view> & slots, const plan_params & p) {
     plan pl;
+    const slot_index find(slots);
+    std::vector<uint8_t> failed(find.by_id.size(), 0);
 
     // Three groups: running slots (generating, or past the first chunk of their prompt) hold and
     // need cells; parked slots wait to come back; new requests wait to be admitted. Room goes to
@@ -167,6 +192,7 @@ plan plan_step(const std::vector<slot_view> & slots, const plan_params & p) {
     for (const auto & s : slots) {
         if (s.phase == slot_phase::parked && s.n_restore + 1 > p.n_pool) {
             pl.fail.push_back(s.id);
+            failed[s.id] = 1;
         }
     }
 
@@ -202,27 +228,27 @@ plan plan_step(const std::vector<slot_view> & slots, const plan_params & p) {
 
     // 2. the running slots' next step does not fit: idle caches go first, then victims are parked
     if (!make_room(0) && p.park) {
-        while (!fits(0)) {
-            const int32_t victim = select_victim(slots, p, pl.park);
-            if (victim < 0) {
-                break;  // nothing may be parked: the decode's own retry ladder is the last line
-            }
-            const slot_view * s = find(slots, victim);
+        // select_victim() in a loop, in one pass: parking a victim does not change the order
+        const auto order = victim_order(slots, p, {});
+        for (size_t i = 0; i < order.size() && !fits(0); ++i) {
+            const slot_view * s = order[i];
             used -= charged_cells(*s);
             need -= reservation(*s, p);
             n_running -= 1;
-            pl.park.push_back(victim);
+            pl.park.push_back(s->id);
         }
+        // when none is left to park, the decode's own retry ladder is the last line
     }
 
     // 3. restore in restore order, fit-first, but never in a step that parked (that would thrash);
     //    a resuming slot is charged its whole replay, not one batch
     bool waiting = false;
-    for (int32_t id : restore_order(slots)) {
-        if (contains(pl.fail, id)) {
+    const std::vector<int32_t> restore = restore_order(slots);
+    for (int32_t id : restore) {
+        if (failed[id]) {
             continue;
         }
-        const slot_view * s = find(slots, id);
+        const slot_view * s = find[id];
         if (!s->can_resume) {
             waiting = true;
             continue;
@@ -259,9 +285,9 @@ plan plan_step(const std::vector<slot_view> & slots, const plan_params & p) {
     if (n_running == 0 && waiting) {
         while (purge_one()) {
         }
-        for (int32_t id : restore_order(slots)) {
-            const slot_view * s = find(slots, id);
-            if (!contains(pl.fail, id) && s->can_resume && pl.park.empty()) {
+        for (int32_t id : restore) {
+            const slot_view * s = find[id];
+            if (!failed[id] && s->can_resume && pl.park.empty()) {
                 need += s->n_restore;
                 n_running += 1;
                 pl.resume.push_back(id);
