@@ -245,12 +245,13 @@ def run_cell(cell: Cell, load: Load, binaries: dict[str, Path], run: int, timeli
 
 
 def solo_overhead(load: Load, binaries: dict[str, Path], pairs: int, console: Console) -> dict[str, Any]:
-    """One chat on an ample pool: ours (preemption on, never firing) against stock, interleaved."""
+    """One chat on an ample pool: ours (preemption on, never firing) against stock, interleaved
+    (stock first in even pairs, ours first in odd ones)."""
     prompt = load.prompts()[0]
     ratios, texts_equal, stock_tps, ours_tps = [], [], [], []
     for i in range(pairs):
         got = {}
-        for name in ("stock", "ours"):
+        for name in (("stock", "ours") if i % 2 == 0 else ("ours", "stock")):  # alternate who goes first
             cfg = ServerConfig(model=load.model, n_ctx=load.ample, n_parallel=2, kv_unified=True, threads=load.threads,
                                seed=1234, extra_args=list(load.server_args) + (
                                    [] if load.gpu_layers is None else ["-ngl", str(load.gpu_layers)]))
@@ -487,7 +488,7 @@ def main(argv: list[str] | None = None) -> int:
             runs.append(r)
             console.print(f"run {i + 1} {cell.name:34s} {r.completed}/{r.completed + r.failed} ok, {r.tok_s:7.1f} tok/s, "
                           f"TTFT p99 {fmt(r.ttft_p99_s)} s, parks {r.parks_swap}/{r.parks_recompute}")
-    solo = solo_overhead(load, binaries, 5 if not args.quick else 3, console)
+    solo = solo_overhead(load, binaries, 6 if not args.quick else 4, console)
     planner = planner_cost()
     rows = summarize(cells, runs)
 
