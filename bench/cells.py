@@ -343,7 +343,7 @@ def fmt(v: Any, unit: str = "") -> str:
 
 
 COLUMNS = [("cell", "cell"), ("completed", "completed"), ("tok/s (range)", None), ("TTFT p50 s", "ttft_p50_s"),
-           ("TTFT p99 s", "ttft_p99_s"), ("ITL p50 ms", "itl_p50_ms"), ("ITL p99 ms", "itl_p99_ms"),
+           ("TTFT p99 s (range)", None), ("ITL p50 ms", "itl_p50_ms"), ("ITL p99 ms", "itl_p99_ms"),
            ("parks swap/rec", None), ("recomputed", "recomputed_tokens"), ("peak RAM MiB", "peak_ram_mib"),
            ("park ms med/max", None), ("restore ms med/max", None), ("longest park ms", "longest_park_ms")]
 
@@ -356,6 +356,9 @@ def row_cells(r: dict[str, Any]) -> list[str]:
         elif title.startswith("tok/s"):
             lo, hi = r["tok_s_range"] or (None, None)
             out.append(f"{fmt(r['tok_s'])} ({fmt(lo)}-{fmt(hi)})")
+        elif title.startswith("TTFT p99"):
+            lo, hi = r["ttft_p99_range"] or (None, None)
+            out.append("-" if r["ttft_p99_s"] is None else f"{fmt(r['ttft_p99_s'])} ({fmt(lo)}-{fmt(hi)})")
         elif title.startswith("parks"):
             out.append(f"{fmt(r['parks_swap'])}/{fmt(r['parks_recompute'])}")
         elif title.startswith("park ms"):
@@ -365,7 +368,8 @@ def row_cells(r: dict[str, Any]) -> list[str]:
     return out
 
 
-def plots(rows: list[dict[str, Any]], timeline_run: RunResult | None, out: Path, title: str) -> list[str]:
+def plots(rows: list[dict[str, Any]], timeline_run: RunResult | None, out: Path, title: str,
+          prefix: str = "cells") -> list[str]:
     try:
         import matplotlib
 
@@ -375,8 +379,8 @@ def plots(rows: list[dict[str, Any]], timeline_run: RunResult | None, out: Path,
         return []
     made = []
     names = [r["cell"] for r in rows]
-    for key, rkey, label, fname in (("tok_s", "tok_s_range", "aggregate tokens/s", "cells_throughput.png"),
-                                    ("ttft_p99_s", "ttft_p99_range", "TTFT p99 (s)", "cells_ttft_p99.png")):
+    for key, rkey, label, fname in (("tok_s", "tok_s_range", "aggregate tokens/s", f"{prefix}_throughput.png"),
+                                    ("ttft_p99_s", "ttft_p99_range", "TTFT p99 (s)", f"{prefix}_ttft_p99.png")):
         vals = [r[key] or 0 for r in rows]
         lo = [max(0.0, v - (r[rkey][0] if r[rkey] else v)) for v, r in zip(vals, rows)]
         hi = [max(0.0, (r[rkey][1] if r[rkey] else v) - v) for v, r in zip(vals, rows)]
@@ -411,10 +415,31 @@ def plots(rows: list[dict[str, Any]], timeline_run: RunResult | None, out: Path,
                   loc="upper center", bbox_to_anchor=(0.5, -0.18), fontsize=7, ncol=5)
         ax.set_title(f"{timeline_run.cell}, run {timeline_run.run}: slot states from /slots every 20 ms", fontsize=9)
         fig.tight_layout()
-        fig.savefig(out / "cells_timeline.png", dpi=110)
+        fig.savefig(out / f"{prefix}_timeline.png", dpi=110)
         plt.close(fig)
-        made.append("cells_timeline.png")
+        made.append(f"{prefix}_timeline.png")
     return made
+
+
+def markdown(record: dict[str, Any]) -> list[str]:
+    rows, solo, planner = record["summary"], record["solo_overhead"], record["planner_us_per_step"]
+    md = ["| " + " | ".join(t for t, _ in COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    md += ["| " + " | ".join(row_cells(r)) + " |" for r in rows]
+    md += ["", f"Solo overhead, ours / stock tok/s per interleaved pair: {solo['ratio_per_pair']} (median "
+               f"{solo['ratio_median']}); stock's own run-to-run spread {solo['noise_stock_spread']:.1%}; output "
+               f"byte-identical: {solo['identical']}.",
+           "Planner, microseconds per `plan_step()` call: " + ", ".join(f"{k} slots {v}" for k, v in planner.items()) + ".",
+           f"Command: `{record['command'].strip()}` ({record['wall_s']} s)."]
+    return md
+
+
+def render(name: str, out: Path) -> None:
+    """Tables and plots again from a saved run (bench/results/NAME.json), without running anything."""
+    record = json.loads((out / f"{name}.json").read_text())
+    (out / f"{name}.md").write_text("\n".join(markdown(record)) + "\n")
+    timeline = next((RunResult(**r) for r in record["runs"] if r.get("timeline")), None)
+    plots(record["summary"], timeline, out, f"{Path(record['model']).name}, {record['load']['n_chats']} chats x "
+                                            f"{record['load']['n_predict']} tokens", prefix=name)
 
 
 def default_quick_model() -> Path:
@@ -445,8 +470,12 @@ def main(argv: list[str] | None = None) -> int:
     shape.add_argument("--ample", type=int, default=None, help="a pool that holds every chat")
     shape.add_argument("--split-slot", type=int, default=None, help="cells per slot in the static split (x256)")
     shape.add_argument("--tight-mib", type=int, default=None, help="a --preempt-ram that forces a swap/recompute mix")
+    ap.add_argument("--render", action="store_true", help="only redraw the tables and plots of a saved run")
     args = ap.parse_args(argv)
     console = Console()
+    if args.render:
+        render(args.name or ("cells_quick" if args.quick else "cells"), args.out)
+        return 0
 
     if args.quick:
         model = args.model or default_quick_model()
@@ -506,11 +535,8 @@ def main(argv: list[str] | None = None) -> int:
     name = args.name or ("cells_quick" if args.quick else "cells")
     args.out.mkdir(parents=True, exist_ok=True)
     timeline_run = next((r for r in runs if r.timeline), None)
-    pngs = plots(rows, timeline_run, args.out, f"{load.model.name}, {load.n_chats} chats x {load.n_predict} tokens")
-    if name != "cells":
-        for p in pngs:  # keep the full run's plots under their own names
-            (args.out / p).rename(args.out / p.replace("cells_", f"{name}_"))
-        pngs = [p.replace("cells_", f"{name}_") for p in pngs]
+    pngs = plots(rows, timeline_run, args.out, f"{load.model.name}, {load.n_chats} chats x {load.n_predict} tokens",
+                 prefix=name)
     record = {
         "command": "python -m bench " + " ".join(argv if argv is not None else sys.argv[1:]),
         "model": display_path(load.model),
@@ -519,14 +545,7 @@ def main(argv: list[str] | None = None) -> int:
         "summary": rows, "solo_overhead": solo, "planner_us_per_step": planner, "plots": pngs,
         "runs": [asdict(r) for r in runs],
     }
-    md = ["| " + " | ".join(t for t, _ in COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
-    md += ["| " + " | ".join(row_cells(r)) + " |" for r in rows]
-    md += ["", f"Solo overhead, ours / stock tok/s per interleaved pair: {solo['ratio_per_pair']} (median "
-               f"{solo['ratio_median']}); stock's own run-to-run spread {solo['noise_stock_spread']:.1%}; output "
-               f"byte-identical: {solo['identical']}.",
-           f"Planner, microseconds per `plan_step()` call: " + ", ".join(f"{k} slots {v}" for k, v in planner.items()) + ".",
-           f"Command: `{record['command'].strip()}` ({record['wall_s']} s)."]
-    write_results(name, record, md, args.out)
+    write_results(name, record, markdown(record), args.out)
     console.print(f"wrote {display_path(args.out / (name + '.json'))}, {name}.md and {len(pngs)} plots "
                   f"in {time.perf_counter() - t_start:.0f} s")
     return 0

@@ -1,0 +1,48 @@
+#!/usr/bin/env python3
+"""Run llama.cpp's own server test suite against our llama-server, offline (see
+tests/upstream/llama_preempt_upstream.py for how their harness is adapted from outside).
+
+    python tests/upstream/run.py [-n 2] [pytest args...]
+
+Needs the packages in their requirements (pip install '.[upstream]') and the stories260K test model:
+$LLAMA_PREEMPT_TEST_MODEL, else ../shared/models/stories260K.gguf; without it there is nothing
+to run and it says so (exit 0 with everything skipped would prove nothing).
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent.parent
+TESTS = ROOT / "vendor" / "llama.cpp" / "tools" / "server" / "tests"
+
+
+def model() -> Path | None:
+    explicit = os.environ.get("LLAMA_PREEMPT_TEST_MODEL")
+    if explicit:
+        return Path(explicit)
+    shared = ROOT.parent / "shared" / "models" / "stories260K.gguf"
+    return shared if shared.is_file() else None
+
+
+def main(argv: list[str]) -> int:
+    from llama_preempt.binary import server_binary
+
+    m = model()
+    if m is None:
+        print("upstream tests: no stories260K model (set LLAMA_PREEMPT_TEST_MODEL): not run", file=sys.stderr)
+        return 3
+    env = {**os.environ, "LLAMA_SERVER_BIN_PATH": str(server_binary()), "LLAMA_PREEMPT_UPSTREAM_MODEL": str(m),
+           "LLAMA_CACHE": str(ROOT / "build" / "upstream-cache"),
+           "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])}
+    args = argv or ["-n", "2"]
+    cmd = [sys.executable, "-m", "pytest", "unit", "-p", "llama_preempt_upstream", "-q", "-rs",
+           "-p", "no:cacheprovider", *args]
+    return subprocess.run(cmd, cwd=TESTS, env=env).returncode
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
