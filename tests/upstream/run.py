@@ -2,7 +2,8 @@
 """Run llama.cpp's own server test suite against our llama-server, offline (see
 tests/upstream/llama_preempt_upstream.py for how their harness is adapted from outside).
 
-    python tests/upstream/run.py [-n 2] [pytest args...]
+    python tests/upstream/run.py                  # -n 2 -m "not slow", as upstream's tests.sh
+    python tests/upstream/run.py unit/test_basic.py -x   # any pytest arguments instead
 
 Needs the packages in their requirements (pip install '.[upstream]') and the stories260K test model:
 $LLAMA_PREEMPT_TEST_MODEL, else ../shared/models/stories260K.gguf; without it there is nothing
@@ -38,7 +39,8 @@ def main(argv: list[str]) -> int:
     env = {**os.environ, "LLAMA_SERVER_BIN_PATH": str(server_binary()), "LLAMA_PREEMPT_UPSTREAM_MODEL": str(m),
            "LLAMA_CACHE": str(ROOT / "build" / "upstream-cache"),
            "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])}
-    args = argv or ["-n", "2"]
+    # upstream's own default (tests.sh): the slow tests need their big models and SLOW_TESTS=1
+    args = argv or ["-n", "2", "-m", "not slow"]
     cmd = [sys.executable, "-m", "pytest", "unit", "-p", "llama_preempt_upstream", "-q", "-rs",
            "-p", "no:cacheprovider", *args]
     return subprocess.run(cmd, cwd=TESTS, env=env).returncode
