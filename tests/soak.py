@@ -138,7 +138,9 @@ def soak(model: Path, duration_s: float, clients: int = 6, seed: int = 0, log_di
          ram_mib: int = 1) -> SoakResult:
     res = SoakResult(duration_s=duration_s, budget_bytes=ram_mib << 20)
     cfg = ServerConfig(model=model, n_ctx=384, n_parallel=4, kv_unified=True,
-                       extra_args=["--preempt-ram", str(ram_mib), "-b", "64"], env=SERVER_ENV)
+                       # no RAM prompt cache (--cache-ram 0): it grows by design up to its own limit and would
+                       # hide a leak from the RSS check
+                       extra_args=["--preempt-ram", str(ram_mib), "-b", "64", "--cache-ram", "0"], env=SERVER_ENV)
     with LlamaServer(cfg, log_dir=log_dir) as srv:
         assert srv.proc is not None
         lock = threading.Lock()
