@@ -10,6 +10,14 @@ const char * version() {
     return LLAMA_PREEMPT_VERSION;
 }
 
+bool ui_embedded() {
+#if defined(LLAMA_PREEMPT_UI) && LLAMA_PREEMPT_UI
+    return true;
+#else
+    return false;
+#endif
+}
+
 const char * version_line() {
     return "llama-preempt " LLAMA_PREEMPT_VERSION " (KV preemption for llama-server, upstream llama.cpp 0c1e570)";
 }

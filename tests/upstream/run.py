@@ -36,7 +36,12 @@ def main(argv: list[str]) -> int:
     if m is None:
         print("upstream tests: no stories260K model (set LLAMA_PREEMPT_TEST_MODEL): not run", file=sys.stderr)
         return 3
-    env = {**os.environ, "LLAMA_SERVER_BIN_PATH": str(server_binary()), "LLAMA_PREEMPT_UPSTREAM_MODEL": str(m),
+    exe = server_binary()
+    # the web UI is in the build when vendor/ui.py put its assets in the tree; only then do
+    # upstream's two UI tests run
+    ui = "1" if (ROOT / "vendor" / "llama.cpp" / "tools" / "ui" / "dist" / "index.html").is_file() else "0"
+    env = {**os.environ, "LLAMA_SERVER_BIN_PATH": str(exe), "LLAMA_PREEMPT_UPSTREAM_MODEL": str(m),
+           "LLAMA_PREEMPT_UPSTREAM_UI": ui,
            "LLAMA_CACHE": str(ROOT / "build" / "upstream-cache"),
            "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])}
     # upstream's own default (tests.sh): the slow tests need their big models and SLOW_TESTS=1
