@@ -185,3 +185,25 @@ def test_fuzzed_slot_actions_are_a_200_or_a_4xx_never_a_crash(fuzz_server: Any, 
     assert fuzz_server.proc.poll() is None
     # the server still answers
     assert fuzz_server.get("/health").status_code == 200
+
+
+
+# --- memory pressure ---
+
+def test_a_budget_beyond_the_machines_memory_degrades_to_recompute_when_allocation_fails(
+        start_server, stories_model: Path) -> None:
+    """--preempt-ram 10000000 (about 9.5 TiB) is accepted; when a swap buffer cannot be had, the
+    park recomputes instead of failing. The failed allocation is forced with a test knob: capping a
+    live server's address space (prlimit) also breaks its other allocations and ends it."""
+    huge = ["--preempt-ram", "10000000"]
+    ok = start_server(stories_model, n_ctx=512, n_parallel=2, extra_args=huge, env=FORCED)
+    assert complete(ok, "Once upon a time", 64).json()["tokens_predicted"] == 64
+    assert ok.metrics()["n_preempt_swap_total"] >= 64 // 8 - 1  # the memory was there: swapped
+    srv = start_server(stories_model, n_ctx=512, n_parallel=2, extra_args=huge,
+                       env={**FORCED, "LLAMA_SERVER_PREEMPT_FAIL_ALLOC": "1"})
+    r = complete(srv, "Once upon a time", 64)
+    assert r.status_code == 200 and r.json()["tokens_predicted"] == 64
+    m = srv.metrics()
+    assert m["n_preempt_swap_total"] == 0 and m["n_preempt_recompute_total"] >= 64 // 8 - 1
+    assert "cannot allocate" in srv.log_text() and "recomputing instead" in srv.log_text()
+    assert srv.proc is not None and srv.proc.poll() is None
