@@ -40,7 +40,7 @@ from rich.table import Table
 from llama_preempt import _core
 from llama_preempt.demo import TOPICS
 from llama_preempt.server import LlamaServer, ServerConfig
-from results_io import RESULTS, ROOT, display_path, write_results  # bench/ is on sys.path
+from results_io import RESULTS, ROOT, display_path, md_table, write_results  # bench/ is on sys.path
 
 # --- the load ---
 
@@ -58,6 +58,10 @@ class Load:
     threads: int
     gpu_layers: int | None = None
     server_args: tuple[str, ...] = ()  # for every server, stock and ours (e.g. -fa on)
+
+    def server_flags(self) -> list[str]:
+        """What every server of the run gets: --server-args, and the offload."""
+        return list(self.server_args) + ([] if self.gpu_layers is None else ["-ngl", str(self.gpu_layers)])
 
     def prompts(self) -> list[str]:
         out = []
@@ -187,9 +191,7 @@ RESTORE_RE = re.compile(r"restored by swap \([\d.]+ MiB, \d+ tokens\) in ([\d.]+
 
 
 def run_cell(cell: Cell, load: Load, binaries: dict[str, Path], run: int, timeline: bool = False) -> RunResult:
-    extra = list(cell.args) + list(load.server_args)
-    if load.gpu_layers is not None:
-        extra += ["-ngl", str(load.gpu_layers)]
+    extra = list(cell.args) + load.server_flags()
     cfg = ServerConfig(model=load.model, n_ctx=cell.pool, n_parallel=cell.n_parallel, kv_unified=cell.unified,
                        threads=load.threads, seed=1234, extra_args=extra)
     srv = LlamaServer(cfg, binary=binaries[cell.binary])
@@ -253,8 +255,7 @@ def solo_overhead(load: Load, binaries: dict[str, Path], pairs: int, console: Co
         got = {}
         for name in (("stock", "ours") if i % 2 == 0 else ("ours", "stock")):  # alternate who goes first
             cfg = ServerConfig(model=load.model, n_ctx=load.ample, n_parallel=2, kv_unified=True, threads=load.threads,
-                               seed=1234, extra_args=list(load.server_args) + (
-                                   [] if load.gpu_layers is None else ["-ngl", str(load.gpu_layers)]))
+                               seed=1234, extra_args=load.server_flags())
             with LlamaServer(cfg, binary=binaries[name]) as srv:
                 t0 = time.perf_counter()
                 c = stream_chat(srv.url, prompt, load.n_predict)
@@ -423,8 +424,7 @@ def plots(rows: list[dict[str, Any]], timeline_run: RunResult | None, out: Path,
 
 def markdown(record: dict[str, Any]) -> list[str]:
     rows, solo, planner = record["summary"], record["solo_overhead"], record["planner_us_per_step"]
-    md = ["| " + " | ".join(t for t, _ in COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
-    md += ["| " + " | ".join(row_cells(r)) + " |" for r in rows]
+    md = md_table([t for t, _ in COLUMNS], [row_cells(r) for r in rows])
     md += ["", f"Solo overhead, ours / stock tok/s per interleaved pair: {solo['ratio_per_pair']} (median "
                f"{solo['ratio_median']}); stock's own run-to-run spread {solo['noise_stock_spread']:.1%}; output "
                f"byte-identical: {solo['identical']}.",

@@ -28,7 +28,7 @@ from llama_preempt.demo import TOPICS
 from llama_preempt.engine import Engine
 from llama_preempt.models import smollm2_path
 from llama_preempt.server import LlamaServer, ServerConfig
-from results_io import display_path, write_results  # bench/ is on sys.path when run as a script
+from results_io import display_path, md_table, write_results  # bench/ is on sys.path when run as a script
 
 
 
@@ -128,10 +128,9 @@ def main() -> int:
            "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k != "model"},
            "summary": rows, "equal_answers_per_pair": same, "equal_to_first_run": self_same,
            "runs": [{**{k: v for k, v in asdict(r).items() if k != "texts"}, "tok_s": r.tok_s} for r in runs]}
-    md = ["| front end | completed | tok/s median | tok/s range | wall s median | parks per run |", "|---|---|---|---|---|---|"]
-    for r in rows:
-        md.append(f"| {r['front_end']} | {r['completed']} | {r['tok_s_median']} | {r['tok_s_range'][0]}-{r['tok_s_range'][1]} "
-                  f"| {r['wall_s_median']} | {', '.join(map(str, r['parks']))} |")
+    md = md_table(["front end", "completed", "tok/s median", "tok/s range", "wall s median", "parks per run"],
+                  [[r["front_end"], r["completed"], r["tok_s_median"], f"{r['tok_s_range'][0]}-{r['tok_s_range'][1]}",
+                    r["wall_s_median"], ", ".join(map(str, r["parks"]))] for r in rows])
     md.append("")
     md.append(f"Answers equal to the other front end's, per run pair (of {args.n_requests}): {same}; equal to the same "
               f"front end's first run: {self_same}. Command: `{out['command'].strip()}`.")

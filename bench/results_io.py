@@ -28,3 +28,9 @@ def write_results(name: str, record: dict[str, Any], markdown: list[str], out: P
     out.mkdir(parents=True, exist_ok=True)
     (out / f"{name}.json").write_text(json.dumps({**record, "machine": machine()}, indent=2) + "\n")
     (out / f"{name}.md").write_text("\n".join(markdown) + "\n")
+
+
+def md_table(headers: list[str], rows: list[list[Any]]) -> list[str]:
+    """A markdown table, one line a row."""
+    return ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)] + \
+           ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]

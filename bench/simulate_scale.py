@@ -14,7 +14,7 @@ import sys
 import time
 
 from llama_preempt.simulator import Workload, simulate
-from results_io import write_results  # bench/ is on sys.path when run as a script
+from results_io import md_table, write_results  # bench/ is on sys.path when run as a script
 
 
 def main() -> int:
@@ -32,11 +32,10 @@ def main() -> int:
     out = {"command": "python bench/simulate_scale.py",
            "workload": "10,000 requests, rate 40/s, prompt 1000-8000, gen 500-4000, seed 7; -c 1048576 -np 256 -b 2048",
            "runs": rows}
-    md = ["| --preempt-ram | wall s | steps | µs/step | completed | failed | parks swap | parks recompute | simulated makespan s |",
-          "|---|---|---|---|---|---|---|---|---|"]
-    for r in rows:
-        md.append(f"| {r['preempt_ram_mib']} | {r['wall_s']} | {r['steps']} | {r['us_per_step']} | {r['completed']} | "
-                  f"{r['failed']} | {r['parks_swap']} | {r['parks_recompute']} | {r['makespan_s']} |")
+    keys = ["preempt_ram_mib", "wall_s", "steps", "us_per_step", "completed", "failed", "parks_swap", "parks_recompute",
+            "makespan_s"]
+    md = md_table(["--preempt-ram", "wall s", "steps", "µs/step", "completed", "failed", "parks swap", "parks recompute",
+                   "simulated makespan s"], [[r[k] for k in keys] for r in rows])
     write_results("simulate_scale", out, md)
     return 0
 

@@ -427,6 +427,9 @@ class Engine:
         self._check_open()
         if self._thread is not None:
             raise EngineBusyError("the background loop is running (start()): stop() it before stepping by hand")
+        return self._step_once()
+
+    def _step_once(self) -> StepReport:
         return StepReport.from_json(json.loads(self._core.step()))
 
     def run(self, until: Until = None, *, timeout: float | None = None,
@@ -522,7 +525,7 @@ class Engine:
         try:
             while True:
                 with self._drive_lock:
-                    rep = StepReport.from_json(json.loads(self._core.step()))
+                    rep = self._step_once()
                 if self._stop.is_set() and self._core.n_pending() == 0 and rep.n_busy == 0:
                     return
                 if rep.idle:
@@ -534,14 +537,10 @@ class Engine:
 
     def _until(self, until: Until) -> Callable[[], bool]:
         if until is None:
-            last: dict[str, int] = {}
-
             def idle() -> bool:
                 if self._core.n_pending() > 0:
                     return False
-                busy = sum(1 for s in json.loads(self._core.stats())["slots"] if s["is_processing"])
-                last["busy"] = busy
-                return busy == 0
+                return not any(s["is_processing"] for s in json.loads(self._core.stats())["slots"])
             return idle
         if isinstance(until, Request):
             return lambda: until.done
@@ -563,7 +562,7 @@ class Engine:
                 raise EngineError(f"the background loop ended with an error: {self._loop_error!r}") from self._loop_error
             if self._thread is None and self._drive_lock.acquire(blocking=False):
                 try:
-                    rep = StepReport.from_json(json.loads(self._core.step()))
+                    rep = self._step_once()
                 finally:
                     self._drive_lock.release()
                 if rep.idle and not pred():
