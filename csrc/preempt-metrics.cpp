@@ -15,6 +15,12 @@ std::vector<metric_item> metric_items(const preempt_counters & c, const preempt_
         { "n_preempt_fail_total",      "counter", "Number of parked requests ended because they no longer fit the pool",    c.n_fail_total },
         { "requests_preempted",        "gauge",   "Number of requests parked now",                                          (uint64_t) g.n_requests_preempted },
         { "preempt_ram_bytes",         "gauge",   "Host RAM held by parked slots now, in bytes",                            g.ram_bytes },
+        { "preempt_copies_in_flight",  "gauge",   "SWAP parks whose copy to host RAM may still be running",                (uint64_t) g.n_copies_in_flight },
+        { "preempt_park_bytes_per_second",    "gauge", "SWAP park bandwidth used to choose SWAP or RECOMPUTE (moving average of measured parks)",    (uint64_t) g.rates.park_bps },
+        { "preempt_restore_bytes_per_second", "gauge", "SWAP restore bandwidth used to choose SWAP or RECOMPUTE (moving average of measured restores)", (uint64_t) g.rates.restore_bps },
+        { "preempt_prefill_tokens_per_second", "gauge", "Prefill rate used to price a RECOMPUTE (moving average of measured prompt batches)",      (uint64_t) g.rates.prefill_tps },
+        { "n_swap_verify_total",          "counter", "SWAP parks compared byte for byte with upstream's copy (LLAMA_SERVER_PREEMPT_VERIFY only)", c.n_swap_verify_total },
+        { "n_swap_verify_mismatch_total", "counter", "SWAP parks whose copy differed from upstream's (LLAMA_SERVER_PREEMPT_VERIFY only)",       c.n_swap_verify_mismatch_total },
     };
 }
 
@@ -24,6 +30,12 @@ std::string to_prometheus(const preempt_counters & c, const preempt_gauges & g) 
         out << "# HELP llamacpp:" << it.name << " " << it.help << "\n"
             << "# TYPE llamacpp:" << it.name << " " << it.type << "\n"
             << "llamacpp:"        << it.name << " " << it.value << "\n";
+    }
+    out << "# HELP llamacpp:preempt_parks_by_choice_total Parks by why SWAP or RECOMPUTE was taken\n"
+        << "# TYPE llamacpp:preempt_parks_by_choice_total counter\n";
+    for (int i = 0; i < N_PARK_CHOICES; ++i) {
+        out << "llamacpp:preempt_parks_by_choice_total{choice=\"" << park_choice_name((park_choice) i) << "\"} "
+            << c.parks_by_choice[i] << "\n";
     }
     out << "# HELP llamacpp:request_preemptions Times each finished request was parked\n"
         << "# TYPE llamacpp:request_preemptions histogram\n";

@@ -1,6 +1,8 @@
 // Preemption counters: one place that every front end (/metrics, /slots, the Python layer) reads.
 #pragma once
 
+#include "preempt-policy.h"
+
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -16,6 +18,9 @@ struct preempt_counters {
     uint64_t n_recompute_tokens_total  = 0;  // tokens re-prefilled after a park (decoded successfully)
     uint64_t n_swap_restore_fail_total = 0;  // SWAP restores that failed and fell back to RECOMPUTE
     uint64_t n_fail_total              = 0;  // parked requests ended because they no longer fit the pool
+    uint64_t parks_by_choice[N_PARK_CHOICES] = {};  // parks by why SWAP or RECOMPUTE was taken (park_choice)
+    uint64_t n_swap_verify_total          = 0;  // LLAMA_SERVER_PREEMPT_VERIFY: swap parks compared with upstream's copy
+    uint64_t n_swap_verify_mismatch_total = 0;  //   of those, not byte-identical
 
     // per finished request: how many times it was parked (a Prometheus histogram)
     static constexpr int    n_buckets = 8;
@@ -39,6 +44,8 @@ struct preempt_counters {
 struct preempt_gauges {
     int32_t  n_requests_preempted = 0;  // slots parked now
     uint64_t ram_bytes            = 0;  // host RAM held by parked slots now (SWAP buffers)
+    int32_t  n_copies_in_flight   = 0;  // SWAP parks whose transfer to host RAM may still be running
+    cost_rates rates;                   // the rates SWAP-or-RECOMPUTE is chosen with now
 };
 
 // One series: the same name, type and value reach /metrics and the in-process Engine's stats().

@@ -116,4 +116,64 @@ plan plan_step(const std::vector<slot_view> & slots, const plan_params & p);
 // A one-line description of a plan for logs.
 std::string plan_to_string(const plan & pl);
 
+// ---- how a victim is parked: SWAP or RECOMPUTE, by measured cost ----
+
+enum class preempt_mode {
+    automatic,  // the cheaper of the two by measured cost, SWAP only within the RAM budget
+    swap,       // SWAP whenever the state fits the RAM budget
+    recompute,  // never SWAP
+};
+
+// "auto", "swap", "recompute"; false for anything else
+bool parse_preempt_mode(const std::string & name, preempt_mode & mode);
+const char * preempt_mode_name(preempt_mode mode);
+
+// The rates the choice is made with: exponential moving averages of what the server's own parks,
+// restores and prompt batches took, with defaults until the first measurement. Samples too small
+// to time (fixed overhead only) are left out.
+struct cost_rates {
+    static constexpr double DEFAULT_PARK_BPS    = 2e9;    // bytes/s, a park (device to host)
+    static constexpr double DEFAULT_RESTORE_BPS = 4e9;    // bytes/s, a restore (host to device)
+    static constexpr double DEFAULT_PREFILL_TPS = 1000;   // tokens/s re-prefilled
+    static constexpr double ALPHA               = 0.25;   // weight of a new sample
+    static constexpr size_t MIN_COPY_BYTES      = 64 * 1024;
+    static constexpr int64_t MIN_PREFILL_TOKENS = 32;
+
+    double park_bps    = DEFAULT_PARK_BPS;
+    double restore_bps = DEFAULT_RESTORE_BPS;
+    double prefill_tps = DEFAULT_PREFILL_TPS;
+    int64_t n_park_samples    = 0;
+    int64_t n_restore_samples = 0;
+    int64_t n_prefill_samples = 0;
+    bool    fixed = false;  // set by a test knob: samples no longer move the rates
+
+    void observe_park(size_t bytes, int64_t t_us);
+    void observe_restore(size_t bytes, int64_t t_us);
+    void observe_prefill(int64_t n_tokens, int64_t t_us);
+};
+
+// why a victim was parked the way it was (a /metrics label)
+enum class park_choice {
+    swap_cheaper,       // auto: predicted SWAP (park + restore) below RECOMPUTE
+    recompute_cheaper,  // auto: predicted RECOMPUTE at or below SWAP
+    swap_mode,          // --preempt-mode swap
+    recompute_mode,     // --preempt-mode recompute, or --preempt-ram 0
+    over_budget,        // the state does not fit what is left of --preempt-ram
+    no_state,           // nothing worth copying (mid-replay, nothing held, state not sizeable)
+    swap_failed,        // SWAP chosen, but host RAM could not be had or the copy failed
+};
+constexpr int N_PARK_CHOICES = 7;
+const char * park_choice_name(park_choice c);
+
+struct park_decision {
+    bool        swap = false;
+    park_choice why  = park_choice::no_state;
+    double      swap_ms      = 0;  // predicted: park + restore
+    double      recompute_ms = 0;  // predicted: re-prefill of the tokens held
+};
+
+// One victim: `bytes` of state to copy (0: cannot be swapped), `n_tokens` to re-prefill on a
+// RECOMPUTE resume, `ram_left` bytes of the budget still free.
+park_decision choose_park(preempt_mode mode, size_t bytes, int64_t n_tokens, size_t ram_left, const cost_rates & rates);
+
 } // namespace llama_preempt

@@ -4,6 +4,7 @@
 #include "preempt-policy.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <deque>
 
 namespace llama_preempt {
@@ -133,11 +134,20 @@ struct simulator {
     void park(sim_slot & s) {
         const int32_t n_held = s.cells;
         const double  bytes  = n_held * p.bytes_per_cell;
-        const bool budget_ok = p.ram_budget_bytes < 0 ||
-                               (p.ram_budget_bytes > 0 && parked_bytes + bytes <= (double) p.ram_budget_bytes);
         s.from_gen = s.phase == slot_phase::generating;
         s.held     = n_held;
-        if (n_held > 0 && s.replay_left == 0 && budget_ok) {
+        // the server's choice, priced with the simulated costs
+        cost_rates rates;
+        rates.park_bps    = p.swap_out_bps;
+        rates.restore_bps = p.swap_in_bps;
+        rates.prefill_tps = 1.0 / p.prefill_token_s;
+        const preempt_mode mode = p.ram_budget_bytes == 0 ? preempt_mode::recompute : p.mode;
+        const size_t ram_left = p.ram_budget_bytes < 0 ? SIZE_MAX
+                              : (size_t) std::max(0.0, (double) p.ram_budget_bytes - parked_bytes);
+        const bool can_swap = n_held > 0 && s.replay_left == 0;
+        const park_decision how = choose_park(mode, can_swap ? (size_t) bytes : 0, n_held, ram_left, rates);
+        res.parks_by_choice[(int) how.why]++;
+        if (how.swap) {
             s.swapped = true;
             s.bytes   = bytes;
             s.n_restore = n_held + (s.from_gen ? 1 : std::min(p.n_batch, reqs[s.req].n_prompt - s.prompt_done));

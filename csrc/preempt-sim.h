@@ -3,10 +3,12 @@
 // Each simulated step does what update_slots() does, in the same order: the planner
 // (plan_step(), the very function the server calls) decides purges, parks, resumes and holds;
 // the batch takes one token per generating slot, then prompt and replay chunks in slot order up
-// to n_batch; the step costs time by per-token rates. A victim is swapped when its state fits the
-// host-RAM budget, else recomputed, as in the server. Pure C++ and no llama types, so operators can
+// to n_batch; the step costs time by per-token rates. A victim is swapped or recomputed by the
+// server's own choose_park(), priced with the simulated copy and prefill costs. Pure C++ and no llama types, so operators can
 // size -c and --preempt-ram for a workload in seconds (llama_preempt.simulate).
 #pragma once
+
+#include "preempt-policy.h"
 
 #include <cstdint>
 #include <vector>
@@ -25,6 +27,7 @@ struct sim_params {
     int32_t n_batch = 512;    // -b
     bool    preempt = true;   // false: upstream's behaviour (a full pool fails every running request)
     int64_t ram_budget_bytes = int64_t(8192) << 20;  // --preempt-ram in bytes; -1 no limit, 0 recompute only
+    preempt_mode mode = preempt_mode::automatic;   // --preempt-mode: the server's choose_park() with the rates below
 
     // costs (seconds and bytes); defaults are SmolLM2-135M Q4_1 on 2 CPU cores (see simulate.py)
     double step_s          = 0.0023;  // fixed cost of a step that decodes anything
@@ -53,6 +56,7 @@ struct sim_result {
     int64_t n_steps              = 0;
     int64_t n_park_swap          = 0;
     int64_t n_park_recompute     = 0;
+    int64_t parks_by_choice[N_PARK_CHOICES] = {};  // as the server's preempt_parks_by_choice_total
     int64_t n_resume             = 0;
     int64_t n_recompute_tokens   = 0;
     int64_t n_tokens_generated   = 0;

@@ -4,6 +4,7 @@
 // written on the main loop, outside yield_to_queue lambdas.
 #pragma once
 
+#include "preempt-copy.h"
 #include "preempt-policy.h"
 #include "server-common.h"
 #include "server-task.h"
@@ -24,21 +25,75 @@ enum class parked_from {
 };
 
 // host RAM for one context's sequence state: left uninitialised (the copy fills it) and allocated
-// without throwing, so a large swap neither zero-fills gigabytes on the main loop nor aborts
+// without throwing, so a large swap neither zero-fills gigabytes on the main loop nor aborts.
+// Pinned (page-locked) when a device backend offers it, so transfers run at the speed of the link.
+// While a transfer into it may still be running (`in_flight`), freeing it first waits for the copier.
 struct host_buffer {
-    std::unique_ptr<uint8_t[]> data;
-    size_t size = 0;
+    uint8_t * data = nullptr;
+    size_t    size = 0;
+    seq_copier * in_flight = nullptr;  // the copier whose transfers may still write here
 
-    bool alloc(size_t n) {
-        data.reset(n > 0 ? new (std::nothrow) uint8_t[n] : nullptr);
+    host_buffer() = default;
+    host_buffer(const host_buffer &) = delete;
+    host_buffer & operator=(const host_buffer &) = delete;
+    host_buffer(host_buffer && o) noexcept { take(o); }
+    host_buffer & operator=(host_buffer && o) noexcept {
+        if (this != &o) {
+            reset();
+            take(o);
+        }
+        return *this;
+    }
+    ~host_buffer() { reset(); }
+
+    bool alloc(size_t n, ggml_backend_buffer_type_t pinned_buft = nullptr) {
+        reset();
+        if (n == 0) {
+            return true;
+        }
+        if (pinned_buft) {
+            pinned = ggml_backend_buft_alloc_buffer(pinned_buft, n);
+            data   = pinned ? (uint8_t *) ggml_backend_buffer_get_base(pinned) : nullptr;
+        }
+        if (data == nullptr) {
+            heap.reset(new (std::nothrow) uint8_t[n]);
+            data = heap.get();
+        }
         size = data ? n : 0;
-        return n == 0 || data != nullptr;
+        return data != nullptr;
     }
 
     void reset() {
-        data.reset();
+        if (in_flight) {
+            in_flight->wait();
+            in_flight = nullptr;
+        }
+        heap.reset();
+        if (pinned) {
+            ggml_backend_buffer_free(pinned);
+            pinned = nullptr;
+        }
+        data = nullptr;
         size = 0;
     }
+
+    bool is_pinned() const { return pinned != nullptr; }
+
+private:
+    void take(host_buffer & o) {
+        heap   = std::move(o.heap);
+        pinned = o.pinned;
+        data   = o.data;
+        size   = o.size;
+        in_flight = o.in_flight;
+        o.pinned = nullptr;
+        o.data   = nullptr;
+        o.size   = 0;
+        o.in_flight = nullptr;
+    }
+
+    std::unique_ptr<uint8_t[]> heap;
+    ggml_backend_buffer_t      pinned = nullptr;
 };
 
 // how a parked slot comes back
@@ -67,6 +122,10 @@ struct slot_preempt_state {
     int32_t n_redo_left   = 0;      // a prompt-phase victim: prompt tokens it is processing again
 
     park_reason reason      = park_reason::pool_full;  // why it was parked
+    park_choice choice      = park_choice::no_state;   // why by SWAP or by RECOMPUTE
+    int32_t n_copy_ranges   = 0;      // SWAP: cell ranges the sequence's state was copied from
+    bool    copy_in_flight  = false;  // SWAP: the transfer to host RAM may still be running
+    int64_t t_copy_hold_us  = 0;      // LLAMA_SERVER_PREEMPT_COPY_HOLD_MS: counts as in flight until then (tests)
     bool        held_by_api = false;  // parked through the API: the planner leaves it parked until unparked
 
     int32_t n_restore   = 0;  // cells needed to be back where it was
@@ -101,6 +160,8 @@ struct slot_preempt_state {
         res["preempt_mode"] = !is_parked() ? json(nullptr) : json(mode == park_mode::swap ? "swap" : "recompute");
         res["parked_by"]    = !is_parked() ? json(nullptr) : json(park_reason_key(reason));
         res["preempt_ram_bytes"] = swap_bytes();
+        res["preempt_choice"] = !is_parked() ? json(nullptr) : json(park_choice_name(choice));
+        res["preempt_copy_in_flight"] = copy_in_flight;
         res["t_preempted_ms"] = t_parked_total_us / 1000.0;
     }
 

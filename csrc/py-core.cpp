@@ -6,6 +6,8 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <map>
+
 #include <algorithm>
 #include <chrono>
 #include <tuple>
@@ -123,6 +125,35 @@ PYBIND11_MODULE(_core, m) {
           },
           py::arg("slots"), py::arg("params"), py::arg("n") = 1000, "microseconds per plan_step call, timed in C++");
 
+    // SWAP or RECOMPUTE: the choice the server and the simulator make for each victim
+    py::class_<lp::cost_rates>(m, "CostRates", "the measured rates SWAP or RECOMPUTE is priced with")
+        .def(py::init<>())
+        .def_readwrite("park_bps",    &lp::cost_rates::park_bps)
+        .def_readwrite("restore_bps", &lp::cost_rates::restore_bps)
+        .def_readwrite("prefill_tps", &lp::cost_rates::prefill_tps)
+        .def_readonly("n_park_samples",    &lp::cost_rates::n_park_samples)
+        .def_readonly("n_restore_samples", &lp::cost_rates::n_restore_samples)
+        .def_readonly("n_prefill_samples", &lp::cost_rates::n_prefill_samples)
+        .def("observe_park",    &lp::cost_rates::observe_park,    py::arg("bytes"), py::arg("t_us"))
+        .def("observe_restore", &lp::cost_rates::observe_restore, py::arg("bytes"), py::arg("t_us"))
+        .def("observe_prefill", &lp::cost_rates::observe_prefill, py::arg("n_tokens"), py::arg("t_us"));
+
+    py::class_<lp::park_decision>(m, "ParkDecision", "SWAP or RECOMPUTE for one victim, and why")
+        .def_readonly("swap", &lp::park_decision::swap)
+        .def_property_readonly("why", [](const lp::park_decision & d) { return std::string(lp::park_choice_name(d.why)); })
+        .def_readonly("swap_ms",      &lp::park_decision::swap_ms)
+        .def_readonly("recompute_ms", &lp::park_decision::recompute_ms);
+
+    m.def("choose_park", [](const std::string & mode, size_t bytes, int64_t n_tokens, size_t ram_left, const lp::cost_rates & rates) {
+              lp::preempt_mode pm;
+              if (!lp::parse_preempt_mode(mode, pm)) {
+                  throw py::value_error("mode must be auto, swap or recompute, got '" + mode + "'");
+              }
+              return lp::choose_park(pm, bytes, n_tokens, ram_left, rates);
+          },
+          py::arg("mode"), py::arg("bytes"), py::arg("n_tokens"), py::arg("ram_left"), py::arg("rates"),
+          "the server's choice for one victim: `bytes` of state (0: cannot swap), `n_tokens` to re-prefill");
+
     py::class_<lp::sim_params>(m, "SimParams", "the simulated server: pool, slots, budget and per-token costs")
         .def(py::init<>())
         .def_readwrite("n_pool",           &lp::sim_params::n_pool)
@@ -130,6 +161,13 @@ PYBIND11_MODULE(_core, m) {
         .def_readwrite("n_batch",          &lp::sim_params::n_batch)
         .def_readwrite("preempt",          &lp::sim_params::preempt)
         .def_readwrite("ram_budget_bytes", &lp::sim_params::ram_budget_bytes)
+        .def_property("mode",
+            [](const lp::sim_params & sp) { return std::string(lp::preempt_mode_name(sp.mode)); },
+            [](lp::sim_params & sp, const std::string & v) {
+                if (!lp::parse_preempt_mode(v, sp.mode)) {
+                    throw py::value_error("mode must be auto, swap or recompute, got '" + v + "'");
+                }
+            }, "--preempt-mode: auto, swap or recompute")
         .def_readwrite("step_s",           &lp::sim_params::step_s)
         .def_readwrite("decode_token_s",   &lp::sim_params::decode_token_s)
         .def_readwrite("prefill_token_s",  &lp::sim_params::prefill_token_s)
@@ -142,6 +180,13 @@ PYBIND11_MODULE(_core, m) {
         .def_readonly("n_steps",            &lp::sim_result::n_steps)
         .def_readonly("n_park_swap",        &lp::sim_result::n_park_swap)
         .def_readonly("n_park_recompute",   &lp::sim_result::n_park_recompute)
+        .def_property_readonly("parks_by_choice", [](const lp::sim_result & r) {
+            std::map<std::string, int64_t> out;
+            for (int i = 0; i < lp::N_PARK_CHOICES; ++i) {
+                out[lp::park_choice_name((lp::park_choice) i)] = r.parks_by_choice[i];
+            }
+            return out;
+        })
         .def_readonly("n_resume",           &lp::sim_result::n_resume)
         .def_readonly("n_recompute_tokens", &lp::sim_result::n_recompute_tokens)
         .def_readonly("n_tokens_generated", &lp::sim_result::n_tokens_generated)

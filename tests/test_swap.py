@@ -159,7 +159,7 @@ def test_an_invalid_preempt_ram_is_a_startup_error_naming_the_flag(
 
 def test_preempt_ram_comes_from_the_environment(start_server, stories_model: Path) -> None:
     srv = start_server(stories_model, n_ctx=256, n_parallel=2, env={"LLAMA_ARG_PREEMPT_RAM": "-1"})
-    assert "SWAP to host RAM with no limit" in srv.log_text()
+    assert "SWAP or RECOMPUTE by measured cost, host RAM with no limit" in srv.log_text()
 
 
 YES_NO = 'root ::= ("yes" | "no") (", " ("yes" | "no"))*'

@@ -196,7 +196,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     budgets = sweep.get("ram", [args.preempt_ram])
     t0 = time.perf_counter()
     reports = [simulate(wl, n_ctx=c, n_parallel=args.parallel, n_batch=args.batch, preempt=not args.no_preempt,
-                        preempt_ram_mib=b, costs=costs) for c in ctxs for b in budgets]
+                        preempt_ram_mib=b, preempt_mode=args.preempt_mode, costs=costs) for c in ctxs for b in budgets]
     elapsed = time.perf_counter() - t0
     if args.json:
         print(json.dumps({"workload": {"requests": len(wl), "source": str(args.workload) if args.workload else "synthetic"},
@@ -280,6 +280,8 @@ def build_parser() -> argparse.ArgumentParser:
     srv.add_argument("--parallel", type=int, default=4, help="slots (-np; default 4)")
     srv.add_argument("--batch", type=int, default=512, help="n_batch (-b; default 512)")
     srv.add_argument("--preempt-ram", type=int, default=8192, help="MiB (-1 no limit, 0 recompute only; default 8192)")
+    srv.add_argument("--preempt-mode", choices=("auto", "swap", "recompute"), default="auto",
+                     help="SWAP or RECOMPUTE per victim: auto (the cheaper by the costs), swap, recompute (default auto)")
     srv.add_argument("--no-preempt", action="store_true", help="upstream's behaviour: a full pool fails every running request")
     srv.add_argument("--sweep", action="append", metavar="KEY=V,V,...",
                      help="ctx=1024,2048,... and/or ram=0,256,-1: one row per combination")

@@ -417,7 +417,7 @@ class Engine:
         """Preemption counters, gauges and the slots, read directly from the server's slots."""
         self._check_open()
         d = json.loads(self._core.stats())
-        return PreemptStats.from_series(d["metrics"], d["slots"])
+        return PreemptStats.from_series(d["metrics"], d["slots"], d.get("parks_by_choice"))
 
     # --- the loop ---
 

@@ -40,6 +40,8 @@ class Histogram:
 class MetricsSnapshot:
     metrics: dict[str, Metric] = field(default_factory=dict)
     histograms: dict[str, Histogram] = field(default_factory=dict)
+    # counters with one label: name -> label value -> value (preempt_parks_by_choice_total{choice=...})
+    labeled: dict[str, dict[str, float]] = field(default_factory=dict)
 
     def __getitem__(self, name: str) -> float:
         return self.metrics[name].value
@@ -56,13 +58,14 @@ def parse_prometheus(text: str, prefix: str = "llamacpp:") -> MetricsSnapshot:
     """Parse the unlabeled llamacpp:* series with their HELP and TYPE lines, and the histograms
     (NAME_bucket{le=...}, NAME_sum, NAME_count under one TYPE ... histogram line).
 
+    Series with one label (name{key="value"}) of our own go to `labeled`, by label value.
     Raises MetricsFormatError when a series has no TYPE or HELP line, which Prometheus needs.
-    Other labeled series (name{...}) are skipped.
     """
     helps: dict[str, str] = {}
     types: dict[str, str] = {}
     values: dict[str, float] = {}
     buckets: dict[str, dict[str, float]] = {}
+    labeled: dict[str, dict[str, float]] = {}
     for line in text.splitlines():
         if line.startswith("# HELP "):
             name, _, desc = line[len("# HELP "):].partition(" ")
@@ -82,6 +85,8 @@ def parse_prometheus(text: str, prefix: str = "llamacpp:") -> MetricsSnapshot:
                 base, _, labels = name.partition("{")
                 if base.endswith("_bucket") and 'le="' in labels:
                     buckets.setdefault(base[: -len("_bucket")], {})[labels.split('le="', 1)[1].split('"', 1)[0]] = value
+                elif base.startswith(prefix) and labels.count('="') == 1 and labels.endswith('"}'):
+                    labeled.setdefault(base, {})[labels.split('="', 1)[1][:-2]] = value
                 continue
             values[name] = value
     snap = MetricsSnapshot()
@@ -90,6 +95,10 @@ def parse_prometheus(text: str, prefix: str = "llamacpp:") -> MetricsSnapshot:
         short = name[len(prefix):] if name.startswith(prefix) else name
         snap.histograms[short] = Histogram(short, helps.get(name, ""), buckets.get(name, {}),
                                            values.pop(name + "_sum", 0.0), values.pop(name + "_count", 0.0))
+    for name, by_label in labeled.items():
+        if name not in types or name not in helps:
+            raise MetricsFormatError(f"metric {name} has no TYPE or HELP line")
+        snap.labeled[name[len(prefix):]] = by_label
     for name, value in values.items():
         if name not in types or name not in helps:
             raise MetricsFormatError(f"metric {name} has no TYPE or HELP line")
@@ -102,4 +111,5 @@ def parse_preempt_stats(metrics_text: str, slots: list[dict[str, Any]]) -> Preem
     """The preemption counters and gauges of a /metrics text plus the /slots entries, as the same
     PreemptStats the in-process Engine returns. Raises KeyError when the server is not ours."""
     snap = parse_prometheus(metrics_text)
-    return PreemptStats.from_series({name: m.value for name, m in snap.metrics.items()}, slots)
+    return PreemptStats.from_series({name: m.value for name, m in snap.metrics.items()}, slots,
+                                    snap.labeled.get("preempt_parks_by_choice_total", {}))

@@ -140,6 +140,7 @@ class SimReport:
     n_parallel: int
     preempt: bool
     preempt_ram_mib: int
+    preempt_mode: str
     requests: int
     completed: int
     failed: int
@@ -158,6 +159,7 @@ class SimReport:
     makespan_s: float
     steps: int
     hit_step_limit: bool = False
+    parks_by_choice: dict[str, int] = field(default_factory=dict)  # as /metrics' preempt_parks_by_choice_total
     per_request: list[dict[str, Any]] = field(default_factory=list, repr=False)
 
     @property
@@ -175,7 +177,8 @@ _OUTCOME = {0: "pending", 1: "completed", 2: "failed"}
 
 
 def simulate(workload: Workload, *, n_ctx: int, n_parallel: int, n_batch: int = 512, preempt: bool = True,
-             preempt_ram_mib: int = 8192, costs: Costs = Costs(), max_steps: int = 50_000_000) -> SimReport:
+             preempt_ram_mib: int = 8192, preempt_mode: str = "auto", costs: Costs = Costs(),
+             max_steps: int = 50_000_000) -> SimReport:
     """Run the workload through the simulated server; see the module docstring."""
     if n_ctx < 2:
         raise WorkloadError("--ctx must be at least 2 cells")
@@ -185,7 +188,10 @@ def simulate(workload: Workload, *, n_ctx: int, n_parallel: int, n_batch: int = 
         raise WorkloadError("--batch must be at least 1")
     if preempt_ram_mib < -1:
         raise WorkloadError("--preempt-ram expects -1 (no limit), 0 (always recompute) or a size in MiB")
+    if preempt_mode not in ("auto", "swap", "recompute"):
+        raise WorkloadError(f"--preempt-mode expects auto, swap or recompute, got {preempt_mode!r}")
     p = _core.SimParams()
+    p.mode = preempt_mode
     p.n_pool, p.n_slots, p.n_batch, p.preempt = n_ctx, n_parallel, n_batch, preempt
     p.ram_budget_bytes = -1 if preempt_ram_mib < 0 else preempt_ram_mib << 20
     p.max_steps = max_steps
@@ -202,14 +208,15 @@ def simulate(workload: Workload, *, n_ctx: int, n_parallel: int, n_batch: int = 
         per.append({"outcome": _OUTCOME[outcome], "t_arrival": arrival, "t_start": t_start, "t_first": t_first,
                     "t_done": t_done, "n_preempt": n_preempt, "t_parked_s": t_parked})
     return SimReport(
-        n_ctx=n_ctx, n_parallel=n_parallel, preempt=preempt, preempt_ram_mib=preempt_ram_mib,
+        n_ctx=n_ctx, n_parallel=n_parallel, preempt=preempt, preempt_ram_mib=preempt_ram_mib, preempt_mode=preempt_mode,
         requests=len(reqs), completed=sum(1 for q in reqs if q[0] == 1), failed=sum(1 for q in reqs if q[0] == 2),
         parks_swap=r.n_park_swap, parks_recompute=r.n_park_recompute, resumes=r.n_resume,
         recomputed_tokens=r.n_recompute_tokens, tokens_generated=r.n_tokens_generated,
         peak_parked_mib=r.peak_parked_bytes / 2**20, peak_cells=r.peak_cells,
         ttft_p50_s=_pct(ttft, 50), ttft_p99_s=_pct(ttft, 99), queue_p50_s=_pct(queue, 50), queue_p99_s=_pct(queue, 99),
         longest_park_s=max((q[5] for q in reqs), default=0.0) if reqs else 0.0,
-        makespan_s=r.makespan_s, steps=r.n_steps, hit_step_limit=r.hit_step_limit, per_request=per)
+        makespan_s=r.makespan_s, steps=r.n_steps, hit_step_limit=r.hit_step_limit,
+        parks_by_choice={k: v for k, v in r.parks_by_choice.items() if v}, per_request=per)
 
 
 def sweep(workload: Workload, *, ctxs: Iterable[int], budgets: Iterable[int], **kw: Any) -> list[SimReport]:

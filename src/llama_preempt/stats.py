@@ -19,6 +19,22 @@ COUNTERS = (
     "n_preempt_fail_total",
 )
 GAUGES = ("requests_preempted", "preempt_ram_bytes")
+# the rates SWAP-or-RECOMPUTE is chosen with (moving averages of what the server measured)
+RATES = (
+    "preempt_park_bytes_per_second",
+    "preempt_restore_bytes_per_second",
+    "preempt_prefill_tokens_per_second",
+)
+# why a park took SWAP or RECOMPUTE: the labels of llamacpp:preempt_parks_by_choice_total
+PARK_CHOICES = (
+    "swap_cheaper",
+    "recompute_cheaper",
+    "swap_mode",
+    "recompute_mode",
+    "over_budget",
+    "no_state",
+    "swap_failed",
+)
 
 
 @dataclass(frozen=True)
@@ -38,6 +54,8 @@ class SlotStats:
     t_preempted_ms: float    # time its request spent parked
     id_cmpl: str | None = None  # the "id" of its request's OpenAI-style responses
     priority: int = 0           # its request's priority
+    preempt_choice: str | None = None  # while parked: why by SWAP or RECOMPUTE (a PARK_CHOICES name)
+    preempt_copy_in_flight: bool = False  # while parked by SWAP: its copy to host RAM may still run
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> "SlotStats":
@@ -63,6 +81,8 @@ class SlotStats:
             t_preempted_ms=float(d.get("t_preempted_ms", 0.0)),
             id_cmpl=d.get("id_cmpl") or None,
             priority=int(d.get("priority", 0)),
+            preempt_choice=d.get("preempt_choice") or None,
+            preempt_copy_in_flight=bool(d.get("preempt_copy_in_flight", False)),
         )
 
 
@@ -80,14 +100,25 @@ class PreemptStats:
     requests_preempted: int = 0
     preempt_ram_bytes: int = 0
     slots: tuple[SlotStats, ...] = field(default_factory=tuple)
+    preempt_copies_in_flight: int = 0  # SWAP parks whose copy to host RAM may still run
+    park_bytes_per_second: float = 0.0     # the rates SWAP or RECOMPUTE is chosen with now
+    restore_bytes_per_second: float = 0.0
+    prefill_tokens_per_second: float = 0.0
+    parks_by_choice: Mapping[str, int] = field(default_factory=dict)  # PARK_CHOICES name -> parks
 
     @classmethod
-    def from_series(cls, values: Mapping[str, float], slots: list[Mapping[str, Any]]) -> "PreemptStats":
+    def from_series(cls, values: Mapping[str, float], slots: list[Mapping[str, Any]],
+                    parks_by_choice: Mapping[str, float] | None = None) -> "PreemptStats":
         missing = [n for n in (*COUNTERS, *GAUGES) if n not in values]
         if missing:
             raise KeyError(f"preemption series missing: {', '.join(missing)} (is this llama-preempt's server?)")
         kw = {n: int(values[n]) for n in (*COUNTERS, *GAUGES)}
-        return cls(**kw, slots=tuple(SlotStats.from_json(s) for s in slots))
+        return cls(**kw, slots=tuple(SlotStats.from_json(s) for s in slots),
+                   preempt_copies_in_flight=int(values.get("preempt_copies_in_flight", 0)),
+                   park_bytes_per_second=float(values.get("preempt_park_bytes_per_second", 0)),
+                   restore_bytes_per_second=float(values.get("preempt_restore_bytes_per_second", 0)),
+                   prefill_tokens_per_second=float(values.get("preempt_prefill_tokens_per_second", 0)),
+                   parks_by_choice={k: int(v) for k, v in (parks_by_choice or {}).items()})
 
     def parked(self) -> list[SlotStats]:
         return [s for s in self.slots if s.is_preempted]

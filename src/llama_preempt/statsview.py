@@ -60,7 +60,8 @@ def fetch(url: str, session: requests.Session | None = None, timeout: float = 5.
     except (requests.RequestException, ValueError, AttributeError):
         pass
     values = {name: metric.value for name, metric in snap.metrics.items()}
-    return Snapshot(url, time.monotonic(), PreemptStats.from_series(values, list(sl.json())), values, budget, version)
+    stats = PreemptStats.from_series(values, list(sl.json()), snap.labeled.get("preempt_parks_by_choice_total", {}))
+    return Snapshot(url, time.monotonic(), stats, values, budget, version)
 
 
 def rates(prev: Snapshot | None, cur: Snapshot) -> dict[str, float] | None:
@@ -82,6 +83,11 @@ def to_json(snap: Snapshot, r: dict[str, float] | None) -> dict[str, Any]:
         "ram": {"held_bytes": st.preempt_ram_bytes,
                 "budget_bytes": None if snap.budget_mib is None else (-1 if snap.budget_mib < 0 else snap.budget_mib << 20)},
         "requests_processing": snap.series.get("requests_processing"),
+        "choice": {"parks_by_choice": dict(st.parks_by_choice),
+                   "park_bytes_per_second": st.park_bytes_per_second,
+                   "restore_bytes_per_second": st.restore_bytes_per_second,
+                   "prefill_tokens_per_second": st.prefill_tokens_per_second,
+                   "copies_in_flight": st.preempt_copies_in_flight},
         "slots": [s.__dict__ for s in st.slots],
     }
 
@@ -112,4 +118,9 @@ def render(snap: Snapshot, r: dict[str, float] | None) -> Group:
               f"{snap.budget_mib} MiB" if snap.budget_mib is not None else "unknown")
     counters.add_row("requests parked now", str(st.requests_preempted), "")
     counters.add_row("host RAM held / budget", f"{_mib(st.preempt_ram_bytes)} / {budget}", "")
+    counters.add_row("swap park / restore rate", f"{st.park_bytes_per_second / 1e9:.2f} / "
+                     f"{st.restore_bytes_per_second / 1e9:.2f} GB/s", "")
+    counters.add_row("prefill rate (recompute)", f"{st.prefill_tokens_per_second:.0f} tokens/s", "")
+    chosen = ", ".join(f"{k} {v}" for k, v in st.parks_by_choice.items() if v)
+    counters.add_row("parks by choice", chosen or "none yet", "")
     return Group(slots, counters)

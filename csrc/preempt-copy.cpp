@@ -1,0 +1,441 @@
+// llama-preempt: bulk copies of a sequence's state (see preempt-copy.h).
+
+#include "preempt-copy.h"
+
+#include "ggml-alloc.h"
+#include "ggml.h"
+
+#include <climits>
+#include <cstring>
+#include <numeric>
+
+namespace llama_preempt {
+
+const char * copy_route_name(copy_route route) {
+    switch (route) {
+        case copy_route::bulk:      return "bulk";
+        case copy_route::graph:     return "graph";
+        case copy_route::per_slice: return "slice";
+    }
+    return "?";
+}
+
+struct copy_pending {
+    ggml_backend_t backend = nullptr;
+    ggml_context * ctx     = nullptr;
+    ggml_gallocr_t galloc  = nullptr;
+    std::vector<std::pair<ggml_tensor *, std::vector<int32_t>>> idx;  // row indices, uploaded asynchronously: kept until synchronized
+
+    ~copy_pending() {
+        if (galloc) {
+            ggml_gallocr_free(galloc);
+        }
+        if (ctx) {
+            ggml_free(ctx);
+        }
+    }
+};
+
+namespace {
+
+// consecutive slices of one tensor that fill one contiguous stretch of the state buffer
+struct slice_run {
+    ggml_tensor * tensor;
+    size_t first;  // index of its first slice
+    size_t count;
+    size_t pos;    // in the state buffer
+    size_t bytes;
+};
+
+std::vector<slice_run> split_runs(const llama_state_seq_slice * s, size_t n) {
+    std::vector<slice_run> runs;
+    for (size_t i = 0; i < n; ++i) {
+        if (!runs.empty()) {
+            auto & r = runs.back();
+            if (r.tensor == s[i].tensor && r.pos + r.bytes == s[i].pos) {
+                r.count++;
+                r.bytes += s[i].size;
+                continue;
+            }
+        }
+        runs.push_back({ s[i].tensor, i, 1, s[i].pos, s[i].size });
+    }
+    return runs;
+}
+
+// host tensors: one memcpy per stretch of adjacent slices
+size_t memcpy_run(const llama_state_seq_slice * s, const slice_run & r, uint8_t * buf, bool to_host) {
+    size_t n_memcpy = 0;
+    auto * base = (uint8_t *) r.tensor->data;
+    for (size_t i = r.first; i < r.first + r.count;) {
+        size_t off  = s[i].offset;
+        size_t pos  = s[i].pos;
+        size_t size = s[i].size;
+        size_t j = i + 1;
+        while (j < r.first + r.count && s[j].offset == off + size && s[j].pos == pos + size) {
+            size += s[j].size;
+            ++j;
+        }
+        if (to_host) {
+            memcpy(buf + pos, base + off, size);
+        } else {
+            memcpy(base + off, buf + pos, size);
+        }
+        ++n_memcpy;
+        i = j;
+    }
+    return n_memcpy;
+}
+
+void per_slice_run(const llama_state_seq_slice * s, const slice_run & r, uint8_t * buf, bool to_host) {
+    for (size_t i = r.first; i < r.first + r.count; ++i) {
+        if (to_host) {
+            ggml_backend_tensor_get(s[i].tensor, buf + s[i].pos, s[i].offset, s[i].size);
+        } else {
+            ggml_backend_tensor_set(s[i].tensor, buf + s[i].pos, s[i].offset, s[i].size);
+        }
+    }
+}
+
+// a leaf over bytes of an existing tensor, seen with another type and shape (no copy)
+ggml_tensor * alias(ggml_context * ctx, ggml_tensor * t, ggml_type type, int64_t ne0, int64_t ne1, size_t offset) {
+    ggml_tensor * a = ggml_new_tensor_2d(ctx, type, ne0, ne1);
+    a->data   = (char *) t->data + offset;
+    a->buffer = t->buffer;
+    return a;
+}
+
+bool is_float_type(ggml_type type) {
+    return type == GGML_TYPE_F32 || type == GGML_TYPE_F16 || type == GGML_TYPE_BF16;
+}
+
+// A transposed V (flash attention off) comes as, for each of `rows` element rows, the same R cell
+// ranges, one row stride S apart. Finding that grid lets one transpose + get_rows move the run.
+struct slice_grid {
+    size_t R = 0, rows = 0, S = 0, base = 0;
+};
+
+bool find_grid(const llama_state_seq_slice * s, size_t n, size_t el, size_t tensor_bytes, slice_grid & g) {
+    for (size_t r = 1; r <= n / 2; ++r) {
+        if (n % r != 0 || s[r].offset <= s[0].offset) {
+            continue;
+        }
+        const size_t S = s[r].offset - s[0].offset;
+        if (S % el != 0) {
+            continue;
+        }
+        const size_t base = s[0].offset / S * S;
+        if (s[r - 1].offset + s[r - 1].size > base + S) {
+            continue;  // the first row does not fit in one stride
+        }
+        bool ok = true;
+        for (size_t i = r; i < n && ok; ++i) {
+            ok = s[i].size == s[i - r].size && s[i].offset == s[i - r].offset + S;
+        }
+        if (!ok) {
+            continue;
+        }
+        const size_t rows = n / r;
+        if (base + rows * S > tensor_bytes) {
+            continue;
+        }
+        g = { r, rows, S, base };
+        return true;
+    }
+    return false;
+}
+
+size_t run_unit(const llama_state_seq_slice * s, const slice_run & r) {
+    size_t u = 0;
+    for (size_t i = r.first; i < r.first + r.count; ++i) {
+        u = std::gcd(u, std::gcd(s[i].offset, s[i].size));
+    }
+    return u;
+}
+
+// the ops that move one run on a device. Gather: returns the contiguous staging tensor holding the
+// run's bytes in the buffer's order. Scatter: `staging` is an input holding those bytes; returns the
+// last op writing the tensor. Null when the run's layout is not covered (copied slice by slice).
+ggml_tensor * build_run(ggml_context * ctx, const llama_state_seq_slice * s, const slice_run & r, bool to_host,
+                        std::vector<std::pair<ggml_tensor *, std::vector<int32_t>>> & idx_data, ggml_tensor ** staging) {
+    ggml_tensor * t = r.tensor;
+    const size_t t_bytes = ggml_nbytes(t);
+    const size_t u = run_unit(s, r);
+    if (u == 0) {
+        return nullptr;
+    }
+
+    auto make_idx = [&](const std::vector<int32_t> & v) {
+        ggml_tensor * idx = ggml_new_tensor_1d(ctx, GGML_TYPE_I32, (int64_t) v.size());
+        ggml_set_input(idx);
+        idx_data.emplace_back(idx, v);
+        return idx;
+    };
+
+    // element-sized units (a transposed V): transpose on the device, then move whole cells
+    const ggml_type type = t->type;
+    const size_t el = ggml_type_size(type);
+    slice_grid g;
+    if (u <= 8 && is_float_type(type) && find_grid(s + r.first, r.count, el, t_bytes, g)) {
+        std::vector<int32_t> cells;
+        for (size_t i = r.first; i < r.first + g.R; ++i) {
+            const size_t c0 = (s[i].offset - g.base) / el;
+            for (size_t k = 0; k < s[i].size / el; ++k) {
+                cells.push_back((int32_t) (c0 + k));
+            }
+        }
+        const int64_t n_cells = (int64_t) cells.size();
+        const int64_t n_col   = (int64_t) (g.S / el);
+        const int64_t n_row   = (int64_t) g.rows;
+        if ((size_t) n_cells * n_row * el != r.bytes || n_col > INT32_MAX) {
+            return nullptr;
+        }
+        ggml_tensor * m   = alias(ctx, t, type, n_col, n_row, g.base);   // [cell, element row]
+        ggml_tensor * mt  = ggml_cont(ctx, ggml_transpose(ctx, m));     // [element row, cell]: a row per cell
+        ggml_tensor * idx = make_idx(cells);
+        if (to_host) {
+            ggml_tensor * rows = ggml_get_rows(ctx, mt, idx);             // F32 [element row, n_cells]
+            ggml_tensor * out  = ggml_new_tensor_2d(ctx, type, n_cells, n_row);
+            out = ggml_cpy(ctx, ggml_transpose(ctx, rows), out);          // back to [n_cells, element row]
+            ggml_set_output(out);
+            return out;
+        }
+        ggml_tensor * in = ggml_new_tensor_2d(ctx, type, n_cells, n_row);
+        ggml_set_input(in);
+        *staging = in;
+        ggml_tensor * src = ggml_cont(ctx, ggml_transpose(ctx, in));      // a row per cell
+        if (type == GGML_TYPE_BF16) {
+            src = ggml_cast(ctx, src, GGML_TYPE_F32);                   // set_rows reads F32 or F16
+        }
+        ggml_tensor * put = ggml_set_rows(ctx, mt, src, idx);
+        return ggml_cpy(ctx, ggml_transpose(ctx, put), m);
+    }
+
+    // whole units of u bytes: one row per unit, moved as raw words (bit-exact, any tensor type)
+    std::vector<int32_t> rows;
+    rows.reserve(r.bytes / u);
+    if (t_bytes / u > INT32_MAX) {
+        return nullptr;
+    }
+    for (size_t i = r.first; i < r.first + r.count; ++i) {
+        for (size_t k = 0; k < s[i].size / u; ++k) {
+            rows.push_back((int32_t) (s[i].offset / u + k));
+        }
+    }
+    const int64_t n_rows = (int64_t) rows.size();
+    if (to_host) {
+        ggml_tensor * src;
+        if (u % 4 == 0) {
+            src = alias(ctx, t, GGML_TYPE_I32, (int64_t) (u / 4), (int64_t) (t_bytes / u), 0);
+        } else if (u % 2 == 0 && (type == GGML_TYPE_F16 || type == GGML_TYPE_BF16)) {
+            src = alias(ctx, t, type, (int64_t) (u / 2), (int64_t) (t_bytes / u), 0);
+        } else {
+            return nullptr;
+        }
+        ggml_tensor * out = ggml_get_rows(ctx, src, make_idx(rows));
+        if (out->type != src->type) {
+            out = ggml_cast(ctx, out, src->type);  // F16/BF16 -> F32 -> back: exact
+        }
+        ggml_set_output(out);
+        return out;
+    }
+    if (u % 2 != 0) {
+        return nullptr;
+    }
+    // F16 to F16 set_rows is a plain copy of the 16-bit words
+    ggml_tensor * dst = alias(ctx, t, GGML_TYPE_F16, (int64_t) (u / 2), (int64_t) (t_bytes / u), 0);
+    ggml_tensor * in  = ggml_new_tensor_2d(ctx, GGML_TYPE_F16, (int64_t) (u / 2), n_rows);
+    ggml_set_input(in);
+    *staging = in;
+    return ggml_set_rows(ctx, dst, in, make_idx(rows));
+}
+
+} // namespace
+
+seq_copier::seq_copier(copy_route route) : route_(route) {}
+
+seq_copier::~seq_copier() {
+    wait();
+    for (auto & [dev, backend] : backends_) {
+        ggml_backend_free(backend);
+    }
+}
+
+ggml_backend_t seq_copier::backend_for(ggml_backend_buffer_t buf) {
+    ggml_backend_dev_t dev = ggml_backend_buft_get_device(ggml_backend_buffer_get_type(buf));
+    if (dev == nullptr && ggml_backend_buffer_is_host(buf)) {
+        dev = ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_CPU);  // the CPU buffer type names no device
+    }
+    if (dev == nullptr) {
+        return nullptr;
+    }
+    auto it = backends_.find(dev);
+    if (it != backends_.end()) {
+        return it->second;
+    }
+    // our own backend on the device: its own stream, so transfers overlap the context's decodes
+    ggml_backend_t backend = ggml_backend_dev_init(dev, nullptr);
+    backends_[dev] = backend;
+    if (backend && host_buft_ == nullptr && ggml_backend_dev_type(dev) != GGML_BACKEND_DEVICE_TYPE_CPU) {
+        host_buft_ = ggml_backend_dev_host_buffer_type(dev);
+    }
+    return backend;
+}
+
+void seq_copier::wait() {
+    for (auto & p : pending_) {
+        ggml_backend_synchronize(p->backend);
+    }
+    pending_.clear();
+}
+
+// one device: a graph moves every covered run, then one transfer per run to host RAM
+bool seq_copier::run_group(ggml_backend_t backend, const llama_state_seq_slice * s, const std::vector<const void *> & group,
+                           uint8_t * buf, bool to_host, copy_report & report) {
+    auto p = std::make_unique<copy_pending>();
+    p->backend = backend;
+
+    const size_t n_max = group.size() * 16 + 16;
+    ggml_init_params params = {
+        /*.mem_size   =*/ n_max * ggml_tensor_overhead() + ggml_graph_overhead_custom(n_max, false),
+        /*.mem_buffer =*/ nullptr,
+        /*.no_alloc   =*/ true,
+    };
+    p->ctx = ggml_init(params);
+    if (p->ctx == nullptr) {
+        return false;
+    }
+    ggml_cgraph * gf = ggml_new_graph_custom(p->ctx, n_max, false);
+
+    std::vector<std::pair<ggml_tensor *, const slice_run *>> moved;  // the staging tensor of each run
+    std::vector<const slice_run *> left;                             // runs the graphs do not cover
+    for (const void * g : group) {
+        const auto * r = (const slice_run *) g;
+        ggml_tensor * staging = nullptr;
+        ggml_tensor * node = build_run(p->ctx, s, *r, to_host, p->idx, &staging);
+        if (node == nullptr) {
+            report.why_fallback = "a layout the gather does not cover";
+            left.push_back(r);
+            continue;
+        }
+        ggml_build_forward_expand(gf, node);
+        moved.emplace_back(to_host ? node : staging, r);
+    }
+    for (int i = 0; i < ggml_graph_n_nodes(gf); ++i) {
+        if (!ggml_backend_supports_op(backend, ggml_graph_node(gf, i))) {
+            report.why_fallback = "an op the device does not support";
+            return false;
+        }
+    }
+
+    if (!moved.empty()) {
+        p->galloc = ggml_gallocr_new(ggml_backend_get_default_buffer_type(backend));
+        if (!ggml_gallocr_alloc_graph(p->galloc, gf)) {
+            report.why_fallback = "no device memory for the staging tensors";
+            return false;
+        }
+        for (auto & [t, v] : p->idx) {
+            ggml_backend_tensor_set_async(backend, t, v.data(), 0, v.size() * sizeof(int32_t));
+        }
+        if (!to_host) {
+            for (auto & [t, r] : moved) {
+                ggml_backend_tensor_set_async(backend, t, buf + r->pos, 0, r->bytes);
+            }
+        }
+        if (ggml_backend_graph_compute_async(backend, gf) != GGML_STATUS_SUCCESS) {
+            ggml_backend_synchronize(backend);
+            report.why_fallback = "the device graph failed";
+            return false;
+        }
+        report.n_gathered += moved.size();
+    }
+
+    for (const auto * r : left) {
+        per_slice_run(s, *r, buf, to_host);
+        report.n_fallback += r->count;
+    }
+
+    if (!to_host || moved.empty()) {
+        ggml_backend_synchronize(backend);  // a restore is complete before the next decode reads it
+        return true;
+    }
+
+    // A park: the gather must have read the cells before the caller frees them, but the transfers
+    // to host RAM can run on while the next decode computes. An event marks the end of the gather.
+    ggml_backend_event_t gathered = ggml_backend_event_new(ggml_backend_get_device(backend));
+    if (gathered) {
+        ggml_backend_event_record(gathered, backend);
+    }
+    for (auto & [t, r] : moved) {
+        ggml_backend_tensor_get_async(backend, t, buf + r->pos, 0, r->bytes);
+    }
+    if (gathered) {
+        ggml_backend_event_synchronize(gathered);
+        ggml_backend_event_free(gathered);
+        report.in_flight = true;
+        pending_.push_back(std::move(p));
+    } else {
+        ggml_backend_synchronize(backend);
+    }
+    return true;
+}
+
+bool seq_copier::copy(const llama_state_seq_slice * s, size_t n, uint8_t * buf, bool to_host, copy_report & report) {
+    report.n_slices += n;
+    const std::vector<slice_run> runs = split_runs(s, n);
+
+    std::map<ggml_backend_t, std::vector<const void *>> groups;  // runs per device backend
+    for (const auto & r : runs) {
+        report.n_bytes += r.bytes;
+        report.n_ranges = std::max<size_t>(report.n_ranges, 1);
+        if (r.count > 1 && (report.n_ranges == 1 || r.count < report.n_ranges)) {
+            report.n_ranges = r.count;
+        }
+        const bool on_host = r.tensor->buffer != nullptr && ggml_backend_buffer_is_host(r.tensor->buffer);
+        if (route_ == copy_route::bulk && on_host) {
+            report.n_memcpy += memcpy_run(s, r, buf, to_host);
+            continue;
+        }
+        ggml_backend_t backend = route_ != copy_route::per_slice && r.tensor->buffer ? backend_for(r.tensor->buffer) : nullptr;
+        if (backend == nullptr) {
+            if (route_ != copy_route::per_slice) {
+                report.why_fallback = "a tensor on a buffer with no device";
+            }
+            per_slice_run(s, r, buf, to_host);
+            report.n_fallback += r.count;
+            continue;
+        }
+        groups[backend].push_back(&r);
+    }
+    for (auto & [backend, group] : groups) {
+        if (!run_group(backend, s, group, buf, to_host, report)) {
+            for (const void * g : group) {
+                const auto * r = (const slice_run *) g;
+                per_slice_run(s, *r, buf, to_host);
+                report.n_fallback += r->count;
+            }
+        }
+    }
+    return true;
+}
+
+bool seq_copier::gather(const llama_state_seq_slice * slices, size_t n, uint8_t * buf, copy_report & report) {
+    return copy(slices, n, buf, true, report);
+}
+
+bool seq_copier::scatter(const llama_state_seq_slice * slices, size_t n, const uint8_t * buf, copy_report & report) {
+    return copy(slices, n, const_cast<uint8_t *>(buf), false, report);
+}
+
+bool copy_slices_fn(const llama_state_seq_slice * slices, size_t n_slices, void * user_data) {
+    auto * call = (copy_call *) user_data;
+    try {
+        call->ok = call->to_host ? call->copier->gather(slices, n_slices, call->buf, call->report)
+                                 : call->copier->scatter(slices, n_slices, call->buf, call->report);
+    } catch (const std::exception &) {
+        call->ok = false;
+    }
+    return call->ok;
+}
+
+} // namespace llama_preempt

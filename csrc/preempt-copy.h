@@ -1,0 +1,102 @@
+// llama-preempt: bulk copies of a sequence's state between its memory (KV cache, recurrent state)
+// and host RAM, for SWAP parks and restores.
+//
+// llama.cpp's serializer (llama_state_seq_get_data_cb / set_data_cb, patches/0008) lays out a
+// sequence's state and hands us every tensor slice it would copy: one per cell range and layer,
+// and one per V element row when V is stored transposed (flash attention off). Copied one by one
+// these are thousands of small synchronous copies for a sequence whose cells are scattered through
+// a shared pool. Here they are grouped per tensor and copied in bulk:
+//  - a tensor in host memory: one memcpy per run of adjacent cells;
+//  - a tensor on a device: one small graph per device gathers the slices of every tensor into
+//    contiguous staging tensors (get_rows over the cells; for a transposed V, a transpose on the
+//    device first), and each staging tensor goes to host RAM in one asynchronous transfer, which
+//    overlaps the next decode; a restore uploads each run in one transfer and scatters it with
+//    set_rows.
+// The bytes are exactly the serializer's format: a park through here and one through upstream's
+// own copy produce the same buffer (LLAMA_SERVER_PREEMPT_VERIFY checks this on every park).
+#pragma once
+
+#include "ggml-backend.h"
+#include "llama.h"
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <vector>
+
+namespace llama_preempt {
+
+// which way a copy goes
+enum class copy_route {
+    bulk,       // host tensors by memcpy, device tensors by gather/scatter graphs (the default)
+    graph,      // every tensor by the graphs, host ones too (LLAMA_SERVER_PREEMPT_COPY=graph: tests the device path on a CPU)
+    per_slice,  // upstream's copy, one slice at a time (LLAMA_SERVER_PREEMPT_COPY=slice: the baseline)
+};
+
+const char * copy_route_name(copy_route route);
+
+// what one gather or scatter did, for the logs and the bench
+struct copy_report {
+    size_t  n_slices   = 0;  // slices handed over by the serializer
+    size_t  n_memcpy   = 0;  // host memcpy calls (after merging adjacent slices)
+    size_t  n_gathered = 0;  // tensor runs moved by a device graph
+    size_t  n_fallback = 0;  // slices copied one at a time (a tensor the graphs do not cover)
+    size_t  n_bytes    = 0;
+    size_t  n_ranges   = 0;  // cell ranges of the sequence (the fewest slices a tensor took, where more than one)
+    const char * why_fallback = nullptr;  // why some slices were copied one at a time
+    bool    in_flight  = false;  // transfers to host RAM still running (wait() before reading the buffer)
+};
+
+// a pending gather: what must live until its transfers to host RAM finish
+struct copy_pending;
+
+class seq_copier {
+public:
+    explicit seq_copier(copy_route route = copy_route::bulk);
+    ~seq_copier();
+
+    seq_copier(const seq_copier &) = delete;
+    seq_copier & operator=(const seq_copier &) = delete;
+
+    copy_route route() const { return route_; }
+
+    // copy the slices from their tensors into buf; transfers from a device may still be running on
+    // return (report.in_flight): the slices' cells may be reused at once, buf only after wait()
+    bool gather(const llama_state_seq_slice * slices, size_t n, uint8_t * buf, copy_report & report);
+
+    // copy the slices from buf into their tensors; complete on return
+    bool scatter(const llama_state_seq_slice * slices, size_t n, const uint8_t * buf, copy_report & report);
+
+    // finish every transfer in flight and free its staging memory
+    void wait();
+    bool busy() const { return !pending_.empty(); }
+
+    // pinned host memory for the devices the copies have seen (null: ordinary memory will do)
+    ggml_backend_buffer_type_t host_buft() const { return host_buft_; }
+
+private:
+    ggml_backend_t backend_for(ggml_backend_buffer_t buf);
+    bool copy(const llama_state_seq_slice * slices, size_t n, uint8_t * buf, bool to_host, copy_report & report);
+    bool run_group(ggml_backend_t backend, const llama_state_seq_slice * slices, const std::vector<const void *> & group,
+                   uint8_t * buf, bool to_host, copy_report & report);
+
+    copy_route route_;
+    std::map<ggml_backend_dev_t, ggml_backend_t> backends_;
+    std::vector<std::unique_ptr<copy_pending>> pending_;
+    ggml_backend_buffer_type_t host_buft_ = nullptr;
+};
+
+// the user_data of the llama_state_seq_*_data_cb callbacks
+struct copy_call {
+    seq_copier * copier;
+    uint8_t    * buf;
+    bool         to_host;
+    copy_report  report;
+    bool         ok = true;
+};
+
+// llama_state_seq_copy_fn for a copy_call
+bool copy_slices_fn(const llama_state_seq_slice * slices, size_t n_slices, void * user_data);
+
+} // namespace llama_preempt

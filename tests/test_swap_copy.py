@@ -1,0 +1,233 @@
+"""SWAP copies in bulk, and the cost-aware choice between SWAP and RECOMPUTE (--preempt-mode).
+
+LLAMA_SERVER_PREEMPT_VERIFY=1 makes the server compare every swap park's buffer with the one
+upstream's own serializer writes for the same sequence, byte for byte, while the cells are still in
+place; LLAMA_SERVER_PREEMPT_COPY=graph sends host tensors through the device path (gather and
+scatter graphs), so that path runs on a CPU too.
+"""
+from __future__ import annotations
+
+import json
+import re
+import socket
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import requests
+
+from helpers import complete, complete_all, long_prompt, run_concurrently
+from llama_preempt.metrics import parse_prometheus
+
+FORCED = {"LLAMA_SERVER_PREEMPT_EVERY": "8"}
+ROUTES = ["bulk", "graph"]
+FLASH = ["on", "off"]
+MTP_ARGS = ["--spec-type", "draft-mtp", "--spec-draft-n-max", "2"]
+
+
+def parks_by_choice(srv: Any) -> dict[str, float]:
+    text = requests.get(f"{srv.url}/metrics", timeout=30).text
+    return parse_prometheus(text).labeled["preempt_parks_by_choice_total"]
+
+
+def swap_env(route: str) -> dict[str, str]:
+    return {**FORCED, "LLAMA_SERVER_PREEMPT_VERIFY": "1", "LLAMA_SERVER_PREEMPT_COPY": route}
+
+
+def assert_every_swap_verified(m: Any) -> None:
+    assert m["n_preempt_swap_total"] == m["n_preempt_total"]
+    assert m["n_swap_verify_total"] == m["n_preempt_swap_total"]
+    assert m["n_swap_verify_mismatch_total"] == 0
+    assert m["preempt_ram_bytes"] == 0
+    assert m["preempt_copies_in_flight"] == 0
+
+
+@pytest.mark.parametrize("route", ROUTES)
+@pytest.mark.parametrize("flash", FLASH, ids=["fa-on", "fa-off"])
+def test_swap_parks_copy_upstreams_bytes_and_give_the_unparked_output(
+        start_server, stories_model: Path, flash: str, route: str) -> None:
+    # fa off stores V transposed: one slice per V element row, moved by transpose + gather
+    ref_srv = start_server(stories_model, n_ctx=512, n_parallel=2, preempt=False, extra_args=["-fa", flash])
+    ref = complete(ref_srv, "Once upon a time", 96).json()
+    srv = start_server(stories_model, n_ctx=512, n_parallel=2, env=swap_env(route),
+                       extra_args=["-fa", flash, "--preempt-mode", "swap"])
+    got = complete(srv, "Once upon a time", 96).json()
+    assert got["tokens_predicted"] == 96
+    assert got["content"] == ref["content"]
+    m = srv.metrics()
+    assert m["n_preempt_total"] >= 8
+    assert m["n_resume_total"] == m["n_preempt_total"]
+    assert_every_swap_verified(m)
+    assert parks_by_choice(srv)["swap_mode"] == m["n_preempt_total"]
+
+
+@pytest.mark.parametrize("route", ROUTES)
+def test_a_fragmented_sequence_parks_and_restores_exactly(start_server, stories_model: Path, route: str) -> None:
+    # three requests decoding together interleave their cells in the shared pool, and every park
+    # and restore puts them somewhere else again: each park copies many cell ranges
+    prompts = ["Once upon a time", "The little dog", "A girl named Lily"]
+    ref_srv = start_server(stories_model, n_ctx=1024, n_parallel=3, preempt=False, extra_args=["-fa", "off"])
+    refs = [complete(ref_srv, p, 80).json()["content"] for p in prompts]
+    srv = start_server(stories_model, n_ctx=1024, n_parallel=3, env=swap_env(route),
+                       extra_args=["-fa", "off", "--preempt-mode", "swap"])
+    got = [r.json()["content"] for r in complete_all(srv, prompts, 80)]
+    assert got == refs
+    m = srv.metrics()
+    assert m["n_preempt_total"] >= 15
+    assert_every_swap_verified(m)
+    ranges = [int(n) for n in re.findall(r"parked by swap \([^)]* in (\d+) cell ranges\)", srv.log_text())]
+    assert len(ranges) == m["n_preempt_swap_total"]
+    assert max(ranges) >= 4, f"the sequences never fragmented: {ranges}"
+
+
+@pytest.mark.parametrize("flash", FLASH, ids=["fa-on", "fa-off"])
+def test_swap_parks_on_the_hybrid_mtp_model_copy_upstreams_bytes(
+        start_server, qwen35_mtp_model: Path, flash: str) -> None:
+    # recurrent state, attention cells and the MTP context: all through the bulk copy
+    ref_srv = start_server(qwen35_mtp_model, n_ctx=1024, n_parallel=2, extra_args=MTP_ARGS + ["-fa", flash])
+    ref = complete(ref_srv, "Once upon a time", 64).json()
+    srv = start_server(qwen35_mtp_model, n_ctx=1024, n_parallel=2, env=swap_env("graph"),
+                       extra_args=MTP_ARGS + ["-fa", flash, "--preempt-mode", "swap"])
+    got = complete(srv, "Once upon a time", 64).json()
+    assert got["tokens_predicted"] == 64
+    assert got["content"] == ref["content"]
+    m = srv.metrics()
+    assert m["n_preempt_total"] >= 4
+    assert_every_swap_verified(m)
+
+
+@pytest.mark.parametrize("route", ROUTES)
+def test_a_failed_restore_of_a_bulk_copy_falls_back_to_recompute(start_server, stories_model: Path,
+                                                                 route: str) -> None:
+    srv = start_server(stories_model, n_ctx=512, n_parallel=2, extra_args=["--preempt-mode", "swap"],
+                       env={**swap_env(route), "LLAMA_SERVER_PREEMPT_FAIL_RESTORE": "1"})
+    r = complete(srv, "Once upon a time", 64)
+    assert r.status_code == 200, r.text
+    assert r.json()["tokens_predicted"] == 64
+    m = srv.metrics()
+    assert m["n_preempt_swap_total"] >= 1
+    assert m["n_swap_restore_fail_total"] == m["n_preempt_swap_total"]
+    assert m["n_recompute_tokens_total"] > 0
+    assert m["preempt_ram_bytes"] == 0
+
+
+def test_auto_recomputes_when_the_swap_is_predicted_dearer(start_server, stories_model: Path) -> None:
+    # 1 kB/s of copy bandwidth against a million tokens/s of prefill: every swap is dearer
+    srv = start_server(stories_model, n_ctx=512, n_parallel=2,
+                       env={**FORCED, "LLAMA_SERVER_PREEMPT_RATES": "0.000001,0.000001,1000000"})
+    assert "SWAP or RECOMPUTE by measured cost" in srv.log_text()
+    r = complete(srv, "Once upon a time", 64)
+    assert r.json()["tokens_predicted"] == 64
+    m = srv.metrics()
+    assert m["n_preempt_total"] >= 6
+    assert m["n_preempt_recompute_total"] == m["n_preempt_total"]
+    assert m["n_preempt_swap_total"] == 0
+    assert m["preempt_park_bytes_per_second"] == 1000
+    assert m["preempt_prefill_tokens_per_second"] == 1_000_000
+    by = parks_by_choice(srv)
+    assert by["recompute_cheaper"] == m["n_preempt_total"]
+    assert by["swap_cheaper"] == 0
+    assert "recompute_cheaper (predicted swap" in srv.log_text()
+
+
+def test_auto_swaps_when_the_swap_is_predicted_cheaper(start_server, stories_model: Path) -> None:
+    # 100 GB/s of copy bandwidth against one token/s of prefill: every swap is cheaper
+    srv = start_server(stories_model, n_ctx=512, n_parallel=2,
+                       env={**FORCED, "LLAMA_SERVER_PREEMPT_HOLD_MS": "300",
+                            "LLAMA_SERVER_PREEMPT_RATES": "100,100,1"})
+    with_slots = run_concurrently([lambda: complete(srv, "Once upon a time", 64),
+                                   lambda: _first_parked(srv)])
+    assert with_slots[0].json()["tokens_predicted"] == 64
+    parked = with_slots[1]
+    assert parked["preempt_mode"] == "swap"
+    assert parked["preempt_choice"] == "swap_cheaper"
+    m = srv.metrics()
+    assert m["n_preempt_total"] >= 6
+    assert m["n_preempt_swap_total"] == m["n_preempt_total"]
+    by = parks_by_choice(srv)
+    assert by["swap_cheaper"] == m["n_preempt_total"]
+    assert by["recompute_cheaper"] == 0
+
+
+def _first_parked(srv: Any, timeout: float = 60) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        parked = next((s for s in srv.slots() if s["is_preempted"]), None)
+        if parked:
+            return parked
+    raise AssertionError("no slot was parked")
+
+
+def test_auto_measures_its_rates_from_the_servers_own_parks_and_prompts(start_server, stories_model: Path) -> None:
+    srv = start_server(stories_model, n_ctx=2048, n_parallel=2, extra_args=["-ctk", "f32", "-ctv", "f32"], env=FORCED)
+    before = srv.metrics()
+    assert before["preempt_prefill_tokens_per_second"] == 1000      # the defaults, before any measurement
+    assert before["preempt_park_bytes_per_second"] == 2_000_000_000
+    # 400 prompt tokens at 1280 bytes a cell: each park copies more than the 64 KiB a sample needs
+    r = complete(srv, long_prompt(300), 40)
+    assert r.json()["tokens_predicted"] == 40
+    m = srv.metrics()
+    assert m["n_preempt_swap_total"] >= 3
+    assert m["preempt_prefill_tokens_per_second"] != 1000
+    assert m["preempt_park_bytes_per_second"] != 2_000_000_000
+    assert m["preempt_restore_bytes_per_second"] != 4_000_000_000
+    by = parks_by_choice(srv)
+    assert by["swap_cheaper"] + by["recompute_cheaper"] == m["n_preempt_total"]
+
+
+def test_preempt_mode_recompute_never_swaps(start_server, stories_model: Path) -> None:
+    srv = start_server(stories_model, n_ctx=512, n_parallel=2, extra_args=["--preempt-mode", "recompute"], env=FORCED)
+    assert "RECOMPUTE only (--preempt-mode recompute)" in srv.log_text()
+    assert complete(srv, "Once upon a time", 48).json()["tokens_predicted"] == 48
+    m = srv.metrics()
+    assert m["n_preempt_total"] >= 4
+    assert m["n_preempt_recompute_total"] == m["n_preempt_total"]
+    assert parks_by_choice(srv)["recompute_mode"] == m["n_preempt_total"]
+
+
+@pytest.mark.parametrize("value", ["fast", "", "SWAP"])
+def test_an_invalid_preempt_mode_is_a_startup_error_naming_the_flag(start_server, stories_model: Path,
+                                                                   value: str) -> None:
+    from llama_preempt.server import ServerStartError
+
+    with pytest.raises(ServerStartError, match="--preempt-mode"):
+        start_server(stories_model, n_ctx=256, n_parallel=2, extra_args=["--preempt-mode", value])
+
+
+def test_preempt_mode_comes_from_the_environment(start_server, stories_model: Path) -> None:
+    srv = start_server(stories_model, n_ctx=256, n_parallel=2, env={"LLAMA_ARG_PREEMPT_MODE": "recompute"})
+    assert "RECOMPUTE only (--preempt-mode recompute)" in srv.log_text()
+
+
+def test_cancelling_a_request_whose_copy_is_in_flight_frees_everything(start_server, stories_model: Path) -> None:
+    # the copy of each swap park counts as in flight for a minute, and the slot stays parked
+    srv = start_server(stories_model, n_ctx=512, n_parallel=2, extra_args=["--preempt-mode", "swap"],
+                       env={**FORCED, "LLAMA_SERVER_PREEMPT_HOLD_MS": "60000",
+                            "LLAMA_SERVER_PREEMPT_COPY_HOLD_MS": "60000"})
+    body = json.dumps({"prompt": "Once upon a time", "n_predict": 400, "temperature": 0,
+                       "ignore_eos": True, "stream": True}).encode()
+    sock = socket.create_connection((srv.host, srv.port), timeout=60)
+    sock.sendall(b"POST /completion HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
+                 b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+    assert sock.recv(4096).startswith(b"HTTP/1.1 200")
+
+    parked = _first_parked(srv)
+    assert parked["preempt_mode"] == "swap"
+    assert parked["preempt_copy_in_flight"] is True
+    m = srv.metrics()
+    assert m["preempt_copies_in_flight"] == 1
+    assert m["preempt_ram_bytes"] == parked["preempt_ram_bytes"] > 0
+
+    sock.close()  # the client goes away while its copy is in flight
+
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        m = srv.metrics()
+        if m["preempt_ram_bytes"] == 0 and m["requests_processing"] == 0:
+            break
+    assert m["preempt_ram_bytes"] == 0
+    assert m["preempt_copies_in_flight"] == 0
+    assert m["requests_preempted"] == 0
+    assert not any(s["is_processing"] for s in srv.slots())
+    assert complete(srv, "Once", 8).json()["tokens_predicted"] == 8
