@@ -23,6 +23,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <string>
 #include <vector>
 
 namespace llama_preempt {
@@ -86,6 +87,16 @@ private:
     std::vector<std::unique_ptr<copy_pending>> pending_;
     ggml_backend_buffer_type_t host_buft_ = nullptr;
 };
+
+// The machine's own copy speeds, the yardstick for SWAP's: host memcpy between warm buffers, and
+// for each device pinned host<->device transfers. One entry per measurement, in GB/s.
+struct link_speed {
+    std::string device;  // "host" for memcpy, else the device's name
+    std::string what;    // "memcpy", "device_to_host", "host_to_device"
+    double      gbps = 0;
+    bool        pinned = false;
+};
+std::vector<link_speed> measure_link_speeds(size_t n_bytes, int n_reps);
 
 // the user_data of the llama_state_seq_*_data_cb callbacks
 struct copy_call {

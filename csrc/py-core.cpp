@@ -12,6 +12,7 @@
 #include <chrono>
 #include <tuple>
 
+#include "preempt-copy.h"
 #include "preempt-policy.h"
 #include "preempt-sim.h"
 #include "preempt-version.h"
@@ -153,6 +154,18 @@ PYBIND11_MODULE(_core, m) {
           },
           py::arg("mode"), py::arg("bytes"), py::arg("n_tokens"), py::arg("ram_left"), py::arg("rates"),
           "the server's choice for one victim: `bytes` of state (0: cannot swap), `n_tokens` to re-prefill");
+
+    m.def("measure_link_speeds", [](size_t n_bytes, int n_reps) {
+              std::vector<std::tuple<std::string, std::string, double, bool>> out;
+              py::gil_scoped_release nogil;
+              for (const auto & l : lp::measure_link_speeds(n_bytes, n_reps)) {
+                  out.emplace_back(l.device, l.what, l.gbps, l.pinned);
+              }
+              return out;
+          },
+          py::arg("n_bytes") = 256 << 20, py::arg("n_reps") = 5,
+          "(device, what, GB/s, pinned) for host memcpy and each device's host<->device transfers: "
+          "the yardstick of the SWAP bandwidth bench");
 
     py::class_<lp::sim_params>(m, "SimParams", "the simulated server: pool, slots, budget and per-token costs")
         .def(py::init<>())

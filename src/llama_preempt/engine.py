@@ -74,6 +74,9 @@ class ParkEvent:
     reason: str
     ms: float          # time the park took
     priority: int = 0  # the request's priority
+    choice: str = ""   # why SWAP or RECOMPUTE: swap_cheaper, recompute_cheaper, swap_mode, over_budget, ...
+    swap_ms_predicted: float = 0.0       # what the policy priced a swap at (park + restore)
+    recompute_ms_predicted: float = 0.0  # and a recompute (re-prefill of the tokens held)
 
 
 @dataclass(frozen=True)
