@@ -8,6 +8,7 @@
 #include <chrono>
 #include <climits>
 #include <cstring>
+#include <cstdlib>
 #include <numeric>
 
 namespace llama_preempt {
@@ -39,19 +40,33 @@ struct copy_pending {
 
 namespace {
 
-// consecutive slices of one tensor that fill one contiguous stretch of the state buffer
+// consecutive slices of one tensor that fill one contiguous stretch of the state buffer; or a grid:
+// the slices of one write_tensor_rows call (same rows, one span each, a row of the buffer between them)
 struct slice_run {
     ggml_tensor * tensor;
     size_t first;  // index of its first slice
     size_t count;
     size_t pos;    // in the state buffer
     size_t bytes;
+    bool   grid = false;
 };
 
 std::vector<slice_run> split_runs(const llama_state_seq_slice * s, size_t n) {
     std::vector<slice_run> runs;
     for (size_t i = 0; i < n; ++i) {
-        if (!runs.empty()) {
+        if (s[i].n_rows > 1) {
+            // the spans of one row, in order, fill one row of the buffer
+            size_t j = i, in_row = 0;
+            while (j < n && s[j].tensor == s[i].tensor && s[j].n_rows == s[i].n_rows && s[j].row_stride == s[i].row_stride &&
+                   s[j].pos_stride == s[i].pos_stride && s[j].pos == s[i].pos + in_row && in_row + s[j].size <= s[i].pos_stride) {
+                in_row += s[j].size;
+                ++j;
+            }
+            runs.push_back({ s[i].tensor, i, j - i, s[i].pos, s[i].n_rows * s[i].pos_stride, in_row == s[i].pos_stride });
+            i = j - 1;
+            continue;
+        }
+        if (!runs.empty() && !runs.back().grid) {
             auto & r = runs.back();
             if (r.tensor == s[i].tensor && r.pos + r.bytes == s[i].pos) {
                 r.count++;
@@ -64,10 +79,41 @@ std::vector<slice_run> split_runs(const llama_state_seq_slice * s, size_t n) {
     return runs;
 }
 
+// small copies (a transposed V moves a few cells of one element row at a time): 16-byte moves the
+// compiler inlines, rather than a call into the C library per piece
+inline void copy_bytes(uint8_t * dst, const uint8_t * src, size_t n) {
+    if (n < 16 || n > 256) {
+        memcpy(dst, src, n);
+        return;
+    }
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        memcpy(dst + i, src + i, 16);
+    }
+    if (i < n) {
+        memcpy(dst + n - 16, src + n - 16, 16);  // the tail, overlapping what was copied
+    }
+}
+
 // host tensors: one memcpy per stretch of adjacent slices
 size_t memcpy_run(const llama_state_seq_slice * s, const slice_run & r, uint8_t * buf, bool to_host) {
     size_t n_memcpy = 0;
     auto * base = (uint8_t *) r.tensor->data;
+    const size_t n_rows = s[r.first].n_rows;
+    if (n_rows > 1) {
+        for (size_t j = 0; j < n_rows; ++j) {
+            for (size_t i = r.first; i < r.first + r.count; ++i) {
+                uint8_t * host   = buf + s[i].pos + j * s[i].pos_stride;
+                uint8_t * tensor = base + s[i].offset + j * s[i].row_stride;
+                if (to_host) {
+                    copy_bytes(host, tensor, s[i].size);
+                } else {
+                    copy_bytes(tensor, host, s[i].size);
+                }
+            }
+        }
+        return n_rows * r.count;
+    }
     for (size_t i = r.first; i < r.first + r.count;) {
         size_t off  = s[i].offset;
         size_t pos  = s[i].pos;
@@ -90,12 +136,24 @@ size_t memcpy_run(const llama_state_seq_slice * s, const slice_run & r, uint8_t 
 
 void per_slice_run(const llama_state_seq_slice * s, const slice_run & r, uint8_t * buf, bool to_host) {
     for (size_t i = r.first; i < r.first + r.count; ++i) {
-        if (to_host) {
-            ggml_backend_tensor_get(s[i].tensor, buf + s[i].pos, s[i].offset, s[i].size);
-        } else {
-            ggml_backend_tensor_set(s[i].tensor, buf + s[i].pos, s[i].offset, s[i].size);
+        for (size_t j = 0; j < std::max<size_t>(1, s[i].n_rows); ++j) {
+            uint8_t * host = buf + s[i].pos + j * s[i].pos_stride;
+            const size_t offset = s[i].offset + j * s[i].row_stride;
+            if (to_host) {
+                ggml_backend_tensor_get(s[i].tensor, host, offset, s[i].size);
+            } else {
+                ggml_backend_tensor_set(s[i].tensor, host, offset, s[i].size);
+            }
         }
     }
+}
+
+size_t n_pieces(const llama_state_seq_slice * s, const slice_run & r) {
+    size_t n = 0;
+    for (size_t i = r.first; i < r.first + r.count; ++i) {
+        n += std::max<size_t>(1, s[i].n_rows);
+    }
+    return n;
 }
 
 // a leaf over bytes of an existing tensor, seen with another type and shape (no copy)
@@ -173,11 +231,27 @@ ggml_tensor * build_run(ggml_context * ctx, const llama_state_seq_slice * s, con
         return idx;
     };
 
-    // element-sized units (a transposed V): transpose on the device, then move whole cells
+    // element-sized units (a transposed V): transpose on the device, then move whole cells. The
+    // grid comes from a write_tensor_rows call, or is found in slices written one row at a time.
     const ggml_type type = t->type;
     const size_t el = ggml_type_size(type);
     slice_grid g;
-    if (u <= 8 && is_float_type(type) && find_grid(s + r.first, r.count, el, t_bytes, g)) {
+    bool is_grid = false;
+    if (!r.grid && s[r.first].n_rows > 1) {
+        return nullptr;  // rows that do not fill their buffer rows: one at a time
+    }
+    if (r.grid) {
+        const auto & s0 = s[r.first];
+        g = { r.count, s0.n_rows, s0.row_stride, s0.row_stride > 0 ? s0.offset / s0.row_stride * s0.row_stride : 0 };
+        is_grid = is_float_type(type) && g.S % el == 0 && g.base + g.rows * g.S <= t_bytes &&
+                  s[r.first + r.count - 1].offset + s[r.first + r.count - 1].size <= g.base + g.S;
+        if (!is_grid) {
+            return nullptr;
+        }
+    } else {
+        is_grid = u <= 8 && is_float_type(type) && find_grid(s + r.first, r.count, el, t_bytes, g);
+    }
+    if (is_grid) {
         std::vector<int32_t> cells;
         for (size_t i = r.first; i < r.first + g.R; ++i) {
             const size_t c0 = (s[i].offset - g.base) / el;
@@ -353,7 +427,7 @@ bool seq_copier::run_group(ggml_backend_t backend, const llama_state_seq_slice *
 
     for (const auto * r : left) {
         per_slice_run(s, *r, buf, to_host);
-        report.n_fallback += r->count;
+        report.n_fallback += n_pieces(s, *r);
     }
 
     if (!to_host || moved.empty()) {
@@ -403,7 +477,7 @@ bool seq_copier::copy(const llama_state_seq_slice * s, size_t n, uint8_t * buf, 
                 report.why_fallback = "a tensor on a buffer with no device";
             }
             per_slice_run(s, r, buf, to_host);
-            report.n_fallback += r.count;
+            report.n_fallback += n_pieces(s, r);
             continue;
         }
         groups[backend].push_back(&r);
@@ -413,7 +487,7 @@ bool seq_copier::copy(const llama_state_seq_slice * s, size_t n, uint8_t * buf, 
             for (const void * g : group) {
                 const auto * r = (const slice_run *) g;
                 per_slice_run(s, *r, buf, to_host);
-                report.n_fallback += r->count;
+                report.n_fallback += n_pieces(s, *r);
             }
         }
     }
@@ -426,6 +500,88 @@ bool seq_copier::gather(const llama_state_seq_slice * slices, size_t n, uint8_t 
 
 bool seq_copier::scatter(const llama_state_seq_slice * slices, size_t n, const uint8_t * buf, copy_report & report) {
     return copy(slices, n, const_cast<uint8_t *>(buf), false, report);
+}
+
+void host_block::free_delete::operator()(uint8_t * p) const {
+    free(p);
+}
+
+// Ordinary memory for a swap buffer, without throwing. (Transparent huge pages were tried: with the
+// kernel's usual defrag=madvise setting a huge-page fault may compact memory on the spot, and a
+// first park got 10x slower; the pool's warm blocks are what make parks fast.)
+static uint8_t * alloc_host(size_t n) {
+    void * p = nullptr;
+    return posix_memalign(&p, 64, n) == 0 ? (uint8_t *) p : nullptr;
+}
+
+host_block & host_block::operator=(host_block && o) noexcept {
+    if (this != &o) {
+        release();
+        heap     = std::move(o.heap);
+        pinned   = o.pinned;
+        data     = o.data;
+        capacity = o.capacity;
+        o.pinned   = nullptr;
+        o.data     = nullptr;
+        o.capacity = 0;
+    }
+    return *this;
+}
+
+void host_block::release() {
+    heap.reset();
+    if (pinned) {
+        ggml_backend_buffer_free(pinned);
+        pinned = nullptr;
+    }
+    data     = nullptr;
+    capacity = 0;
+}
+
+host_block host_pool::take(size_t n, ggml_backend_buffer_type_t pinned_buft) {
+    // the smallest kept block that fits, of the same kind, and not much larger than asked
+    size_t best = kept_.size();
+    for (size_t i = 0; i < kept_.size(); ++i) {
+        const auto & b = kept_[i];
+        if ((b.pinned != nullptr) == (pinned_buft != nullptr) && b.capacity >= n && b.capacity <= 2 * n + (1 << 20) &&
+            (best == kept_.size() || b.capacity < kept_[best].capacity)) {
+            best = i;
+        }
+    }
+    if (best < kept_.size()) {
+        host_block b = std::move(kept_[best]);
+        kept_.erase(kept_.begin() + best);
+        kept_bytes_ -= b.capacity;
+        return b;
+    }
+    // a new block, with room to grow: a sequence parked again is usually a little longer
+    const size_t capacity = n + n / 4;
+    host_block b;
+    if (pinned_buft) {
+        b.pinned = ggml_backend_buft_alloc_buffer(pinned_buft, capacity);
+        b.data   = b.pinned ? (uint8_t *) ggml_backend_buffer_get_base(b.pinned) : nullptr;
+    }
+    if (b.data == nullptr) {
+        b.heap.reset(alloc_host(capacity));
+        b.data = b.heap.get();
+    }
+    b.capacity = b.data ? capacity : 0;
+    return b;
+}
+
+void host_pool::give(host_block && b) {
+    if (b.data == nullptr) {
+        return;
+    }
+    // make room by dropping the oldest kept blocks; a block larger than the cap is not kept
+    while (!kept_.empty() && kept_bytes_ + b.capacity > cap_) {
+        kept_bytes_ -= kept_.front().capacity;
+        kept_.erase(kept_.begin());
+    }
+    if (b.capacity <= cap_) {
+        kept_bytes_ += b.capacity;
+        kept_.push_back(std::move(b));
+    }
 }
 
 std::vector<link_speed> measure_link_speeds(size_t n_bytes, int n_reps) {
@@ -494,6 +650,12 @@ std::vector<link_speed> measure_link_speeds(size_t n_bytes, int n_reps) {
 
 bool copy_slices_fn(const llama_state_seq_slice * slices, size_t n_slices, void * user_data) {
     auto * call = (copy_call *) user_data;
+    const auto t0 = std::chrono::steady_clock::now();
+    struct timer {
+        copy_call * call;
+        std::chrono::steady_clock::time_point t0;
+        ~timer() { call->report.t_copy_us += std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - t0).count(); }
+    } t { call, t0 };
     try {
         call->ok = call->to_host ? call->copier->gather(slices, n_slices, call->buf, call->report)
                                  : call->copier->scatter(slices, n_slices, call->buf, call->report);

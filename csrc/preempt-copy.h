@@ -44,7 +44,8 @@ struct copy_report {
     size_t  n_gathered = 0;  // tensor runs moved by a device graph
     size_t  n_fallback = 0;  // slices copied one at a time (a tensor the graphs do not cover)
     size_t  n_bytes    = 0;
-    size_t  n_ranges   = 0;  // cell ranges of the sequence (the fewest slices a tensor took, where more than one)
+    size_t  n_ranges   = 0;
+    int64_t t_copy_us  = 0;  // time spent copying (inside the serializer's callback)  // cell ranges of the sequence (the fewest slices a tensor took, where more than one)
     const char * why_fallback = nullptr;  // why some slices were copied one at a time
     bool    in_flight  = false;  // transfers to host RAM still running (wait() before reading the buffer)
 };
@@ -86,6 +87,44 @@ private:
     std::map<ggml_backend_dev_t, ggml_backend_t> backends_;
     std::vector<std::unique_ptr<copy_pending>> pending_;
     ggml_backend_buffer_type_t host_buft_ = nullptr;
+};
+
+// Host memory for swap buffers. Freshly allocated memory costs a page fault per 4 KiB on first
+// touch, which on a CPU makes a park several times slower than the copy itself; pinned memory
+// costs a page-locking call. So freed buffers are kept (up to `cap` bytes idle) and handed out
+// again: under repeated preemption parks write into warm memory.
+struct host_block {
+    struct free_delete {
+        void operator()(uint8_t * p) const;
+    };
+    std::unique_ptr<uint8_t, free_delete> heap;
+    ggml_backend_buffer_t      pinned   = nullptr;
+    uint8_t *                  data     = nullptr;
+    size_t                     capacity = 0;
+
+    host_block() = default;
+    host_block(host_block && o) noexcept { *this = std::move(o); }
+    host_block & operator=(host_block && o) noexcept;
+    ~host_block() { release(); }
+    void release();
+};
+
+class host_pool {
+public:
+    explicit host_pool(size_t cap) : cap_(cap) {}
+
+    // a block of at least n bytes (pinned when pinned_buft is set and can allocate), or an empty one
+    host_block take(size_t n, ggml_backend_buffer_type_t pinned_buft);
+    // keep the block for reuse while the pool holds less than its cap, else free it
+    void give(host_block && b);
+
+    size_t bytes_kept() const { return kept_bytes_; }
+    size_t cap() const { return cap_; }
+
+private:
+    size_t cap_;
+    size_t kept_bytes_ = 0;
+    std::vector<host_block> kept_;
 };
 
 // The machine's own copy speeds, the yardstick for SWAP's: host memcpy between warm buffers, and

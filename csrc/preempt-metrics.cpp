@@ -15,6 +15,7 @@ std::vector<metric_item> metric_items(const preempt_counters & c, const preempt_
         { "n_preempt_fail_total",      "counter", "Number of parked requests ended because they no longer fit the pool",    c.n_fail_total },
         { "requests_preempted",        "gauge",   "Number of requests parked now",                                          (uint64_t) g.n_requests_preempted },
         { "preempt_ram_bytes",         "gauge",   "Host RAM held by parked slots now, in bytes",                            g.ram_bytes },
+        { "preempt_ram_pool_bytes",    "gauge",   "Idle host RAM kept for the next swap buffers, in bytes (warm memory parks write into)", g.pool_bytes },
         { "preempt_copies_in_flight",  "gauge",   "SWAP parks whose copy to host RAM may still be running",                (uint64_t) g.n_copies_in_flight },
         { "preempt_park_bytes_per_second",    "gauge", "SWAP park bandwidth used to choose SWAP or RECOMPUTE (moving average of measured parks)",    (uint64_t) g.rates.park_bps },
         { "preempt_restore_bytes_per_second", "gauge", "SWAP restore bandwidth used to choose SWAP or RECOMPUTE (moving average of measured restores)", (uint64_t) g.rates.restore_bps },

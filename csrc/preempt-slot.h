@@ -24,14 +24,15 @@ enum class parked_from {
     generating,  // generating: replays prompt.tokens + sampled, then carries on sampling
 };
 
-// host RAM for one context's sequence state: left uninitialised (the copy fills it) and allocated
-// without throwing, so a large swap neither zero-fills gigabytes on the main loop nor aborts.
-// Pinned (page-locked) when a device backend offers it, so transfers run at the speed of the link.
-// While a transfer into it may still be running (`in_flight`), freeing it first waits for the copier.
+// host RAM for one context's sequence state: a block from the server's host_pool (warm memory when
+// one was freed before; pinned when a device backend offers it), left uninitialised (the copy fills
+// it) and allocated without throwing, so a large swap neither zero-fills gigabytes on the main
+// loop nor aborts. While a transfer into it may still be running (`in_flight`), freeing it first
+// waits for that copier.
 struct host_buffer {
     uint8_t * data = nullptr;
-    size_t    size = 0;
-    seq_copier * in_flight = nullptr;  // the copier whose transfers may still write here
+    size_t    size = 0;  // bytes of state (the block may be larger)
+    std::shared_ptr<seq_copier> in_flight;  // the copier whose transfers may still write here
 
     host_buffer() = default;
     host_buffer(const host_buffer &) = delete;
@@ -46,54 +47,47 @@ struct host_buffer {
     }
     ~host_buffer() { reset(); }
 
-    bool alloc(size_t n, ggml_backend_buffer_type_t pinned_buft = nullptr) {
+    bool alloc(size_t n, const std::shared_ptr<host_pool> & from, ggml_backend_buffer_type_t pinned_buft) {
         reset();
         if (n == 0) {
             return true;
         }
-        if (pinned_buft) {
-            pinned = ggml_backend_buft_alloc_buffer(pinned_buft, n);
-            data   = pinned ? (uint8_t *) ggml_backend_buffer_get_base(pinned) : nullptr;
-        }
-        if (data == nullptr) {
-            heap.reset(new (std::nothrow) uint8_t[n]);
-            data = heap.get();
-        }
-        size = data ? n : 0;
+        pool  = from;
+        block = pool->take(n, pinned_buft);
+        data  = block.data;
+        size  = data ? n : 0;
         return data != nullptr;
     }
 
     void reset() {
         if (in_flight) {
             in_flight->wait();
-            in_flight = nullptr;
+            in_flight.reset();
         }
-        heap.reset();
-        if (pinned) {
-            ggml_backend_buffer_free(pinned);
-            pinned = nullptr;
+        if (pool) {
+            pool->give(std::move(block));
+            pool.reset();
         }
+        block.release();
         data = nullptr;
         size = 0;
     }
 
-    bool is_pinned() const { return pinned != nullptr; }
+    bool is_pinned() const { return block.pinned != nullptr; }
 
 private:
     void take(host_buffer & o) {
-        heap   = std::move(o.heap);
-        pinned = o.pinned;
-        data   = o.data;
-        size   = o.size;
-        in_flight = o.in_flight;
-        o.pinned = nullptr;
-        o.data   = nullptr;
-        o.size   = 0;
-        o.in_flight = nullptr;
+        block     = std::move(o.block);
+        pool      = std::move(o.pool);
+        in_flight = std::move(o.in_flight);
+        data = o.data;
+        size = o.size;
+        o.data = nullptr;
+        o.size = 0;
     }
 
-    std::unique_ptr<uint8_t[]> heap;
-    ggml_backend_buffer_t      pinned = nullptr;
+    host_block                 block;
+    std::shared_ptr<host_pool> pool;
 };
 
 // how a parked slot comes back

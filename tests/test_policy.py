@@ -273,3 +273,71 @@ def test_restore_goes_highest_priority_first() -> None:
     assert _core.restore_order(slots) == [2, 1, 0]
     # room for one: the high-priority slot parked longest comes back
     assert _core.plan_step(slots, _core.PlanParams(60)).resume == [2]
+
+
+# --- SWAP or RECOMPUTE (choose_park): the server's and the simulator's one implementation ---
+
+
+def rates(park_gbps: float, restore_gbps: float, prefill_tps: float) -> _core.CostRates:
+    r = _core.CostRates()
+    r.park_bps, r.restore_bps, r.prefill_tps = park_gbps * 1e9, restore_gbps * 1e9, prefill_tps
+    return r
+
+
+def test_auto_takes_the_cheaper_of_swap_and_recompute_by_the_rates() -> None:
+    mib = 1 << 20
+    # 40 MiB at 2 + 4 GB/s is about 31 ms; 1000 tokens at 10,000 tokens/s is 100 ms
+    d = _core.choose_park("auto", 40 * mib, 1000, 1 << 40, rates(2, 4, 10_000))
+    assert (d.swap, d.why) == (True, "swap_cheaper")
+    assert d.swap_ms == pytest.approx(1e3 * 40 * mib / 2e9 + 1e3 * 40 * mib / 4e9)
+    assert d.recompute_ms == pytest.approx(100.0)
+    # the same victim over a slow link: 0.2 + 0.4 GB/s is about 315 ms
+    d = _core.choose_park("auto", 40 * mib, 1000, 1 << 40, rates(0.2, 0.4, 10_000))
+    assert (d.swap, d.why) == (False, "recompute_cheaper")
+
+
+def test_the_budget_the_mode_and_an_unsizable_state_come_before_the_price() -> None:
+    cheap = rates(100, 100, 1)
+    assert _core.choose_park("auto", 2 << 20, 100, 1 << 20, cheap).why == "over_budget"
+    assert _core.choose_park("swap", 2 << 20, 100, 1 << 20, cheap).why == "over_budget"
+    assert _core.choose_park("auto", 0, 100, 1 << 40, cheap).why == "no_state"
+    assert _core.choose_park("recompute", 2 << 20, 100, 1 << 40, cheap).why == "recompute_mode"
+    dear = rates(0.001, 0.001, 1e6)
+    d = _core.choose_park("swap", 2 << 20, 100, 1 << 40, dear)
+    assert (d.swap, d.why) == (True, "swap_mode")  # swap regardless of the price
+    with pytest.raises(ValueError, match="auto, swap or recompute"):
+        _core.choose_park("fast", 1, 1, 1, dear)
+
+
+def test_the_rates_are_moving_averages_of_samples_large_enough_to_time() -> None:
+    r = _core.CostRates()
+    default = r.park_bps
+    r.observe_park(1000, 10)  # 1 kB: fixed overhead, not bandwidth
+    assert r.park_bps == default and r.n_park_samples == 0
+    r.observe_park(8 << 20, 1000)  # 8 MiB in 1 ms: the first sample replaces the default
+    assert r.park_bps == pytest.approx((8 << 20) * 1e3)
+    r.observe_park(8 << 20, 2000)  # then a quarter of each new sample
+    assert r.park_bps == pytest.approx(0.75 * (8 << 20) * 1e3 + 0.25 * (8 << 20) * 5e2)
+    r.observe_prefill(16, 1000)  # too few tokens to time
+    assert r.n_prefill_samples == 0
+    r.observe_prefill(512, 100_000)
+    assert r.prefill_tps == pytest.approx(5120.0)
+    r.observe_restore(4 << 20, 500)
+    assert r.restore_bps == pytest.approx((4 << 20) * 2e3) and r.n_restore_samples == 1
+
+
+def test_the_simulator_prices_victims_with_the_same_choice() -> None:
+    import llama_preempt
+    from llama_preempt.simulator import Costs, Workload
+
+    wl = Workload((0.0,) * 4, (300, 300, 300, 300), (300, 300, 300, 300))
+    fast = llama_preempt.simulate(wl, n_ctx=1024, n_parallel=4)
+    assert fast.parks_swap > 0 and fast.parks_recompute == 0
+    assert fast.parks_by_choice == {"swap_cheaper": fast.parks}
+    slow = llama_preempt.simulate(wl, n_ctx=1024, n_parallel=4,
+                                  costs=Costs(swap_out_gbps=0.0005, swap_in_gbps=0.0005))
+    assert slow.parks_swap == 0 and slow.parks_recompute > 0
+    assert slow.parks_by_choice == {"recompute_cheaper": slow.parks}
+    forced = llama_preempt.simulate(wl, n_ctx=1024, n_parallel=4, preempt_mode="swap",
+                                    costs=Costs(swap_out_gbps=0.0005, swap_in_gbps=0.0005))
+    assert forced.parks_recompute == 0 and forced.parks_by_choice == {"swap_mode": forced.parks}

@@ -231,3 +231,22 @@ def test_cancelling_a_request_whose_copy_is_in_flight_frees_everything(start_ser
     assert m["requests_preempted"] == 0
     assert not any(s["is_processing"] for s in srv.slots())
     assert complete(srv, "Once", 8).json()["tokens_predicted"] == 8
+
+
+def test_freed_swap_buffers_stay_warm_for_the_next_park_within_a_quarter_of_the_budget(
+        start_server, stories_model: Path) -> None:
+    # f32 cells, 1280 bytes a token: parks of a 300-token prompt take about 400 KiB
+    big = start_server(stories_model, n_ctx=1024, n_parallel=2, env=FORCED,
+                       extra_args=["--preempt-mode", "swap", "-ctk", "f32", "-ctv", "f32"])
+    assert complete(big, long_prompt(250), 40).json()["tokens_predicted"] == 40
+    m = big.metrics()
+    assert m["n_preempt_swap_total"] >= 3
+    assert m["preempt_ram_bytes"] == 0
+    assert m["preempt_ram_pool_bytes"] > 0  # kept for the next park
+    # a 1 MiB budget keeps at most 256 KiB idle: these buffers are too large to keep
+    small = start_server(stories_model, n_ctx=1024, n_parallel=2, env=FORCED,
+                         extra_args=["--preempt-mode", "swap", "--preempt-ram", "1", "-ctk", "f32", "-ctv", "f32"])
+    assert complete(small, long_prompt(250), 40).json()["tokens_predicted"] == 40
+    m = small.metrics()
+    assert m["n_preempt_swap_total"] >= 3
+    assert m["preempt_ram_pool_bytes"] <= 256 << 10
