@@ -8,8 +8,9 @@ Cells, per oversubscribed pool size (two of them), with N concurrent streamed ch
 few hundred tokens, fixed-length answers with ignore_eos, temperature 0, fixed seed):
 
 - stock: the vendored llama.cpp without our patches (bench/stock.py builds it once);
-- ours --no-preempt; RECOMPUTE (--preempt-ram 0); SWAP (-1); hybrid (the default 8192 MiB budget)
-  and hybrid with a budget tight enough to force a mix of the two;
+- ours --no-preempt; RECOMPUTE (--preempt-mode recompute); SWAP (--preempt-mode swap, no RAM limit); auto (the
+  default: SWAP or RECOMPUTE per victim by measured cost, within the default 8192 MiB budget)
+  and auto with a budget tight enough to force a mix of the two;
 - static split: the same pool cut into fewer slots, each big enough for one whole request
   (--no-kv-unified): nothing fails, requests queue;
 
@@ -93,10 +94,10 @@ def cells_for(load: Load) -> list[Cell]:
         cells += [
             Cell(f"{pool}: stock", pool, "stock", load.n_chats, True),
             Cell(f"{pool}: --no-preempt", pool, "ours", load.n_chats, True, ("--no-preempt",)),
-            Cell(f"{pool}: recompute", pool, "ours", load.n_chats, True, ("--preempt-ram", "0")),
-            Cell(f"{pool}: swap", pool, "ours", load.n_chats, True, ("--preempt-ram", "-1")),
-            Cell(f"{pool}: hybrid", pool, "ours", load.n_chats, True),
-            Cell(f"{pool}: hybrid {load.tight_mib} MiB", pool, "ours", load.n_chats, True,
+            Cell(f"{pool}: recompute", pool, "ours", load.n_chats, True, ("--preempt-mode", "recompute")),
+            Cell(f"{pool}: swap", pool, "ours", load.n_chats, True, ("--preempt-mode", "swap", "--preempt-ram", "-1")),
+            Cell(f"{pool}: auto", pool, "ours", load.n_chats, True),
+            Cell(f"{pool}: auto {load.tight_mib} MiB", pool, "ours", load.n_chats, True,
                  ("--preempt-ram", str(load.tight_mib))),
             Cell(f"{pool}: static split {n_split}x{load.split_slot}", pool, "ours", n_split, False),
         ]
@@ -186,7 +187,7 @@ def stream_chat(url: str, prompt: str, n_predict: int) -> ChatResult:
     return res
 
 
-PARK_RE = re.compile(r"parked by swap \([\d.]+ MiB, \d+ tokens held\) in ([\d.]+) ms")
+PARK_RE = re.compile(r"parked by swap \([\d.]+ MiB, \d+ tokens held[^)]*\) in ([\d.]+) ms")
 RESTORE_RE = re.compile(r"restored by swap \([\d.]+ MiB, \d+ tokens\) in ([\d.]+) ms")
 
 
@@ -510,7 +511,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"model {load.model.name}")
     t_start = time.perf_counter()
     runs: list[RunResult] = []
-    timeline_cell = f"{load.pools[1]}: hybrid"
+    timeline_cell = f"{load.pools[1]}: auto"
     for i in range(args.runs):
         for cell in cells:
             r = run_cell(cell, load, binaries, i + 1, timeline=(i == 0 and cell.name == timeline_cell))

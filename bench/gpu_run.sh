@@ -7,7 +7,8 @@
 # Builds the sdist with CUDA for one architecture (default 90-real: H100/H200), generates a
 # Llama-3.2-1B-shaped model (random weights, 32 KiB of KV per token: the KV geometry, not the text,
 # decides the costs), and runs `python -m bench` with every layer on the GPU, flash attention both
-# on and off. Results land in OUTDIR (cells_gpu_fa_on/off .json/.md and plots).
+# on and off, after bench/swap_bandwidth.py (SWAP GB/s against the pinned link). Results land in
+# OUTDIR (swap_bandwidth_gpu, cells_gpu_fa_on/off .json/.md and plots).
 set -euo pipefail
 sdist=$1; out=$2; arch=${3:-90-real}
 work=$(mktemp -d)
@@ -21,6 +22,9 @@ pip install -q "$src"
 python -m llama_preempt.testmodel "$work/llama-1b.gguf" --shape llama-3.2-1b --f16 --n-ctx-train 16384
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$out/gpu.txt" || true
 cd "$src"
+# SWAP bandwidth first (short): parks and restores against pinned device<->host transfers, fa on and off
+python bench/swap_bandwidth.py --model "$work/llama-1b.gguf" --gpu-layers 99 --threads "$(nproc)" --out "$out" \
+    --name swap_bandwidth_gpu --ctx 16384 --prompt-words 400 1200 2400 3600
 for fa in on off; do
     python -m bench --model "$work/llama-1b.gguf" --gpu-layers 99 --threads "$(nproc)" --out "$out" \
         --name "cells_gpu_fa_$fa" --server-args "-fa $fa"

@@ -5,11 +5,13 @@ copy speed, measured in the same run.
 The yardstick is `_core.measure_link_speeds()`: host memcpy between warm buffers, and on a GPU the
 pinned device-to-host and host-to-device transfers of one large buffer. The parks and restores
 come from a real server under load: four chats with prompts of different lengths decode together
-(so their cells interleave through the shared pool), each parked by SWAP every 32 generated tokens
+(so their cells interleave through the shared pool), each parked by SWAP every 16 generated tokens
 (LLAMA_SERVER_PREEMPT_EVERY), and every park and restore logs its bytes and its time. Each cell
-runs twice, with our bulk copy and with upstream's copy one slice at a time
-(LLAMA_SERVER_PREEMPT_COPY=slice), and with flash attention on and off (off stores V transposed:
-one slice per V element row upstream).
+runs twice: with our bulk copy, and with what shipped before it, upstream's copy one slice at a
+time into freshly allocated memory (LLAMA_SERVER_PREEMPT_COPY=slice); and with flash attention
+on and off (off stores V transposed: one slice per V element row upstream). A slot's first park
+writes into fresh memory (page faults on a CPU); later ones reuse the warm pool, as a server under
+repeated preemption does: the range shows both.
 
     python bench/swap_bandwidth.py                         # SmolLM2-135M on this machine
     python bench/swap_bandwidth.py --model M.gguf --gpu-layers 99 --name swap_bandwidth_gpu
@@ -21,6 +23,7 @@ from __future__ import annotations
 import argparse
 import re
 import statistics
+import tempfile
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -115,8 +118,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ctx", type=int, default=8192)
     ap.add_argument("--prompt-words", type=int, nargs="+", default=[100, 300, 700, 1500],
                     help="one chat per length (default 100 300 700 1500)")
-    ap.add_argument("--n-predict", type=int, default=96)
-    ap.add_argument("--every", type=int, default=32, help="park every N generated tokens (default 32)")
+    ap.add_argument("--n-predict", type=int, default=160)
+    ap.add_argument("--every", type=int, default=16, help="park every N generated tokens (default 16)")
     ap.add_argument("--fa", nargs="+", default=["on", "off"])
     ap.add_argument("--routes", nargs="+", default=["bulk", "slice"])
     ap.add_argument("--min-mib", type=float, default=1.0, help="events at least this large count (default 1)")
@@ -140,8 +143,7 @@ def main(argv: list[str] | None = None) -> int:
 
     t0 = time.perf_counter()
     cells, rows = [], []
-    log_dir = args.out / f".{args.name}_logs"
-    log_dir.mkdir(parents=True, exist_ok=True)
+    log_dir = Path(tempfile.mkdtemp(prefix="swap_bandwidth_"))  # the servers' logs, parsed above
     for fa in args.fa:
         for route in args.routes:
             console.print(f"[bold]fa {fa}, {route} copy[/]")

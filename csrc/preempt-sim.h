@@ -34,8 +34,8 @@ struct sim_params {
     double decode_token_s  = 0.0046;  // per generated token in the batch
     double prefill_token_s = 0.0022;  // per prompt or replay token in the batch
     double bytes_per_cell  = 23040;   // KV bytes per cell (all layers, K and V)
-    double swap_out_bps    = 1.8e9;   // park copy bandwidth, bytes/s
-    double swap_in_bps     = 6.0e9;   // restore copy bandwidth, bytes/s
+    double swap_out_bps    = 9.5e9;   // park copy bandwidth, bytes/s (bench/swap_bandwidth.py, CPU)
+    double swap_in_bps     = 15.0e9;  // restore copy bandwidth, bytes/s
 
     int64_t max_steps = 50000000;     // a guard against a workload that cannot finish
 };

@@ -191,6 +191,21 @@ def test_simulate_prints_a_sweep_table_and_json() -> None:
     assert big_rec["parks_recompute"] + big_rec["parks_swap"] <= small_rec["parks_recompute"]
 
 
+def test_simulate_takes_the_servers_preempt_mode_and_reports_the_choices() -> None:
+    base = ("simulate", "--requests", "40", "--rate", "0", "--prompt-len", "50-100", "--gen-len", "200",
+            "--parallel", "8", "--ctx", "1024", "--json")
+    auto = json.loads(cli(*base).stdout)["results"][0]
+    assert auto["preempt_mode"] == "auto" and auto["parks_swap"] > 0
+    assert auto["parks_by_choice"] == {"swap_cheaper": auto["parks_swap"] + auto["parks_recompute"]}
+    slow = json.loads(cli(*base, "--swap-out-gbps", "0.0001", "--swap-in-gbps", "0.0001").stdout)["results"][0]
+    assert slow["parks_swap"] == 0 and slow["parks_recompute"] > 0
+    assert set(slow["parks_by_choice"]) == {"recompute_cheaper"}
+    rec = json.loads(cli(*base, "--preempt-mode", "recompute").stdout)["results"][0]
+    assert rec["parks_swap"] == 0 and set(rec["parks_by_choice"]) == {"recompute_mode"}
+    p = cli(*base, "--preempt-mode", "fast")
+    assert p.returncode != 0 and "--preempt-mode" in p.stderr
+
+
 def test_simulate_reads_a_recorded_workload(tmp_path: Path) -> None:
     wl = tmp_path / "load.jsonl"
     wl.write_text("\n".join(json.dumps({"t": 0.1 * i, "prompt_tokens": 40, "max_tokens": 300}) for i in range(6)))

@@ -37,8 +37,8 @@ class Costs:
     decode_token_ms: float = 4.6   # per generated token in a step
     prefill_token_ms: float = 2.2  # per prompt (or replayed) token
     bytes_per_cell: float = 23040  # KV bytes per cell (SmolLM2-135M: 30 layers x 2 x 3 x 64 x f16)
-    swap_out_gbps: float = 1.8     # park copy, GB/s (measured on this machine, bench/README.md)
-    swap_in_gbps: float = 6.0      # restore copy, GB/s
+    swap_out_gbps: float = 9.5     # park copy, GB/s (the bulk copy on this machine, bench/swap_bandwidth.py)
+    swap_in_gbps: float = 15.0     # restore copy, GB/s
 
     def to_params(self, p: Any) -> None:
         p.step_s = self.step_ms / 1000
