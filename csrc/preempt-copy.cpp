@@ -506,9 +506,11 @@ void host_block::free_delete::operator()(uint8_t * p) const {
     free(p);
 }
 
-// Ordinary memory for a swap buffer, without throwing. (Transparent huge pages were tried: with the
-// kernel's usual defrag=madvise setting a huge-page fault may compact memory on the spot, and a
-// first park got 10x slower; the pool's warm blocks are what make parks fast.)
+// Ordinary memory for a swap buffer, without throwing. Fresh memory costs the kernel's page
+// faults and zeroing on first touch (about 3 GB/s on the project's machine); the pool's warm blocks
+// are what make parks fast. Tried and dropped: transparent huge pages (with the usual
+// defrag=madvise a huge-page fault may compact memory on the spot: a first park got 10x slower)
+// and MAP_POPULATE (the same zeroing, paid at allocation: no faster).
 static uint8_t * alloc_host(size_t n) {
     void * p = nullptr;
     return posix_memalign(&p, 64, n) == 0 ? (uint8_t *) p : nullptr;
