@@ -95,12 +95,14 @@ def test_a_budget_that_holds_one_sequence_but_not_two_parks_both_ways(
     assert m["preempt_ram_bytes"] == 0
 
 
+@pytest.mark.parametrize("route", ["bulk", "graph", "slice"])
 def test_a_failed_restore_falls_back_to_recompute_and_the_request_finishes(
-        start_server, stories_model: Path) -> None:
+        start_server, stories_model: Path, route: str) -> None:
+    # every copy route: the bulk memcpy, the device path's gather graphs, upstream's per-slice copy
     ref_srv = start_server(stories_model, n_ctx=512, n_parallel=2, preempt=False)
     ref = complete(ref_srv, "Once upon a time", 64).json()
     srv = start_server(stories_model, n_ctx=512, n_parallel=2,
-                       env={**FORCED, "LLAMA_SERVER_PREEMPT_FAIL_RESTORE": "1"})
+                       env={**FORCED, "LLAMA_SERVER_PREEMPT_FAIL_RESTORE": "1", "LLAMA_SERVER_PREEMPT_COPY": route})
     r = complete(srv, "Once upon a time", 64)
     assert r.status_code == 200, r.text
     assert r.json()["tokens_predicted"] == 64
@@ -113,9 +115,16 @@ def test_a_failed_restore_falls_back_to_recompute_and_the_request_finishes(
     print(f"fallback output identical to the unforced one: {r.json()['content'] == ref['content']}")
 
 
-def test_cancelling_a_parked_streaming_request_frees_its_host_ram(start_server, stories_model: Path) -> None:
-    srv = start_server(stories_model, n_ctx=512, n_parallel=2,
-                       env={**FORCED, "LLAMA_SERVER_PREEMPT_HOLD_MS": "60000"})
+@pytest.mark.parametrize("in_flight", [False, True], ids=["copied", "copy-in-flight"])
+def test_cancelling_a_parked_streaming_request_frees_its_host_ram(start_server, stories_model: Path,
+                                                                  in_flight: bool) -> None:
+    # copy-in-flight: the swap copy of each park counts as still running for a minute (on a device
+    # the transfer to host RAM runs on while the next decode computes), and the request is cancelled
+    # then: the server waits for the copy and frees everything
+    env = {**FORCED, "LLAMA_SERVER_PREEMPT_HOLD_MS": "60000"}
+    if in_flight:
+        env["LLAMA_SERVER_PREEMPT_COPY_HOLD_MS"] = "60000"
+    srv = start_server(stories_model, n_ctx=512, n_parallel=2, env=env, extra_args=["--preempt-mode", "swap"])
     # a raw socket, so that closing it really disconnects (a pooled HTTP client may keep it open)
     body = json.dumps({"prompt": "Once upon a time", "n_predict": 400, "temperature": 0,
                        "ignore_eos": True, "stream": True}).encode()
@@ -132,7 +141,10 @@ def test_cancelling_a_parked_streaming_request_frees_its_host_ram(start_server, 
     assert parked, "the request was never parked"
     assert parked["preempt_mode"] == "swap"
     assert parked["preempt_ram_bytes"] > 0
-    assert srv.metrics()["preempt_ram_bytes"] == parked["preempt_ram_bytes"]
+    assert parked["preempt_copy_in_flight"] is in_flight
+    m = srv.metrics()
+    assert m["preempt_ram_bytes"] == parked["preempt_ram_bytes"]
+    assert m["preempt_copies_in_flight"] == (1 if in_flight else 0)
 
     sock.close()  # the client goes away while its slot is parked
 
@@ -142,6 +154,7 @@ def test_cancelling_a_parked_streaming_request_frees_its_host_ram(start_server, 
         if m["preempt_ram_bytes"] == 0 and m["requests_processing"] == 0:
             break
     assert m["preempt_ram_bytes"] == 0
+    assert m["preempt_copies_in_flight"] == 0
     assert m["requests_preempted"] == 0
     assert not any(s["is_processing"] for s in srv.slots())
     # the server is still serving

@@ -7,9 +7,7 @@ scatter graphs), so that path runs on a CPU too.
 """
 from __future__ import annotations
 
-import json
 import re
-import socket
 import time
 from pathlib import Path
 from typing import Any
@@ -95,21 +93,6 @@ def test_swap_parks_on_the_hybrid_mtp_model_copy_upstreams_bytes(
     m = srv.metrics()
     assert m["n_preempt_total"] >= 4
     assert_every_swap_verified(m)
-
-
-@pytest.mark.parametrize("route", ROUTES)
-def test_a_failed_restore_of_a_bulk_copy_falls_back_to_recompute(start_server, stories_model: Path,
-                                                                 route: str) -> None:
-    srv = start_server(stories_model, n_ctx=512, n_parallel=2, extra_args=["--preempt-mode", "swap"],
-                       env={**swap_env(route), "LLAMA_SERVER_PREEMPT_FAIL_RESTORE": "1"})
-    r = complete(srv, "Once upon a time", 64)
-    assert r.status_code == 200, r.text
-    assert r.json()["tokens_predicted"] == 64
-    m = srv.metrics()
-    assert m["n_preempt_swap_total"] >= 1
-    assert m["n_swap_restore_fail_total"] == m["n_preempt_swap_total"]
-    assert m["n_recompute_tokens_total"] > 0
-    assert m["preempt_ram_bytes"] == 0
 
 
 def test_auto_recomputes_when_the_swap_is_predicted_dearer(start_server, stories_model: Path) -> None:
@@ -198,39 +181,6 @@ def test_an_invalid_preempt_mode_is_a_startup_error_naming_the_flag(start_server
 def test_preempt_mode_comes_from_the_environment(start_server, stories_model: Path) -> None:
     srv = start_server(stories_model, n_ctx=256, n_parallel=2, env={"LLAMA_ARG_PREEMPT_MODE": "recompute"})
     assert "RECOMPUTE only (--preempt-mode recompute)" in srv.log_text()
-
-
-def test_cancelling_a_request_whose_copy_is_in_flight_frees_everything(start_server, stories_model: Path) -> None:
-    # the copy of each swap park counts as in flight for a minute, and the slot stays parked
-    srv = start_server(stories_model, n_ctx=512, n_parallel=2, extra_args=["--preempt-mode", "swap"],
-                       env={**FORCED, "LLAMA_SERVER_PREEMPT_HOLD_MS": "60000",
-                            "LLAMA_SERVER_PREEMPT_COPY_HOLD_MS": "60000"})
-    body = json.dumps({"prompt": "Once upon a time", "n_predict": 400, "temperature": 0,
-                       "ignore_eos": True, "stream": True}).encode()
-    sock = socket.create_connection((srv.host, srv.port), timeout=60)
-    sock.sendall(b"POST /completion HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
-                 b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
-    assert sock.recv(4096).startswith(b"HTTP/1.1 200")
-
-    parked = _first_parked(srv)
-    assert parked["preempt_mode"] == "swap"
-    assert parked["preempt_copy_in_flight"] is True
-    m = srv.metrics()
-    assert m["preempt_copies_in_flight"] == 1
-    assert m["preempt_ram_bytes"] == parked["preempt_ram_bytes"] > 0
-
-    sock.close()  # the client goes away while its copy is in flight
-
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        m = srv.metrics()
-        if m["preempt_ram_bytes"] == 0 and m["requests_processing"] == 0:
-            break
-    assert m["preempt_ram_bytes"] == 0
-    assert m["preempt_copies_in_flight"] == 0
-    assert m["requests_preempted"] == 0
-    assert not any(s["is_processing"] for s in srv.slots())
-    assert complete(srv, "Once", 8).json()["tokens_predicted"] == 8
 
 
 def test_freed_swap_buffers_stay_warm_for_the_next_park_within_a_quarter_of_the_budget(
