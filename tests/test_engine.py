@@ -72,6 +72,10 @@ def test_four_requests_that_overflow_the_pool_all_finish_through_generate(
     # the step reports saw the same parks the counters did
     assert sum(len(r.parked) for r in steps) == st.n_preempt_total
     assert {p.mode for r in steps for p in r.parked} == {mode}
+    # and why: the same reasons, by the same names, as /metrics' preempt_parks_by_choice_total
+    choices = [p.choice for r in steps for p in r.parked]
+    assert {c: choices.count(c) for c in set(choices)} == {k: v for k, v in st.parks_by_choice.items() if v}
+    assert st.prefill_tokens_per_second > 0 and st.park_bytes_per_second > 0
 
 
 def test_the_same_overflow_without_preemption_loses_requests(make_engine: EngineFactory, stories_model: Path) -> None:
@@ -391,6 +395,9 @@ def test_engine_stats_and_http_stats_are_the_same_type(start_server, stories_mod
     st = srv.preempt_stats()
     assert isinstance(st, PreemptStats) and len(st.slots) == 2
     assert all(s.state == "idle" for s in st.slots)
+    assert set(st.parks_by_choice) == {"swap_cheaper", "recompute_cheaper", "swap_mode", "recompute_mode",
+                                       "over_budget", "no_state", "swap_failed"}
+    assert st.restore_bytes_per_second > 0 and st.preempt_copies_in_flight == 0
 
 
 # --- the README's example ---
