@@ -331,6 +331,7 @@ seq_copier::seq_copier(copy_route route) : route_(route) {}
 
 seq_copier::~seq_copier() {
     wait();
+    drop_prefetch();
     for (auto & [dev, backend] : backends_) {
         ggml_backend_free(backend);
     }
@@ -364,6 +365,52 @@ void seq_copier::wait() {
     pending_.clear();
 }
 
+bool seq_copier::prefetch(const uint8_t * buf, size_t n) {
+    if (prefetch_.host == buf && prefetch_.n == n) {
+        return true;
+    }
+    drop_prefetch();
+    if (route_ == copy_route::per_slice || backends_.size() != 1 || n == 0) {
+        return false;  // nothing to upload to, or more than one device: restore as usual
+    }
+    ggml_backend_t backend = backends_.begin()->second;
+    if (backend == nullptr || (route_ == copy_route::bulk && ggml_backend_dev_type(backends_.begin()->first) == GGML_BACKEND_DEVICE_TYPE_CPU)) {
+        return false;
+    }
+    ggml_backend_buffer_t device = ggml_backend_buft_alloc_buffer(ggml_backend_get_default_buffer_type(backend), n);
+    if (device == nullptr) {
+        return false;
+    }
+    ggml_init_params params = { ggml_tensor_overhead(), nullptr, true };
+    ggml_context * ctx = ggml_init(params);
+    ggml_tensor * t = ggml_new_tensor_1d(ctx, GGML_TYPE_I8, (int64_t) n);
+    t->buffer = device;
+    t->data   = ggml_backend_buffer_get_base(device);
+    ggml_backend_tensor_set_async(backend, t, buf, 0, n);  // on the copier's stream: before any scatter
+    ggml_free(ctx);
+    prefetch_ = { buf, n, backend, device, (uint8_t *) ggml_backend_buffer_get_base(device) };
+    return true;
+}
+
+bool seq_copier::prefetched(const uint8_t * buf) const {
+    return buf != nullptr && prefetch_.host == buf;
+}
+
+void seq_copier::drop_prefetch() {
+    if (prefetch_.device) {
+        ggml_backend_synchronize(prefetch_.backend);  // the upload may still read the host buffer
+        ggml_backend_buffer_free(prefetch_.device);
+    }
+    prefetch_ = {};
+}
+
+void seq_copier::release(const uint8_t * buf) {
+    wait();
+    if (prefetched(buf)) {
+        drop_prefetch();
+    }
+}
+
 // one device: a graph moves every covered run, then one transfer per run to host RAM
 bool seq_copier::run_group(ggml_backend_t backend, const llama_state_seq_slice * s, const std::vector<const void *> & group,
                            uint8_t * buf, bool to_host, copy_report & report) {
@@ -384,10 +431,16 @@ bool seq_copier::run_group(ggml_backend_t backend, const llama_state_seq_slice *
 
     std::vector<std::pair<ggml_tensor *, const slice_run *>> moved;  // the staging tensor of each run
     std::vector<const slice_run *> left;                             // runs the graphs do not cover
+    // a restore whose bytes were uploaded ahead reads them where they are
+    const bool ahead = !to_host && prefetch_.host == buf && prefetch_.backend == backend;
     for (const void * g : group) {
         const auto * r = (const slice_run *) g;
         ggml_tensor * staging = nullptr;
         ggml_tensor * node = build_run(p->ctx, s, *r, to_host, p->idx, &staging);
+        if (node != nullptr && ahead) {
+            staging->data   = prefetch_.base + r->pos;
+            staging->buffer = prefetch_.device;
+        }
         if (node == nullptr) {
             report.why_fallback = "a layout the gather does not cover";
             left.push_back(r);
@@ -412,11 +465,12 @@ bool seq_copier::run_group(ggml_backend_t backend, const llama_state_seq_slice *
         for (auto & [t, v] : p->idx) {
             ggml_backend_tensor_set_async(backend, t, v.data(), 0, v.size() * sizeof(int32_t));
         }
-        if (!to_host) {
+        if (!to_host && !ahead) {
             for (auto & [t, r] : moved) {
                 ggml_backend_tensor_set_async(backend, t, buf + r->pos, 0, r->bytes);
             }
         }
+        report.prefetched |= ahead;
         if (ggml_backend_graph_compute_async(backend, gf) != GGML_STATUS_SUCCESS) {
             ggml_backend_synchronize(backend);
             report.why_fallback = "the device graph failed";

@@ -43,6 +43,7 @@ struct copy_report {
     size_t  n_memcpy   = 0;  // host memcpy calls (after merging adjacent slices)
     size_t  n_gathered = 0;  // tensor runs moved by a device graph
     size_t  n_fallback = 0;  // slices copied one at a time (a tensor the graphs do not cover)
+    bool    prefetched = false;  // a restore that found its bytes already on the device
     size_t  n_bytes    = 0;
     size_t  n_ranges   = 0;
     int64_t t_copy_us  = 0;  // time spent copying (inside the serializer's callback)  // cell ranges of the sequence (the fewest slices a tensor took, where more than one)
@@ -74,6 +75,15 @@ public:
     void wait();
     bool busy() const { return !pending_.empty(); }
 
+    // Restore ahead: start uploading a parked sequence's buffer to the device its cells came from,
+    // so that its restore only scatters on the device, with the transfer overlapping the decodes
+    // before it. One at a time (a new one replaces the old); false when there is no single device
+    // to upload to. The buffer must stay as it is until release(buf) or the restore.
+    bool prefetch(const uint8_t * buf, size_t n);
+    bool prefetched(const uint8_t * buf) const;
+    // everything that may still read or write buf is finished, and a prefetch of it dropped
+    void release(const uint8_t * buf);
+
     // pinned host memory for the devices the copies have seen (null: ordinary memory will do)
     ggml_backend_buffer_type_t host_buft() const { return host_buft_; }
 
@@ -83,7 +93,17 @@ private:
     bool run_group(ggml_backend_t backend, const llama_state_seq_slice * slices, const std::vector<const void *> & group,
                    uint8_t * buf, bool to_host, copy_report & report);
 
+    struct prefetch_state {
+        const uint8_t *       host    = nullptr;
+        size_t                n       = 0;
+        ggml_backend_t        backend = nullptr;
+        ggml_backend_buffer_t device  = nullptr;
+        uint8_t *             base    = nullptr;  // the device copy's address
+    };
+    void drop_prefetch();
+
     copy_route route_;
+    prefetch_state prefetch_;
     std::map<ggml_backend_dev_t, ggml_backend_t> backends_;
     std::vector<std::unique_ptr<copy_pending>> pending_;
     ggml_backend_buffer_type_t host_buft_ = nullptr;

@@ -17,6 +17,7 @@ struct preempt_counters {
     uint64_t n_resume_total            = 0;  // parked slots resumed
     uint64_t n_recompute_tokens_total  = 0;  // tokens re-prefilled after a park (decoded successfully)
     uint64_t n_swap_restore_fail_total = 0;  // SWAP restores that failed and fell back to RECOMPUTE
+    uint64_t n_restore_ahead_total     = 0;  // SWAP restores whose bytes were uploaded to the device ahead
     uint64_t n_fail_total              = 0;  // parked requests ended because they no longer fit the pool
     uint64_t parks_by_choice[N_PARK_CHOICES] = {};  // parks by why SWAP or RECOMPUTE was taken (park_choice)
     uint64_t n_swap_verify_total          = 0;  // LLAMA_SERVER_PREEMPT_VERIFY: swap parks compared with upstream's copy

@@ -32,7 +32,7 @@ enum class parked_from {
 struct host_buffer {
     uint8_t * data = nullptr;
     size_t    size = 0;  // bytes of state (the block may be larger)
-    std::shared_ptr<seq_copier> in_flight;  // the copier whose transfers may still write here
+    std::shared_ptr<seq_copier> in_flight;  // the copier whose transfers may still use it
 
     host_buffer() = default;
     host_buffer(const host_buffer &) = delete;
@@ -61,7 +61,7 @@ struct host_buffer {
 
     void reset() {
         if (in_flight) {
-            in_flight->wait();
+            in_flight->release(data);  // a transfer into it, or an upload from it, may still run
             in_flight.reset();
         }
         if (pool) {
@@ -118,6 +118,7 @@ struct slot_preempt_state {
     park_reason reason      = park_reason::pool_full;  // why it was parked
     park_choice choice      = park_choice::no_state;   // why by SWAP or by RECOMPUTE
     int32_t n_copy_ranges   = 0;      // SWAP: cell ranges the sequence's state was copied from
+    bool    restored_ahead  = false;  // SWAP: the last restore found its bytes uploaded ahead
     bool    copy_in_flight  = false;  // SWAP: the transfer to host RAM may still be running
     int64_t t_copy_hold_us  = 0;      // LLAMA_SERVER_PREEMPT_COPY_HOLD_MS: counts as in flight until then (tests)
     bool        held_by_api = false;  // parked through the API: the planner leaves it parked until unparked

@@ -80,6 +80,34 @@ def test_a_fragmented_sequence_parks_and_restores_exactly(start_server, stories_
 
 
 @pytest.mark.parametrize("flash", FLASH, ids=["fa-on", "fa-off"])
+def test_a_restore_uploaded_ahead_scatters_exactly(start_server, stories_model: Path, flash: str) -> None:
+    # parked slots stay parked 20 ms, so the next one to come back has its buffer uploaded to the
+    # device (here the CPU backend, through the device path) while others decode, and its restore
+    # scatters those bytes
+    prompts = ["Once upon a time", "The little dog", "A girl named Lily"]
+    ref_srv = start_server(stories_model, n_ctx=1024, n_parallel=3, preempt=False, extra_args=["-fa", flash])
+    refs = [complete(ref_srv, p, 48).json()["content"] for p in prompts]
+    srv = start_server(stories_model, n_ctx=1024, n_parallel=3, extra_args=["-fa", flash, "--preempt-mode", "swap"],
+                       env={**swap_env("graph"), "LLAMA_SERVER_PREEMPT_HOLD_MS": "20"})
+    got = [r.json()["content"] for r in complete_all(srv, prompts, 48)]
+    assert got == refs
+    m = srv.metrics()
+    assert m["n_swap_restore_ahead_total"] >= 1
+    assert m["n_swap_restore_ahead_total"] <= m["n_resume_total"] == m["n_preempt_total"]
+    assert_every_swap_verified(m)
+    assert "(uploaded ahead)" in srv.log_text()
+
+
+def test_nothing_is_uploaded_ahead_where_the_cells_live_in_host_memory(start_server, stories_model: Path) -> None:
+    srv = start_server(stories_model, n_ctx=1024, n_parallel=2, extra_args=["--preempt-mode", "swap"],
+                       env={**FORCED, "LLAMA_SERVER_PREEMPT_HOLD_MS": "20"})
+    complete_all(srv, ["Once upon a time", "The little dog"], 32)
+    m = srv.metrics()
+    assert m["n_preempt_swap_total"] >= 4
+    assert m["n_swap_restore_ahead_total"] == 0
+
+
+@pytest.mark.parametrize("flash", FLASH, ids=["fa-on", "fa-off"])
 def test_swap_parks_on_the_hybrid_mtp_model_copy_upstreams_bytes(
         start_server, qwen35_mtp_model: Path, flash: str) -> None:
     # recurrent state, attention cells and the MTP context: all through the bulk copy
