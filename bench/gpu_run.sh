@@ -22,6 +22,12 @@ pip install -q "$src"
 python -m llama_preempt.testmodel "$work/llama-1b.gguf" --shape llama-3.2-1b --f16 --n-ctx-train 16384
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$out/gpu.txt" || true
 cd "$src"
+# The SWAP tests with every layer on the GPU: the device copy path (gather/scatter graphs, async
+# transfers, restore ahead), byte-verified against upstream's serializer (needs pytest and the test model)
+if python -c "import pytest" 2>/dev/null; then
+    LLAMA_PREEMPT_TEST_GPU_LAYERS=99 python -m pytest -q tests/test_swap_copy.py tests/test_swap.py \
+        > "$out/gpu_swap_tests.txt" 2>&1 || true
+fi
 # SWAP bandwidth first (short): parks and restores against pinned device<->host transfers, fa on and off
 python bench/swap_bandwidth.py --model "$work/llama-1b.gguf" --gpu-layers 99 --threads "$(nproc)" --out "$out" \
     --name swap_bandwidth_gpu --ctx 16384 --prompt-words 400 1200 2400 3600

@@ -78,7 +78,13 @@ def start_server(tmp_path: Path) -> Iterator[ServerFactory]:
     """
     started: list[LlamaServer] = []
 
+    # LLAMA_PREEMPT_TEST_GPU_LAYERS=N offloads every test server (-ngl N): on a GPU build this runs
+    # the SWAP tests through the device copy path (CI has no GPU and leaves it unset)
+    ngl = os.environ.get("LLAMA_PREEMPT_TEST_GPU_LAYERS")
+
     def start(model: Path, **kw: object) -> LlamaServer:
+        if ngl:
+            kw["extra_args"] = ["-ngl", ngl, *kw.get("extra_args", [])]  # type: ignore[misc]
         cfg = ServerConfig(model=model, **kw)  # type: ignore[arg-type]
         srv = LlamaServer(cfg, log_dir=tmp_path)
         started.append(srv)
