@@ -57,6 +57,16 @@ def test_demo_shows_the_loss_without_preemption_and_every_chat_finishing_with_it
     assert ours["peak_ram_bytes"] > 0 or engine == "server"  # sampled over HTTP, exact in process
 
 
+@pytest.mark.parametrize("engine", ["engine", "server"])
+def test_demo_preempt_mode_recompute_parks_every_chat_by_recompute(stories_model: Path, engine: str) -> None:
+    p = cli(*DEMO, "--model", str(stories_model), "--engine", engine, "--preempt-mode", "recompute", "--json")
+    assert p.returncode == 0, p.stderr
+    out = json.loads(p.stdout)
+    assert out["config"]["preempt_mode"] == "recompute"
+    ours = out["runs"][1]
+    assert ours["completed"] == 4 and ours["parks_recompute"] >= 1 and ours["parks_swap"] == 0
+
+
 def test_the_demo_summary_says_what_was_lost_and_saved(stories_model: Path) -> None:
     p = cli(*DEMO, "--model", str(stories_model), "--preempt-ram", "0")
     assert p.returncode == 0, p.stderr

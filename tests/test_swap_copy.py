@@ -209,6 +209,7 @@ def test_an_invalid_preempt_mode_is_a_startup_error_naming_the_flag(start_server
 def test_preempt_mode_comes_from_the_environment(start_server, stories_model: Path) -> None:
     srv = start_server(stories_model, n_ctx=256, n_parallel=2, env={"LLAMA_ARG_PREEMPT_MODE": "recompute"})
     assert "RECOMPUTE only (--preempt-mode recompute)" in srv.log_text()
+    assert requests.get(f"{srv.url}/props", timeout=30).json()["llama_preempt"]["preempt_mode"] == "recompute"
 
 
 def test_freed_swap_buffers_stay_warm_for_the_next_park_within_a_quarter_of_the_budget(

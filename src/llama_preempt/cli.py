@@ -92,7 +92,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
     if args.preempt_ram < -1:
         raise CLIError(f"--preempt-ram expects -1 (no limit), 0 (always recompute) or a size in MiB, got {args.preempt_ram}")
     cfg = DemoConfig(model=choice.path, n_ctx=args.ctx, n_parallel=args.parallel, n_chats=args.chats,
-                     n_tokens=args.tokens, preempt_ram_mib=args.preempt_ram, engine=args.engine,
+                     n_tokens=args.tokens, preempt_ram_mib=args.preempt_ram, preempt_mode=args.preempt_mode,
+                     engine=args.engine,
                      threads=args.threads, verbose=args.verbose)
 
     out = _console()
@@ -113,7 +114,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({"model": {"path": str(choice.path), "name": choice.name, "source": choice.how},
                           "config": {"ctx": cfg.n_ctx, "parallel": cfg.n_parallel, "chats": cfg.n_chats,
-                                     "tokens": cfg.n_tokens, "preempt_ram_mib": cfg.preempt_ram_mib, "engine": cfg.engine},
+                                     "tokens": cfg.n_tokens, "preempt_ram_mib": cfg.preempt_ram_mib,
+                                     "preempt_mode": cfg.preempt_mode, "engine": cfg.engine},
                           "runs": [r.to_json() for r in runs]}, indent=2))
         return 0
     out.print(_summary_table(runs))
@@ -252,6 +254,8 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--chats", type=int, default=4, help="concurrent chats (default 4)")
     d.add_argument("--tokens", type=int, default=400, help="tokens each chat generates (default 400)")
     d.add_argument("--preempt-ram", type=int, default=8192, help="MiB parked slots may hold (-1 no limit, 0 recompute only)")
+    d.add_argument("--preempt-mode", choices=("auto", "swap", "recompute"), default="auto",
+                   help="SWAP or RECOMPUTE per victim: auto (the cheaper by measured cost), swap, recompute (default auto)")
     d.add_argument("--engine", choices=("engine", "server"), default="engine",
                    help="engine: the in-process Engine (default); server: the drop-in llama-server over HTTP")
     d.add_argument("--threads", type=int, default=None, help="CPU threads (default: llama.cpp's choice)")

@@ -31,6 +31,7 @@ class DemoConfig:
     n_chats: int = 4
     n_tokens: int = 400
     preempt_ram_mib: int = 8192
+    preempt_mode: str = "auto"    # SWAP or RECOMPUTE per victim: auto (by measured cost), swap, recompute
     engine: str = "engine"        # "engine" (in process) or "server" (the drop-in binary over HTTP)
     threads: int | None = None
     seed: int = 1234
@@ -159,7 +160,7 @@ def _run_engine(cfg: DemoConfig, preempt: bool, label: str, chats: list[ChatStat
 
     args = [] if cfg.verbose else ["--log-disable"]
     with Engine(cfg.model, args, n_ctx=cfg.n_ctx, n_parallel=cfg.n_parallel, kv_unified=True, preempt=preempt,
-                preempt_ram_mib=cfg.preempt_ram_mib, n_threads=cfg.threads, seed=cfg.seed, verbose=cfg.verbose) as eng:
+                preempt_ram_mib=cfg.preempt_ram_mib, preempt_mode=cfg.preempt_mode, n_threads=cfg.threads, seed=cfg.seed, verbose=cfg.verbose) as eng:
         bodies = _bodies(cfg)
         check_config(cfg, (len(eng.tokenize(eng.request("POST", "/apply-template", {"messages": b["messages"]})["prompt"]))
                            for b in bodies))
@@ -218,7 +219,8 @@ def _run_server(cfg: DemoConfig, preempt: bool, label: str, chats: list[ChatStat
     from .stats import SlotStats
 
     sc = ServerConfig(model=cfg.model, n_ctx=cfg.n_ctx, n_parallel=cfg.n_parallel, kv_unified=True, preempt=preempt,
-                      extra_args=["--preempt-ram", str(cfg.preempt_ram_mib)], seed=cfg.seed, threads=cfg.threads)
+                      extra_args=["--preempt-ram", str(cfg.preempt_ram_mib), "--preempt-mode", cfg.preempt_mode],
+                      seed=cfg.seed, threads=cfg.threads)
     with LlamaServer(sc) as srv:
         bodies = _bodies(cfg)
         check_config(cfg, (len(srv.post("/tokenize", {"content": srv.post("/apply-template", {"messages": b["messages"]})

@@ -303,11 +303,12 @@ class Engine:
     def __init__(self, model: str | os.PathLike[str], args: Sequence[str] = (), *,
                  n_ctx: int | None = None, n_parallel: int | None = None, kv_unified: bool | None = None,
                  preempt: bool | None = None, preempt_ram_mib: int | None = None,
-                 n_threads: int | None = None, n_gpu_layers: int | None = None, seed: int | None = None,
+                 preempt_mode: str | None = None, n_threads: int | None = None, n_gpu_layers: int | None = None, seed: int | None = None,
                  n_batch: int | None = None, metrics: bool = True, slots: bool = True,
                  verbose: bool = False) -> None:
         argv = ["-m", os.fspath(model)]
         for flag, value in (("-c", n_ctx), ("-np", n_parallel), ("--preempt-ram", preempt_ram_mib),
+                            ("--preempt-mode", preempt_mode),
                             ("-t", n_threads), ("-ngl", n_gpu_layers), ("--seed", seed), ("-b", n_batch)):
             if value is not None:
                 argv += [flag, str(value)]
