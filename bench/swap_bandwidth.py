@@ -176,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
           "", *md_table(headers, table_rows), "", f"Command: `{command}` ({elapsed:.0f} s)."]
     write_results(args.name, {"model": display_path(args.model), "links": links, "yardstick": yardstick,
                               "park_ref_gbps": park_ref, "restore_ref_gbps": restore_ref,
-                              "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+                              "args": {k: (display_path(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
                               "summary": rows, "cells": cells, "elapsed_s": elapsed}, md, args.out)
     console.print(f"wrote {args.out / (args.name + '.md')}")
     return 0
