@@ -365,18 +365,22 @@ void seq_copier::wait() {
     pending_.clear();
 }
 
+bool seq_copier::can_prefetch() const {
+    // one device the copies went through (several: restore as usual); with the bulk route that is
+    // never the CPU, whose tensors are copied by memcpy
+    return route_ != copy_route::per_slice && backends_.size() == 1 && backends_.begin()->second != nullptr &&
+           !(route_ == copy_route::bulk && ggml_backend_dev_type(backends_.begin()->first) == GGML_BACKEND_DEVICE_TYPE_CPU);
+}
+
 bool seq_copier::prefetch(const uint8_t * buf, size_t n) {
     if (prefetch_.host == buf && prefetch_.n == n) {
         return true;
     }
     drop_prefetch();
-    if (route_ == copy_route::per_slice || backends_.size() != 1 || n == 0) {
-        return false;  // nothing to upload to, or more than one device: restore as usual
-    }
-    ggml_backend_t backend = backends_.begin()->second;
-    if (backend == nullptr || (route_ == copy_route::bulk && ggml_backend_dev_type(backends_.begin()->first) == GGML_BACKEND_DEVICE_TYPE_CPU)) {
+    if (!can_prefetch() || n == 0) {
         return false;
     }
+    ggml_backend_t backend = backends_.begin()->second;
     ggml_backend_buffer_t device = ggml_backend_buft_alloc_buffer(ggml_backend_get_default_buffer_type(backend), n);
     if (device == nullptr) {
         return false;

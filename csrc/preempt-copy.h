@@ -19,6 +19,7 @@
 #include "ggml-backend.h"
 #include "llama.h"
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <map>
@@ -45,10 +46,26 @@ struct copy_report {
     size_t  n_fallback = 0;  // slices copied one at a time (a tensor the graphs do not cover)
     bool    prefetched = false;  // a restore that found its bytes already on the device
     size_t  n_bytes    = 0;
-    size_t  n_ranges   = 0;
-    int64_t t_copy_us  = 0;  // time spent copying (inside the serializer's callback)  // cell ranges of the sequence (the fewest slices a tensor took, where more than one)
+    size_t  n_ranges   = 0;  // cell ranges of the sequence (the fewest slices a tensor took, where more than one)
+    int64_t t_copy_us  = 0;  // time spent copying (inside the serializer's callback)
     const char * why_fallback = nullptr;  // why some slices were copied one at a time
     bool    in_flight  = false;  // transfers to host RAM still running (wait() before reading the buffer)
+
+    // the report of two copies (a target and a draft context) as one
+    void merge(const copy_report & o) {
+        n_slices   += o.n_slices;
+        n_memcpy   += o.n_memcpy;
+        n_gathered += o.n_gathered;
+        n_fallback += o.n_fallback;
+        n_bytes    += o.n_bytes;
+        t_copy_us  += o.t_copy_us;
+        n_ranges    = std::max(n_ranges, o.n_ranges);
+        prefetched |= o.prefetched;
+        in_flight  |= o.in_flight;
+        if (why_fallback == nullptr) {
+            why_fallback = o.why_fallback;
+        }
+    }
 };
 
 // a pending gather: what must live until its transfers to host RAM finish
@@ -73,13 +90,13 @@ public:
 
     // finish every transfer in flight and free its staging memory
     void wait();
-    bool busy() const { return !pending_.empty(); }
 
     // Restore ahead: start uploading a parked sequence's buffer to the device its cells came from,
     // so that its restore only scatters on the device, with the transfer overlapping the decodes
     // before it. One at a time (a new one replaces the old); false when there is no single device
     // to upload to. The buffer must stay as it is until release(buf) or the restore.
     bool prefetch(const uint8_t * buf, size_t n);
+    bool can_prefetch() const;  // a device to upload to (none where every copy is a host memcpy)
     bool prefetched(const uint8_t * buf) const;
     // everything that may still read or write buf is finished, and a prefetch of it dropped
     void release(const uint8_t * buf);
@@ -139,7 +156,6 @@ public:
     void give(host_block && b);
 
     size_t bytes_kept() const { return kept_bytes_; }
-    size_t cap() const { return cap_; }
 
 private:
     size_t cap_;

@@ -27,12 +27,12 @@ enum class parked_from {
 // host RAM for one context's sequence state: a block from the server's host_pool (warm memory when
 // one was freed before; pinned when a device backend offers it), left uninitialised (the copy fills
 // it) and allocated without throwing, so a large swap neither zero-fills gigabytes on the main
-// loop nor aborts. While a transfer into it may still be running (`in_flight`), freeing it first
-// waits for that copier.
+// loop nor aborts. It is freed through the copier that fills it (`copier`): a transfer into it, or
+// an upload from it ahead of its restore, may still be running then.
 struct host_buffer {
     uint8_t * data = nullptr;
     size_t    size = 0;  // bytes of state (the block may be larger)
-    std::shared_ptr<seq_copier> in_flight;  // the copier whose transfers may still use it
+    std::shared_ptr<seq_copier> copier;  // the copier whose transfers may still use it
 
     host_buffer() = default;
     host_buffer(const host_buffer &) = delete;
@@ -60,9 +60,9 @@ struct host_buffer {
     }
 
     void reset() {
-        if (in_flight) {
-            in_flight->release(data);  // a transfer into it, or an upload from it, may still run
-            in_flight.reset();
+        if (copier) {
+            copier->release(data);  // a transfer into it, or an upload from it, may still run
+            copier.reset();
         }
         if (pool) {
             pool->give(std::move(block));
@@ -79,7 +79,7 @@ private:
     void take(host_buffer & o) {
         block     = std::move(o.block);
         pool      = std::move(o.pool);
-        in_flight = std::move(o.in_flight);
+        copier    = std::move(o.copier);
         data = o.data;
         size = o.size;
         o.data = nullptr;
@@ -118,7 +118,6 @@ struct slot_preempt_state {
     park_reason reason      = park_reason::pool_full;  // why it was parked
     park_choice choice      = park_choice::no_state;   // why by SWAP or by RECOMPUTE
     int32_t n_copy_ranges   = 0;      // SWAP: cell ranges the sequence's state was copied from
-    bool    restored_ahead  = false;  // SWAP: the last restore found its bytes uploaded ahead
     bool    copy_in_flight  = false;  // SWAP: the transfer to host RAM may still be running
     int64_t t_copy_hold_us  = 0;      // LLAMA_SERVER_PREEMPT_COPY_HOLD_MS: counts as in flight until then (tests)
     bool        held_by_api = false;  // parked through the API: the planner leaves it parked until unparked

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from . import __version__
+from .stats import PREEMPT_MODES
 
 
 class CLIError(Exception):
@@ -254,7 +255,7 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--chats", type=int, default=4, help="concurrent chats (default 4)")
     d.add_argument("--tokens", type=int, default=400, help="tokens each chat generates (default 400)")
     d.add_argument("--preempt-ram", type=int, default=8192, help="MiB parked slots may hold (-1 no limit, 0 recompute only)")
-    d.add_argument("--preempt-mode", choices=("auto", "swap", "recompute"), default="auto",
+    d.add_argument("--preempt-mode", choices=PREEMPT_MODES, default="auto",
                    help="SWAP or RECOMPUTE per victim: auto (the cheaper by measured cost), swap, recompute (default auto)")
     d.add_argument("--engine", choices=("engine", "server"), default="engine",
                    help="engine: the in-process Engine (default); server: the drop-in llama-server over HTTP")
@@ -284,7 +285,7 @@ def build_parser() -> argparse.ArgumentParser:
     srv.add_argument("--parallel", type=int, default=4, help="slots (-np; default 4)")
     srv.add_argument("--batch", type=int, default=512, help="n_batch (-b; default 512)")
     srv.add_argument("--preempt-ram", type=int, default=8192, help="MiB (-1 no limit, 0 recompute only; default 8192)")
-    srv.add_argument("--preempt-mode", choices=("auto", "swap", "recompute"), default="auto",
+    srv.add_argument("--preempt-mode", choices=PREEMPT_MODES, default="auto",
                      help="SWAP or RECOMPUTE per victim: auto (the cheaper by the costs), swap, recompute (default auto)")
     srv.add_argument("--no-preempt", action="store_true", help="upstream's behaviour: a full pool fails every running request")
     srv.add_argument("--sweep", action="append", metavar="KEY=V,V,...",

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 from . import _core
+from .stats import PREEMPT_MODES
 
 
 class WorkloadError(ValueError):
@@ -188,7 +189,7 @@ def simulate(workload: Workload, *, n_ctx: int, n_parallel: int, n_batch: int = 
         raise WorkloadError("--batch must be at least 1")
     if preempt_ram_mib < -1:
         raise WorkloadError("--preempt-ram expects -1 (no limit), 0 (always recompute) or a size in MiB")
-    if preempt_mode not in ("auto", "swap", "recompute"):
+    if preempt_mode not in PREEMPT_MODES:
         raise WorkloadError(f"--preempt-mode expects auto, swap or recompute, got {preempt_mode!r}")
     p = _core.SimParams()
     p.mode = preempt_mode

@@ -19,22 +19,8 @@ COUNTERS = (
     "n_preempt_fail_total",
 )
 GAUGES = ("requests_preempted", "preempt_ram_bytes")
-# the rates SWAP-or-RECOMPUTE is chosen with (moving averages of what the server measured)
-RATES = (
-    "preempt_park_bytes_per_second",
-    "preempt_restore_bytes_per_second",
-    "preempt_prefill_tokens_per_second",
-)
-# why a park took SWAP or RECOMPUTE: the labels of llamacpp:preempt_parks_by_choice_total
-PARK_CHOICES = (
-    "swap_cheaper",
-    "recompute_cheaper",
-    "swap_mode",
-    "recompute_mode",
-    "over_budget",
-    "no_state",
-    "swap_failed",
-)
+# --preempt-mode: how a victim is parked (auto: the cheaper of SWAP and RECOMPUTE by measured cost)
+PREEMPT_MODES = ("auto", "swap", "recompute")
 
 
 @dataclass(frozen=True)
@@ -54,7 +40,7 @@ class SlotStats:
     t_preempted_ms: float    # time its request spent parked
     id_cmpl: str | None = None  # the "id" of its request's OpenAI-style responses
     priority: int = 0           # its request's priority
-    preempt_choice: str | None = None  # while parked: why by SWAP or RECOMPUTE (a PARK_CHOICES name)
+    preempt_choice: str | None = None  # while parked: why by SWAP or RECOMPUTE (a `choice` label of /metrics)
     preempt_copy_in_flight: bool = False  # while parked by SWAP: its copy to host RAM may still run
 
     @classmethod
@@ -104,7 +90,7 @@ class PreemptStats:
     park_bytes_per_second: float = 0.0     # the rates SWAP or RECOMPUTE is chosen with now
     restore_bytes_per_second: float = 0.0
     prefill_tokens_per_second: float = 0.0
-    parks_by_choice: Mapping[str, int] = field(default_factory=dict)  # PARK_CHOICES name -> parks
+    parks_by_choice: Mapping[str, int] = field(default_factory=dict)  # preempt_parks_by_choice_total: label -> parks
 
     @classmethod
     def from_series(cls, values: Mapping[str, float], slots: list[Mapping[str, Any]],
