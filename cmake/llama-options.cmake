@@ -20,3 +20,7 @@ set(LLAMA_FATAL_WARNINGS   OFF CACHE BOOL "" FORCE)
 set(LLAMA_BUILD_COMMIT "0c1e570")
 set(LLAMA_BUILD_NUMBER 0)
 
+
+# llama.cpp's RPC backend (--rpc HOST:PORT, and its rpc-server tool): a full device backend that
+# also runs without a GPU, and upstream's way to split one model over several machines.
+set(GGML_RPC               ON  CACHE BOOL "" FORCE)

@@ -325,6 +325,28 @@ ggml_tensor * build_run(ggml_context * ctx, const llama_state_seq_slice * s, con
     return ggml_set_rows(ctx, dst, in, make_idx(rows));
 }
 
+// every op of a run's graph runs on the backend (a backend that lacks one copies that run slice by
+// slice; the other runs still go through the device)
+bool run_supported(ggml_backend_t backend, ggml_tensor * t, std::vector<ggml_tensor *> & seen) {
+    if (t == nullptr || std::find(seen.begin(), seen.end(), t) != seen.end()) {
+        return true;
+    }
+    seen.push_back(t);
+    for (ggml_tensor * src : t->src) {
+        if (!run_supported(backend, src, seen)) {
+            return false;
+        }
+    }
+    return t->op == GGML_OP_NONE || ggml_backend_supports_op(backend, t);
+}
+
+// what the device can do, from its caps: a backend without them still copies, synchronously
+ggml_backend_dev_caps device_caps(ggml_backend_t backend) {
+    ggml_backend_dev_props props;
+    ggml_backend_dev_get_props(ggml_backend_get_device(backend), &props);
+    return props.caps;
+}
+
 } // namespace
 
 seq_copier::seq_copier(copy_route route) : route_(route) {}
@@ -365,54 +387,12 @@ void seq_copier::wait() {
     pending_.clear();
 }
 
-bool seq_copier::can_prefetch() const {
-    // one device the copies went through (several: restore as usual); with the bulk route that is
-    // never the CPU, whose tensors are copied by memcpy
-    return route_ != copy_route::per_slice && backends_.size() == 1 && backends_.begin()->second != nullptr &&
-           !(route_ == copy_route::bulk && ggml_backend_dev_type(backends_.begin()->first) == GGML_BACKEND_DEVICE_TYPE_CPU);
-}
-
-bool seq_copier::prefetch(const uint8_t * buf, size_t n) {
-    if (prefetch_.host == buf && prefetch_.n == n) {
-        return true;
-    }
-    drop_prefetch();
-    if (!can_prefetch() || n == 0) {
-        return false;
-    }
-    ggml_backend_t backend = backends_.begin()->second;
-    ggml_backend_buffer_t device = ggml_backend_buft_alloc_buffer(ggml_backend_get_default_buffer_type(backend), n);
-    if (device == nullptr) {
-        return false;
-    }
-    ggml_init_params params = { ggml_tensor_overhead(), nullptr, true };
-    ggml_context * ctx = ggml_init(params);
-    ggml_tensor * t = ggml_new_tensor_1d(ctx, GGML_TYPE_I8, (int64_t) n);
-    t->buffer = device;
-    t->data   = ggml_backend_buffer_get_base(device);
-    ggml_backend_tensor_set_async(backend, t, buf, 0, n);  // on the copier's stream: before any scatter
-    ggml_free(ctx);
-    prefetch_ = { buf, n, backend, device, (uint8_t *) ggml_backend_buffer_get_base(device) };
-    return true;
-}
-
-bool seq_copier::prefetched(const uint8_t * buf) const {
-    return buf != nullptr && prefetch_.host == buf;
-}
-
-void seq_copier::drop_prefetch() {
-    if (prefetch_.device) {
-        ggml_backend_synchronize(prefetch_.backend);  // the upload may still read the host buffer
-        ggml_backend_buffer_free(prefetch_.device);
-    }
-    prefetch_ = {};
-}
-
 void seq_copier::release(const uint8_t * buf) {
     wait();
     if (prefetched(buf)) {
         drop_prefetch();
     }
+    placements_.erase(buf);
 }
 
 // one device: a graph moves every covered run, then one transfer per run to host RAM
@@ -433,31 +413,41 @@ bool seq_copier::run_group(ggml_backend_t backend, const llama_state_seq_slice *
     }
     ggml_cgraph * gf = ggml_new_graph_custom(p->ctx, n_max, false);
 
-    std::vector<std::pair<ggml_tensor *, const slice_run *>> moved;  // the staging tensor of each run
-    std::vector<const slice_run *> left;                             // runs the graphs do not cover
-    // a restore whose bytes were uploaded ahead reads them where they are
-    const bool ahead = !to_host && prefetch_.host == buf && prefetch_.backend == backend;
+    struct moved_run {
+        ggml_tensor *     staging;  // the gather's output, or the scatter's input
+        const slice_run * run;
+        bool              ahead;    // a scatter input already on the device (restore ahead)
+    };
+    std::vector<moved_run> moved;
+    std::vector<const slice_run *> left;  // runs the graphs do not cover
+    std::vector<ggml_tensor *> seen;
     for (const void * g : group) {
         const auto * r = (const slice_run *) g;
         ggml_tensor * staging = nullptr;
         ggml_tensor * node = build_run(p->ctx, s, *r, to_host, p->idx, &staging);
-        if (node != nullptr && ahead) {
-            staging->data   = prefetch_.base + r->pos;
-            staging->buffer = prefetch_.device;
-        }
         if (node == nullptr) {
             report.why_fallback = "a layout the gather does not cover";
             left.push_back(r);
             continue;
         }
-        ggml_build_forward_expand(gf, node);
-        moved.emplace_back(to_host ? node : staging, r);
-    }
-    for (int i = 0; i < ggml_graph_n_nodes(gf); ++i) {
-        if (!ggml_backend_supports_op(backend, ggml_graph_node(gf, i))) {
+        seen.clear();
+        if (!run_supported(backend, node, seen)) {
             report.why_fallback = "an op the device does not support";
-            return false;
+            left.push_back(r);
+            continue;
         }
+        bool ahead = false;
+        if (!to_host && prefetch_.host == buf) {
+            // a restore whose bytes were uploaded ahead reads them where they are
+            ggml_backend_buffer_t device = nullptr;
+            if (uint8_t * at = prefetched_at(backend, r->pos, r->bytes, &device)) {
+                staging->data   = at;
+                staging->buffer = device;
+                ahead = true;
+            }
+        }
+        ggml_build_forward_expand(gf, node);
+        moved.push_back({ to_host ? node : staging, r, ahead });
     }
 
     if (!moved.empty()) {
@@ -469,12 +459,12 @@ bool seq_copier::run_group(ggml_backend_t backend, const llama_state_seq_slice *
         for (auto & [t, v] : p->idx) {
             ggml_backend_tensor_set_async(backend, t, v.data(), 0, v.size() * sizeof(int32_t));
         }
-        if (!to_host && !ahead) {
-            for (auto & [t, r] : moved) {
-                ggml_backend_tensor_set_async(backend, t, buf + r->pos, 0, r->bytes);
+        for (const auto & m : moved) {
+            if (!to_host && !m.ahead) {
+                ggml_backend_tensor_set_async(backend, m.staging, buf + m.run->pos, 0, m.run->bytes);
             }
+            report.prefetched |= m.ahead;
         }
-        report.prefetched |= ahead;
         if (ggml_backend_graph_compute_async(backend, gf) != GGML_STATUS_SUCCESS) {
             ggml_backend_synchronize(backend);
             report.why_fallback = "the device graph failed";
@@ -493,14 +483,23 @@ bool seq_copier::run_group(ggml_backend_t backend, const llama_state_seq_slice *
         return true;
     }
 
+    // where this device's bytes sit in the buffer, for restore ahead
+    auto & where = placements_[buf];
+    for (const auto & m : moved) {
+        where.push_back({ backend, m.run->pos, m.run->bytes });
+    }
+
     // A park: the gather must have read the cells before the caller frees them, but the transfers
     // to host RAM can run on while the next decode computes. An event marks the end of the gather.
-    ggml_backend_event_t gathered = ggml_backend_event_new(ggml_backend_get_device(backend));
+    // A device without events or asynchronous copies is waited for here (RPC has both, and runs
+    // every command of one connection in order).
+    const ggml_backend_dev_caps caps = device_caps(backend);
+    ggml_backend_event_t gathered = caps.events && caps.async ? ggml_backend_event_new(ggml_backend_get_device(backend)) : nullptr;
     if (gathered) {
         ggml_backend_event_record(gathered, backend);
     }
-    for (auto & [t, r] : moved) {
-        ggml_backend_tensor_get_async(backend, t, buf + r->pos, 0, r->bytes);
+    for (const auto & m : moved) {
+        ggml_backend_tensor_get_async(backend, m.staging, buf + m.run->pos, 0, m.run->bytes);
     }
     if (gathered) {
         ggml_backend_event_synchronize(gathered);
@@ -558,154 +557,6 @@ bool seq_copier::gather(const llama_state_seq_slice * slices, size_t n, uint8_t 
 
 bool seq_copier::scatter(const llama_state_seq_slice * slices, size_t n, const uint8_t * buf, copy_report & report) {
     return copy(slices, n, const_cast<uint8_t *>(buf), false, report);
-}
-
-void host_block::free_delete::operator()(uint8_t * p) const {
-    free(p);
-}
-
-// Ordinary memory for a swap buffer, without throwing. Fresh memory costs the kernel's page
-// faults and zeroing on first touch (about 3 GB/s on the project's machine); the pool's warm blocks
-// are what make parks fast. Tried and dropped: transparent huge pages (with the usual
-// defrag=madvise a huge-page fault may compact memory on the spot: a first park got 10x slower)
-// and MAP_POPULATE (the same zeroing, paid at allocation: no faster).
-static uint8_t * alloc_host(size_t n) {
-    void * p = nullptr;
-    return posix_memalign(&p, 64, n) == 0 ? (uint8_t *) p : nullptr;
-}
-
-host_block & host_block::operator=(host_block && o) noexcept {
-    if (this != &o) {
-        release();
-        heap     = std::move(o.heap);
-        pinned   = o.pinned;
-        data     = o.data;
-        capacity = o.capacity;
-        o.pinned   = nullptr;
-        o.data     = nullptr;
-        o.capacity = 0;
-    }
-    return *this;
-}
-
-void host_block::release() {
-    heap.reset();
-    if (pinned) {
-        ggml_backend_buffer_free(pinned);
-        pinned = nullptr;
-    }
-    data     = nullptr;
-    capacity = 0;
-}
-
-host_block host_pool::take(size_t n, ggml_backend_buffer_type_t pinned_buft) {
-    // the smallest kept block that fits, of the same kind, and not much larger than asked
-    size_t best = kept_.size();
-    for (size_t i = 0; i < kept_.size(); ++i) {
-        const auto & b = kept_[i];
-        if ((b.pinned != nullptr) == (pinned_buft != nullptr) && b.capacity >= n && b.capacity <= 2 * n + (1 << 20) &&
-            (best == kept_.size() || b.capacity < kept_[best].capacity)) {
-            best = i;
-        }
-    }
-    if (best < kept_.size()) {
-        host_block b = std::move(kept_[best]);
-        kept_.erase(kept_.begin() + best);
-        kept_bytes_ -= b.capacity;
-        return b;
-    }
-    // a new block, with room to grow: a sequence parked again is usually a little longer
-    const size_t capacity = n + n / 4;
-    host_block b;
-    if (pinned_buft) {
-        b.pinned = ggml_backend_buft_alloc_buffer(pinned_buft, capacity);
-        b.data   = b.pinned ? (uint8_t *) ggml_backend_buffer_get_base(b.pinned) : nullptr;
-    }
-    if (b.data == nullptr) {
-        b.heap.reset(alloc_host(capacity));
-        b.data = b.heap.get();
-    }
-    b.capacity = b.data ? capacity : 0;
-    return b;
-}
-
-void host_pool::give(host_block && b) {
-    if (b.data == nullptr) {
-        return;
-    }
-    // make room by dropping the oldest kept blocks; a block larger than the cap is not kept
-    while (!kept_.empty() && kept_bytes_ + b.capacity > cap_) {
-        kept_bytes_ -= kept_.front().capacity;
-        kept_.erase(kept_.begin());
-    }
-    if (b.capacity <= cap_) {
-        kept_bytes_ += b.capacity;
-        kept_.push_back(std::move(b));
-    }
-}
-
-std::vector<link_speed> measure_link_speeds(size_t n_bytes, int n_reps) {
-    using clock = std::chrono::steady_clock;
-    std::vector<link_speed> out;
-    auto best_gbps = [&](auto && copy) {
-        double best = 0;
-        for (int i = 0; i < std::max(1, n_reps); ++i) {
-            const auto t0 = clock::now();
-            copy();
-            const double s = std::chrono::duration<double>(clock::now() - t0).count();
-            best = std::max(best, s > 0 ? n_bytes / s / 1e9 : 0.0);
-        }
-        return best;
-    };
-
-    {
-        std::vector<uint8_t> a(n_bytes, 1), b(n_bytes, 2);  // touched: no page faults in the timing
-        out.push_back({ "host", "memcpy", best_gbps([&] { memcpy(b.data(), a.data(), n_bytes); }), false });
-    }
-
-    for (size_t i = 0; i < ggml_backend_dev_count(); ++i) {
-        ggml_backend_dev_t dev = ggml_backend_dev_get(i);
-        if (ggml_backend_dev_type(dev) == GGML_BACKEND_DEVICE_TYPE_CPU) {
-            continue;
-        }
-        ggml_backend_t backend = ggml_backend_dev_init(dev, nullptr);
-        ggml_backend_buffer_t dbuf = backend ? ggml_backend_buft_alloc_buffer(ggml_backend_dev_buffer_type(dev), n_bytes) : nullptr;
-        ggml_backend_buffer_type_t host_buft = ggml_backend_dev_host_buffer_type(dev);
-        ggml_backend_buffer_t hbuf = host_buft ? ggml_backend_buft_alloc_buffer(host_buft, n_bytes) : nullptr;
-        std::vector<uint8_t> plain;
-        uint8_t * host = hbuf ? (uint8_t *) ggml_backend_buffer_get_base(hbuf) : nullptr;
-        if (host == nullptr) {
-            plain.assign(n_bytes, 1);
-            host = plain.data();
-        }
-        if (dbuf) {
-            ggml_init_params params = { ggml_tensor_overhead(), nullptr, true };
-            ggml_context * ctx = ggml_init(params);
-            ggml_tensor * t = ggml_new_tensor_1d(ctx, GGML_TYPE_I8, (int64_t) n_bytes);
-            t->buffer = dbuf;
-            t->data   = ggml_backend_buffer_get_base(dbuf);
-            memset(host, 3, n_bytes);
-            ggml_backend_tensor_set(t, host, 0, n_bytes);  // warm up
-            const std::string name = ggml_backend_dev_name(dev);
-            out.push_back({ name, "device_to_host", best_gbps([&] {
-                ggml_backend_tensor_get_async(backend, t, host, 0, n_bytes);
-                ggml_backend_synchronize(backend);
-            }), hbuf != nullptr });
-            out.push_back({ name, "host_to_device", best_gbps([&] {
-                ggml_backend_tensor_set_async(backend, t, host, 0, n_bytes);
-                ggml_backend_synchronize(backend);
-            }), hbuf != nullptr });
-            ggml_free(ctx);
-            ggml_backend_buffer_free(dbuf);
-        }
-        if (hbuf) {
-            ggml_backend_buffer_free(hbuf);
-        }
-        if (backend) {
-            ggml_backend_free(backend);
-        }
-    }
-    return out;
 }
 
 bool copy_slices_fn(const llama_state_seq_slice * slices, size_t n_slices, void * user_data) {

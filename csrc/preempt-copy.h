@@ -51,6 +51,15 @@ struct copy_report {
     const char * why_fallback = nullptr;  // why some slices were copied one at a time
     bool    in_flight  = false;  // transfers to host RAM still running (wait() before reading the buffer)
 
+    // how the bytes moved, for the park's log line
+    const char * how() const {
+        static const char * names[8] = {
+            "nothing", "memcpy", "device graphs", "device graphs and memcpy", "single slices",
+            "memcpy and single slices", "device graphs and single slices", "device graphs, memcpy and single slices",
+        };
+        return names[(n_memcpy > 0 ? 1 : 0) | (n_gathered > 0 ? 2 : 0) | (n_fallback > 0 ? 4 : 0)];
+    }
+
     // the report of two copies (a target and a draft context) as one
     void merge(const copy_report & o) {
         n_slices   += o.n_slices;
@@ -91,14 +100,16 @@ public:
     // finish every transfer in flight and free its staging memory
     void wait();
 
-    // Restore ahead: start uploading a parked sequence's buffer to the device its cells came from,
-    // so that its restore only scatters on the device, with the transfer overlapping the decodes
-    // before it. One at a time (a new one replaces the old); false when there is no single device
-    // to upload to. The buffer must stay as it is until release(buf) or the restore.
+    // Restore ahead: start uploading a parked sequence's buffer to the devices its cells came from
+    // (each device gets the bytes of its own tensors, as the park's gathers placed them), so that its
+    // restore only scatters on the devices, with the transfers overlapping the decodes before it.
+    // One buffer at a time (a new one replaces the old); false when no part of it came through a
+    // device. The buffer must stay as it is until release(buf) or the restore.
     bool prefetch(const uint8_t * buf, size_t n);
     bool can_prefetch() const;  // a device to upload to (none where every copy is a host memcpy)
     bool prefetched(const uint8_t * buf) const;
-    // everything that may still read or write buf is finished, and a prefetch of it dropped
+    // everything that may still read or write buf is finished, a prefetch of it dropped and its
+    // record of placements forgotten
     void release(const uint8_t * buf);
 
     // pinned host memory for the devices the copies have seen (null: ordinary memory will do)
@@ -110,17 +121,31 @@ private:
     bool run_group(ggml_backend_t backend, const llama_state_seq_slice * slices, const std::vector<const void *> & group,
                    uint8_t * buf, bool to_host, copy_report & report);
 
-    struct prefetch_state {
-        const uint8_t *       host    = nullptr;
-        size_t                n       = 0;
+    // where a park's gathers put the bytes of each device: [pos, pos + bytes) of the host buffer
+    struct placement {
+        ggml_backend_t backend;
+        size_t         pos;
+        size_t         bytes;
+    };
+    // one device's part of a buffer uploaded ahead: its ranges packed one after another
+    struct prefetch_part {
         ggml_backend_t        backend = nullptr;
         ggml_backend_buffer_t device  = nullptr;
-        uint8_t *             base    = nullptr;  // the device copy's address
+        std::vector<placement> ranges;   // pos and bytes in the host buffer, in order
+        std::vector<size_t>    offsets;  // where each range starts in `device`
+    };
+    struct prefetch_state {
+        const uint8_t *            host = nullptr;
+        size_t                     n    = 0;
+        std::vector<prefetch_part> parts;
     };
     void drop_prefetch();
+    // the device copy of host bytes [pos, pos + bytes) uploaded ahead to `backend`, or null
+    uint8_t * prefetched_at(ggml_backend_t backend, size_t pos, size_t bytes, ggml_backend_buffer_t * device) const;
 
     copy_route route_;
     prefetch_state prefetch_;
+    std::map<const uint8_t *, std::vector<placement>> placements_;  // per parked host buffer
     std::map<ggml_backend_dev_t, ggml_backend_t> backends_;
     std::vector<std::unique_ptr<copy_pending>> pending_;
     ggml_backend_buffer_type_t host_buft_ = nullptr;
@@ -172,6 +197,9 @@ struct link_speed {
     bool        pinned = false;
 };
 std::vector<link_speed> measure_link_speeds(size_t n_bytes, int n_reps);
+
+// on a lost RPC device (llama.cpp aborts), say in one line what it means for the requests
+void log_lost_devices();
 
 // the user_data of the llama_state_seq_*_data_cb callbacks
 struct copy_call {

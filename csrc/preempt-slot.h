@@ -118,6 +118,7 @@ struct slot_preempt_state {
     park_reason reason      = park_reason::pool_full;  // why it was parked
     park_choice choice      = park_choice::no_state;   // why by SWAP or by RECOMPUTE
     int32_t n_copy_ranges   = 0;      // SWAP: cell ranges the sequence's state was copied from
+    const char * copied_by  = "";     // SWAP: how the park copied (copy_report::how())
     bool    copy_in_flight  = false;  // SWAP: the transfer to host RAM may still be running
     int64_t t_copy_hold_us  = 0;      // LLAMA_SERVER_PREEMPT_COPY_HOLD_MS: counts as in flight until then (tests)
     bool        held_by_api = false;  // parked through the API: the planner leaves it parked until unparked

@@ -236,6 +236,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return 0  # not reached
 
 
+def cmd_rpc_server(args: argparse.Namespace) -> int:
+    from .binary import rpc_server_binary
+
+    exe = str(rpc_server_binary())
+    os.execv(exe, [exe, *args.server_args])  # replaces this process, as serve does
+    return 0  # not reached
+
+
 def cmd_server_path(args: argparse.Namespace) -> int:
     from .binary import server_binary
 
@@ -304,6 +312,9 @@ def build_parser() -> argparse.ArgumentParser:
     # `serve` takes llama-server's own flags: main() hands them over before argparse sees them
     sub.add_parser("serve", help="run the drop-in llama-server with the given flags (llama-preempt serve -m M ...)")
 
+    sub.add_parser("rpc-server", help="run llama.cpp's RPC server, a device for llama-server --rpc "
+                   "(llama-preempt rpc-server -H 127.0.0.1 -p 50052)")
+
     p = sub.add_parser("server-path", help="print the path of the drop-in llama-server binary")
     p.set_defaults(fn=cmd_server_path)
     return ap
@@ -311,9 +322,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == ["serve"]:
+    passthrough = {"serve": cmd_serve, "rpc-server": cmd_rpc_server}
+    if argv[:1] and argv[0] in passthrough:
         try:
-            return cmd_serve(argparse.Namespace(server_args=argv[1:]))
+            return passthrough[argv[0]](argparse.Namespace(server_args=argv[1:]))
         except Exception as e:  # the binary is missing or cannot run
             print(f"llama-preempt: error: {e}", file=sys.stderr)
             return 2

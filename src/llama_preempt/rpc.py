@@ -1,0 +1,103 @@
+"""Run llama.cpp's RPC server (`ggml-rpc-server`, built with this package) as a child process.
+
+An RPC server is a ggml device served over TCP: `llama-server --rpc HOST:PORT -ngl 99` keeps the
+model's layers and its KV cache there, so preemption's SWAP copies go over that link. Several of
+them split one model by layers, across machines (upstream's distributed setup); on one machine,
+over loopback, they stand in for device backends:
+
+    with RpcServer() as a, RpcServer() as b:
+        cfg = ServerConfig(model=path, extra_args=["--rpc", f"{a.endpoint},{b.endpoint}", "-ngl", "99"])
+"""
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+from .binary import rpc_server_binary
+from .server import ServerStartError, _sigint_deferred, free_port
+
+
+class RpcServer:
+    """One ggml-rpc-server child on a loopback port. Always stop() it (or use it as a context manager)."""
+
+    def __init__(self, *, host: str = "127.0.0.1", port: int | None = None, threads: int = 1,
+                 binary: Path | None = None, log_dir: Path | None = None,
+                 env: dict[str, str] | None = None) -> None:
+        self.binary = Path(binary) if binary else rpc_server_binary()
+        self.host = host
+        self.port = port or free_port(host)
+        self.threads = threads
+        self.env = dict(env or {})
+        self._log_dir = Path(log_dir) if log_dir else Path(tempfile.mkdtemp(prefix="llama-preempt-rpc-"))
+        self.log_path = self._log_dir / f"ggml-rpc-server-{self.port}.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def endpoint(self) -> str:
+        """HOST:PORT, as llama-server's --rpc takes it."""
+        return f"{self.host}:{self.port}"
+
+    def command(self) -> list[str]:
+        return [str(self.binary), "-H", self.host, "-p", str(self.port), "-t", str(self.threads)]
+
+    def start(self, timeout: float = 30.0) -> "RpcServer":
+        env = {**os.environ, **self.env}
+        try:
+            with self.log_path.open("wb") as log, _sigint_deferred():
+                self.proc = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT,
+                                             stdin=subprocess.DEVNULL, env=env)
+            self._wait_listening(timeout)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _wait_listening(self, timeout: float) -> None:
+        # the RPC server takes one client at a time and closes a connection that sends no HELLO, so
+        # a plain connect is a safe probe; it answers as soon as it listens
+        assert self.proc is not None
+        deadline = time.monotonic() + timeout
+        while True:
+            if self.proc.poll() is not None:
+                raise ServerStartError(f"ggml-rpc-server exited with {self.proc.returncode} before it listened:\n"
+                                       f"{self.log_text()[-4000:]}")
+            try:
+                with socket.create_connection((self.host, self.port), timeout=1):
+                    return
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                raise ServerStartError(f"ggml-rpc-server not listening on {self.endpoint} after {timeout:.0f} s")
+            time.sleep(0.05)
+
+    def kill(self) -> None:
+        """End it at once, as a machine that goes away would (SIGKILL)."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+    def log_text(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")
+        except OSError:
+            return ""
+
+    def __enter__(self) -> "RpcServer":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
