@@ -22,6 +22,7 @@ planner's cost per step at 4, 64 and 256 slots. Results: bench/results/cells.{js
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import random
 import re
@@ -40,6 +41,7 @@ from rich.table import Table
 
 from llama_preempt import _core
 from llama_preempt.demo import TOPICS
+from llama_preempt.rpc import RpcServer
 from llama_preempt.server import LlamaServer, ServerConfig
 from results_io import RESULTS, ROOT, display_path, md_table, write_results  # bench/ is on sys.path
 
@@ -59,6 +61,7 @@ class Load:
     threads: int
     gpu_layers: int | None = None
     server_args: tuple[str, ...] = ()  # for every server, stock and ours (e.g. -fa on)
+    rpc: int = 0                       # every server keeps its layers and KV cache on this many fresh ggml-rpc-servers
 
     def server_flags(self) -> list[str]:
         """What every server of the run gets: --server-args, and the offload."""
@@ -191,8 +194,21 @@ PARK_RE = re.compile(r"parked by swap \([\d.]+ MiB, \d+ tokens held[^)]*\) in ([
 RESTORE_RE = re.compile(r"restored by swap \([\d.]+ MiB, \d+ tokens\) in ([\d.]+) ms")
 
 
+def cell_kind(cell: Cell) -> str:
+    """What a cell runs, without its pool: stock, recompute, swap, auto, ... (--only picks by it)."""
+    return cell.name.split(": ", 1)[1].split(" ", 1)[0] if ": " in cell.name else cell.name
+
+
 def run_cell(cell: Cell, load: Load, binaries: dict[str, Path], run: int, timeline: bool = False) -> RunResult:
-    extra = list(cell.args) + load.server_flags()
+    with contextlib.ExitStack() as stack:
+        rpcs = [stack.enter_context(RpcServer(threads=load.threads)) for _ in range(load.rpc)]
+        rpc_flags = ["--rpc", ",".join(r.endpoint for r in rpcs), "-ngl", "99"] if rpcs else []
+        return _run_cell(cell, load, binaries, run, timeline, rpc_flags)
+
+
+def _run_cell(cell: Cell, load: Load, binaries: dict[str, Path], run: int, timeline: bool,
+              rpc_flags: list[str]) -> RunResult:
+    extra = list(cell.args) + load.server_flags() + rpc_flags
     cfg = ServerConfig(model=load.model, n_ctx=cell.pool, n_parallel=cell.n_parallel, kv_unified=cell.unified,
                        threads=load.threads, seed=1234, extra_args=extra)
     srv = LlamaServer(cfg, binary=binaries[cell.binary])
@@ -425,11 +441,12 @@ def plots(rows: list[dict[str, Any]], timeline_run: RunResult | None, out: Path,
 
 def markdown(record: dict[str, Any]) -> list[str]:
     rows, solo, planner = record["summary"], record["solo_overhead"], record["planner_us_per_step"]
-    md = md_table([t for t, _ in COLUMNS], [row_cells(r) for r in rows])
-    md += ["", f"Solo overhead, ours / stock tok/s per interleaved pair: {solo['ratio_per_pair']} (median "
+    md = md_table([t for t, _ in COLUMNS], [row_cells(r) for r in rows]) + [""]
+    if solo:
+        md += [f"Solo overhead, ours / stock tok/s per interleaved pair: {solo['ratio_per_pair']} (median "
                f"{solo['ratio_median']}); stock's own run-to-run spread {solo['noise_stock_spread']:.1%}; output "
-               f"byte-identical: {solo['identical']}.",
-           "Planner, microseconds per `plan_step()` call: " + ", ".join(f"{k} slots {v}" for k, v in planner.items()) + ".",
+               f"byte-identical: {solo['identical']}."]
+    md += ["Planner, microseconds per `plan_step()` call: " + ", ".join(f"{k} slots {v}" for k, v in planner.items()) + ".",
            f"Command: `{record['command'].strip()}` ({record['wall_s']} s)."]
     return md
 
@@ -463,6 +480,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=RESULTS)
     ap.add_argument("--name", default=None, help="results file stem (default: cells or cells_quick)")
     ap.add_argument("--server-args", default="", help="more flags for every server, e.g. '-fa on'")
+    ap.add_argument("--rpc", type=int, default=0, metavar="N",
+                    help="every server keeps the model and KV cache on N fresh ggml-rpc-servers over loopback (-ngl 99)")
+    ap.add_argument("--only", nargs="+", default=None, metavar="KIND",
+                    help="run only these cells: stock, --no-preempt, recompute, swap, auto, static, ample "
+                         "(without stock: no stock build and no solo overhead)")
     shape = ap.add_argument_group("the load (defaults depend on --quick)")
     shape.add_argument("--chats", type=int, default=None)
     shape.add_argument("--tokens", type=int, default=None, help="tokens each chat generates")
@@ -500,13 +522,20 @@ def main(argv: list[str] | None = None) -> int:
     if args.pools:
         a, b = (int(x) for x in args.pools.split(","))
         overrides["pools"] = (a, b)
-    load = replace(load, server_args=tuple(args.server_args.split()), **overrides)
+    load = replace(load, server_args=tuple(args.server_args.split()), rpc=args.rpc, **overrides)
 
-    from stock import stock_server
     from llama_preempt.binary import server_binary
 
-    binaries = {"stock": stock_server(lambda m: console.print(f"[dim]{m}[/]")), "ours": server_binary()}
-    cells = cells_for(load)
+    cells = [c for c in cells_for(load) if args.only is None or cell_kind(c) in args.only]
+    if not cells:
+        console.print(f"--only {' '.join(args.only)}: no such cells (kinds: "
+                      f"{', '.join(sorted({cell_kind(c) for c in cells_for(load)}))})")
+        return 2
+    binaries = {"ours": server_binary()}
+    with_stock = any(c.binary == "stock" for c in cells)
+    if with_stock:
+        from stock import stock_server
+        binaries["stock"] = stock_server(lambda m: console.print(f"[dim]{m}[/]"))
     console.print(f"[bold]{len(cells)} cells x {args.runs} runs[/], {load.n_chats} chats x {load.n_predict} tokens, "
                   f"model {load.model.name}")
     t_start = time.perf_counter()
@@ -518,7 +547,7 @@ def main(argv: list[str] | None = None) -> int:
             runs.append(r)
             console.print(f"run {i + 1} {cell.name:34s} {r.completed}/{r.completed + r.failed} ok, {r.tok_s:7.1f} tok/s, "
                           f"TTFT p99 {fmt(r.ttft_p99_s)} s, parks {r.parks_swap}/{r.parks_recompute}")
-    solo = solo_overhead(load, binaries, 6 if not args.quick else 4, console)
+    solo = solo_overhead(load, binaries, 6 if not args.quick else 4, console) if with_stock else None
     planner = planner_cost()
     rows = summarize(cells, runs)
 
@@ -529,8 +558,9 @@ def main(argv: list[str] | None = None) -> int:
     for r in rows:
         table.add_row(*row_cells(r))
     console.print(table)
-    console.print(f"solo overhead (ours / stock tok/s per pair): {solo['ratio_per_pair']}, median {solo['ratio_median']}, "
-                  f"stock's own spread {solo['noise_stock_spread']:.1%}, identical output: {solo['identical']}")
+    if solo:
+        console.print(f"solo overhead (ours / stock tok/s per pair): {solo['ratio_per_pair']}, median {solo['ratio_median']}, "
+                      f"stock's own spread {solo['noise_stock_spread']:.1%}, identical output: {solo['identical']}")
     console.print(f"planner, microseconds per step: {planner}")
 
     name = args.name or ("cells_quick" if args.quick else "cells")

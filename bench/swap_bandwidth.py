@@ -15,6 +15,10 @@ repeated preemption does: the range shows both.
 
     python bench/swap_bandwidth.py                         # SmolLM2-135M on this machine
     python bench/swap_bandwidth.py --model M.gguf --gpu-layers 99 --name swap_bandwidth_gpu
+    python bench/swap_bandwidth.py --rpc 1 --name swap_bandwidth_rpc   # KV on ggml-rpc-server(s), loopback
+
+With --rpc N every cell runs against N fresh `ggml-rpc-server`s on loopback (`--rpc ... -ngl 99`:
+the KV cache lives there), and the yardstick is the RPC device's own transfer speed over the link.
 
 Results: bench/results/NAME.{json,md}.
 """
@@ -36,6 +40,7 @@ from rich.table import Table
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from llama_preempt import _core  # noqa: E402
+from llama_preempt.rpc import RpcServer  # noqa: E402
 from llama_preempt.server import LlamaServer, ServerConfig  # noqa: E402
 from results_io import RESULTS, display_path, md_table, write_results  # noqa: E402
 
@@ -59,10 +64,18 @@ def run_cell(model: Path, fa: str, route: str, args: argparse.Namespace, log_dir
     extra = ["-fa", fa, "--preempt-mode", "swap", "--preempt-ram", "-1"]
     if args.gpu_layers is not None:
         extra += ["-ngl", str(args.gpu_layers)]
+    rpcs = [RpcServer(threads=args.threads or 1, log_dir=log_dir).start() for _ in range(args.rpc)]
+    if rpcs:
+        extra += ["--rpc", ",".join(r.endpoint for r in rpcs), "-ngl", "99"]
     cfg = ServerConfig(model=model, n_ctx=args.ctx, n_parallel=len(args.prompt_words), threads=args.threads,
                        extra_args=extra,
                        env={"LLAMA_SERVER_PREEMPT_EVERY": str(args.every), "LLAMA_SERVER_PREEMPT_COPY": route})
-    srv = LlamaServer(cfg, log_dir=log_dir).start()
+    try:
+        srv = LlamaServer(cfg, log_dir=log_dir).start()
+    except BaseException:
+        for r in rpcs:
+            r.stop()
+        raise
     try:
         def one(i: int, n_words: int) -> int:
             body = {"prompt": prompt(n_words, i), "n_predict": args.n_predict, "temperature": 0,
@@ -78,11 +91,21 @@ def run_cell(model: Path, fa: str, route: str, args: argparse.Namespace, log_dir
         log = srv.log_text()
     finally:
         srv.stop()
+        for r in rpcs:
+            r.stop()
     parks = [(float(m[0]), int(m[2]), float(m[3])) for m in PARK.findall(log)]      # MiB, ranges, ms
     restores = [(float(m[0]), float(m[2])) for m in RESTORE.findall(log)]          # MiB, ms
     return {"fa": fa, "route": route, "tokens": sum(done), "wall_s": wall,
             "parks": [{"mib": a, "ranges": b, "ms": c} for a, b, c in parks],
             "restores": [{"mib": a, "ms": b} for a, b in restores]}
+
+
+def measure_links(n_rpc: int) -> list[tuple[str, str, float, bool]]:
+    """The yardstick; with RPC, one RPC server of its own (it serves one client at a time)."""
+    if not n_rpc:
+        return list(_core.measure_link_speeds(256 << 20, 5))
+    with RpcServer() as rpc:
+        return list(_core.measure_link_speeds(64 << 20, 5, rpc=[rpc.endpoint]))
 
 
 def summarize(cell: dict[str, Any], min_mib: float, park_ref: float, restore_ref: float) -> dict[str, Any]:
@@ -115,6 +138,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model", type=Path, default=None, help="any gguf (default: SmolLM2-135M Q4_1)")
     ap.add_argument("--gpu-layers", type=int, default=None)
     ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--rpc", type=int, default=0, metavar="N",
+                    help="keep the model and KV cache on N ggml-rpc-servers over loopback (-ngl 99)")
     ap.add_argument("--ctx", type=int, default=8192)
     ap.add_argument("--prompt-words", type=int, nargs="+", default=[100, 300, 700, 1500],
                     help="one chat per length (default 100 300 700 1500)")
@@ -132,12 +157,13 @@ def main(argv: list[str] | None = None) -> int:
         from llama_preempt.models import smollm2_path
         args.model = smollm2_path()
 
-    links = [{"device": d, "what": w, "gbps": g, "pinned": p} for d, w, g, p in _core.measure_link_speeds(256 << 20, 5)]
+    links = [{"device": d, "what": w, "gbps": g, "pinned": p} for d, w, g, p in measure_links(args.rpc)]
     memcpy = next(link["gbps"] for link in links if link["what"] == "memcpy")
     d2h = next((link["gbps"] for link in links if link["what"] == "device_to_host"), None)
     h2d = next((link["gbps"] for link in links if link["what"] == "host_to_device"), None)
-    park_ref, restore_ref = (d2h, h2d) if args.gpu_layers and d2h and h2d else (memcpy, memcpy)
-    yardstick = "pinned device-to-host / host-to-device" if park_ref is not memcpy else "host memcpy"
+    park_ref, restore_ref = (d2h, h2d) if (args.gpu_layers or args.rpc) and d2h and h2d else (memcpy, memcpy)
+    yardstick = ("RPC device-to-host / host-to-device over loopback" if args.rpc and park_ref is not memcpy
+                 else "pinned device-to-host / host-to-device" if park_ref is not memcpy else "host memcpy")
     console.print(f"yardstick ({yardstick}): park {park_ref:.2f} GB/s, restore {restore_ref:.2f} GB/s; "
                   + ", ".join(f"{x['device']} {x['what']} {x['gbps']:.2f} GB/s" for x in links))
 

@@ -57,7 +57,7 @@ bool seq_copier::prefetch(const uint8_t * buf, size_t n) {
         if (part.device == nullptr) {
             continue;  // no room on this device: its runs upload at the restore, as without this
         }
-        ggml_init_params params = { ggml_tensor_overhead(), nullptr, true };
+        ggml_init_params params = { part.ranges.size() * ggml_tensor_overhead(), nullptr, true };
         ggml_context * ctx = ggml_init(params);
         auto * base = (uint8_t *) ggml_backend_buffer_get_base(part.device);
         for (size_t i = 0; i < part.ranges.size(); ++i) {

@@ -7,11 +7,14 @@
 #include <pybind11/stl.h>
 
 #include <map>
+#include <set>
 
 #include <algorithm>
 #include <chrono>
 #include <tuple>
 
+#include "ggml-backend.h"
+#include "ggml-rpc.h"
 #include "preempt-copy.h"
 #include "preempt-policy.h"
 #include "preempt-sim.h"
@@ -155,17 +158,24 @@ PYBIND11_MODULE(_core, m) {
           py::arg("mode"), py::arg("bytes"), py::arg("n_tokens"), py::arg("ram_left"), py::arg("rates"),
           "the server's choice for one victim: `bytes` of state (0: cannot swap), `n_tokens` to re-prefill");
 
-    m.def("measure_link_speeds", [](size_t n_bytes, int n_reps) {
+    m.def("measure_link_speeds", [](size_t n_bytes, int n_reps, const std::vector<std::string> & rpc) {
               std::vector<std::tuple<std::string, std::string, double, bool>> out;
               py::gil_scoped_release nogil;
+              // RPC servers are devices only once registered, as llama-server's --rpc does
+              for (const auto & endpoint : rpc) {
+                  static std::set<std::string> added;
+                  if (added.insert(endpoint).second) {
+                      ggml_backend_register(ggml_backend_rpc_add_server(endpoint.c_str()));
+                  }
+              }
               for (const auto & l : lp::measure_link_speeds(n_bytes, n_reps)) {
                   out.emplace_back(l.device, l.what, l.gbps, l.pinned);
               }
               return out;
           },
-          py::arg("n_bytes") = 256 << 20, py::arg("n_reps") = 5,
+          py::arg("n_bytes") = 256 << 20, py::arg("n_reps") = 5, py::arg("rpc") = std::vector<std::string>{},
           "(device, what, GB/s, pinned) for host memcpy and each device's host<->device transfers: "
-          "the yardstick of the SWAP bandwidth bench");
+          "the yardstick of the SWAP bandwidth bench; `rpc`: HOST:PORT of RPC servers to measure too");
 
     py::class_<lp::sim_params>(m, "SimParams", "the simulated server: pool, slots, budget and per-token costs")
         .def(py::init<>())

@@ -54,11 +54,11 @@ def on_rpc(*servers: RpcServer) -> list[str]:
     return ["--rpc", ",".join(s.endpoint for s in servers), "-ngl", "99"]
 
 
-def assert_kv_on_rpc(srv: LlamaServer, n_devices: int) -> None:
-    # llama.cpp names each KV buffer after its device: RPC0[host:port], RPC1[...]
-    devices = set(re.findall(r"(RPC\d+)\[[^\]]+\] KV buffer size", srv.log_text()))
-    assert len(devices) == n_devices, srv.log_tail(80)
-    assert not re.search(r"\bCPU KV buffer size", srv.log_text())
+def assert_connected(*servers: RpcServer) -> None:
+    # each RPC server took llama-server as its client (the parks' "by device graphs" then shows the
+    # cells live on a device: host tensors are copied by memcpy)
+    for rpc in servers:
+        assert "Accepted client connection" in rpc.log_text(), rpc.log_text()[-2000:]
 
 
 def assert_every_swap_verified(m: Any) -> None:
@@ -109,9 +109,10 @@ def test_forced_swap_parks_over_rpc_copy_upstreams_bytes_and_give_the_unparked_o
     ref_srv = start_server(stories_model, n_ctx=512, n_parallel=2, preempt=False,
                            extra_args=on_rpc(start_rpc()) + ["-fa", flash])
     ref = complete(ref_srv, "Once upon a time", 96).json()
+    rpc = start_rpc()
     srv = start_server(stories_model, n_ctx=512, n_parallel=2, env={**FORCED, **VERIFY},
-                       extra_args=on_rpc(start_rpc()) + ["-fa", flash, "--preempt-mode", "swap"])
-    assert_kv_on_rpc(srv, 1)
+                       extra_args=on_rpc(rpc) + ["-fa", flash, "--preempt-mode", "swap"])
+    assert_connected(rpc)
     got = complete(srv, "Once upon a time", 96).json()
     assert got["tokens_predicted"] == 96
     assert got["content"] == ref["content"]
@@ -125,20 +126,26 @@ def test_forced_swap_parks_over_rpc_copy_upstreams_bytes_and_give_the_unparked_o
     assert all(how == "device graphs" for _, how in parks), parks
 
 
+@pytest.mark.parametrize("verify", [True, False], ids=["verified", "in-flight"])
 @pytest.mark.parametrize("flash", ["on", "off"], ids=["fa-on", "fa-off"])
-def test_an_overloaded_pool_over_rpc_parks_fragmented_sequences_exactly_and_every_request_finishes(
-        start_server, start_rpc, stories_model: Path, flash: str) -> None:
+def test_an_overloaded_pool_over_rpc_parks_fragmented_sequences_and_every_request_finishes(
+        start_server, start_rpc, stories_model: Path, flash: str, verify: bool) -> None:
     # the issue's crash, scaled to stories260K: four requests decoding together interleave their
     # cells one token at a time, so the first natural park copies a sequence scattered over a
-    # hundred and more cell ranges, then the others keep decoding while it is parked
-    srv = start_server(stories_model, n_ctx=512, n_parallel=4, env=VERIFY,
+    # hundred and more cell ranges, then the others keep decoding while it is parked.
+    # in-flight: no verification, so a park's transfer runs on across the next decode and its
+    # staging buffer is freed a step later, between two runs of the same decode graph; the RPC
+    # server drops its stored graph on every free, and before patch 0010 the client still asked it
+    # to rerun that graph: the server dropped the connection and llama-server aborted.
+    srv = start_server(stories_model, n_ctx=512, n_parallel=4, env=VERIFY if verify else {},
                        extra_args=on_rpc(start_rpc()) + ["-fa", flash, "--preempt-mode", "swap"])
-    prompts = [long_prompt(12, shift=i) for i in range(4)]
-    complete_all(srv, prompts, 200)
+    complete_all(srv, [long_prompt(12, shift=i) for i in range(4)], 200)
     m = srv.metrics()
     assert m["n_preempt_total"] >= 1
-    assert_every_swap_verified(m)
-    assert m["n_swap_verify_total"] >= 1
+    assert m["n_preempt_swap_total"] == m["n_preempt_total"] == m["n_resume_total"]
+    assert m["preempt_ram_bytes"] == 0 and m["preempt_copies_in_flight"] == 0
+    if verify:
+        assert_every_swap_verified(m)
     ranges = [n for n, _ in park_lines(srv)]
     assert max(ranges) >= 100, f"the parked sequences were not fragmented: {ranges}"
     assert srv.proc is not None and srv.proc.poll() is None
@@ -166,10 +173,10 @@ def test_two_rpc_servers_with_a_layer_split_park_restore_and_upload_ahead_exactl
     ref_srv = start_server(stories_model, n_ctx=1024, n_parallel=3, preempt=False,
                            extra_args=on_rpc(start_rpc(), start_rpc()))
     refs = [complete(ref_srv, p, 48).json()["content"] for p in PROMPTS]
-    srv = start_server(stories_model, n_ctx=1024, n_parallel=3,
-                       extra_args=on_rpc(start_rpc(), start_rpc()) + ["--preempt-mode", "swap"],
+    rpcs = [start_rpc(), start_rpc()]
+    srv = start_server(stories_model, n_ctx=1024, n_parallel=3, extra_args=on_rpc(*rpcs) + ["--preempt-mode", "swap"],
                        env={**FORCED, **VERIFY, "LLAMA_SERVER_PREEMPT_HOLD_MS": "20"})
-    assert_kv_on_rpc(srv, 2)
+    assert_connected(*rpcs)
     got = [r.json()["content"] for r in complete_all(srv, PROMPTS, 48)]
     assert got == refs
     m = srv.metrics()
@@ -179,14 +186,17 @@ def test_two_rpc_servers_with_a_layer_split_park_restore_and_upload_ahead_exactl
     assert all(how == "device graphs" for _, how in park_lines(srv))
 
 
-def test_two_rpc_servers_under_overload_park_fragmented_sequences_exactly(
-        start_server, start_rpc, stories_model: Path) -> None:
-    srv = start_server(stories_model, n_ctx=512, n_parallel=4, env=VERIFY,
+@pytest.mark.parametrize("verify", [True, False], ids=["verified", "in-flight"])
+def test_two_rpc_servers_under_overload_park_fragmented_sequences_and_every_request_finishes(
+        start_server, start_rpc, stories_model: Path, verify: bool) -> None:
+    srv = start_server(stories_model, n_ctx=512, n_parallel=4, env=VERIFY if verify else {},
                        extra_args=on_rpc(start_rpc(), start_rpc()) + ["--preempt-mode", "swap"])
     complete_all(srv, [long_prompt(12, shift=i) for i in range(4)], 200)
     m = srv.metrics()
     assert m["n_preempt_total"] >= 1
-    assert_every_swap_verified(m)
+    assert m["n_preempt_swap_total"] == m["n_preempt_total"] == m["n_resume_total"]
+    if verify:
+        assert_every_swap_verified(m)
     assert max(n for n, _ in park_lines(srv)) >= 100
 
 
