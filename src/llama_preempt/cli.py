@@ -264,12 +264,12 @@ def _fleet_table(f: Any, title: str) -> Any:
     """One row per server and a total row; narrow enough for 80 columns."""
     from rich.table import Table
 
-    t = Table(title=title, title_justify="left")
-    for col in ("server", "requests", "done", "failed", "parks", "peak parked", "TTFT p99", "makespan"):
+    t = Table(title=title, title_justify="left", caption="peak RAM: host RAM held by parked requests (--preempt-ram); "
+                                                          "in the total, the most one server held", caption_justify="left")
+    for col in ("server", "requests", "done", "failed", "parks", "peak RAM", "TTFT p99", "makespan"):
         t.add_column(col, justify="right", overflow="fold")
     rows = [(str(k), s) for k, s in enumerate(f.servers)] + [("total", f)]
     for k, (name, r) in enumerate(rows):
-        # the total's peak parked is the most one server held: each server has its own host RAM
         t.add_row(name, str(r.requests), str(r.completed), f"[red]{r.failed}[/]" if r.failed else "0", str(r.parks),
                   f"{r.peak_parked_mib:.1f} MiB", f"{r.ttft_p99_s:.2f} s", f"{r.makespan_s:.1f} s",
                   end_section=k == len(rows) - 2, style="bold" if name == "total" else None)
