@@ -169,7 +169,7 @@ def test_the_fleet_table_reads_whole_at_80_columns(capsys: pytest.CaptureFixture
     assert [f["route"] for f in fleets] == ["round-robin", "least-parked"]
     for f in fleets:
         # a server's row and the total row carry every column, on one line each
-        title = next(i for i, line in enumerate(lines) if line.startswith(f"{f['route']}: 120 requests on 4 servers"))
+        title = next(i for i, line in enumerate(lines) if line.startswith(f"{f['route']}: 120 requests, 4 servers"))
         rows = [line for line in lines[title:] if line.startswith("│")][:5]
         for k, s in enumerate(f["servers"]):
             cells = [c.strip() for c in rows[k].strip("│").split("│")]
@@ -186,7 +186,7 @@ def test_the_fleet_table_reads_whole_at_80_columns(capsys: pytest.CaptureFixture
 def test_one_route_prints_one_table_and_json(capsys: pytest.CaptureFixture[str],
                                              monkeypatch: pytest.MonkeyPatch) -> None:
     rc, out, _ = run_cli(capsys, monkeypatch, *SIM, "--servers", "2", "--route", "least-parked")
-    assert rc == 0 and out.startswith("least-parked: 120 requests on 2 servers") and "round-robin" not in out
+    assert rc == 0 and out.startswith("least-parked: 120 requests, 2 servers") and "round-robin" not in out
     assert "by route" not in out
     _, js, _ = run_cli(capsys, monkeypatch, *SIM, "--servers", "2", "--route", "least-parked", "--json")
     (f,) = json.loads(js)["fleets"]

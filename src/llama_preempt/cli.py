@@ -249,29 +249,35 @@ def _simulate_fleet(args: argparse.Namespace, wl: Any, costs: Any) -> int:
                           "fleets": [f.to_json() for f in fleets]}, indent=2))
         return 0
     con = _console()
-    ram = "no limit" if args.preempt_ram < 0 else f"{args.preempt_ram} MiB"
     for f in fleets:
-        con.print(_fleet_table(f, f"{f.route}: {len(wl)} requests on {f.n_servers} servers, each -c {args.ctx}, "
-                                  f"{args.parallel} slots, --preempt-ram {ram}"
-                                  f"{', no preemption' if args.no_preempt else ''}"))
+        server = "--no-preempt" if args.no_preempt else f"--preempt-ram {args.preempt_ram}"
+        con.print(_fleet_table(f, f"{f.route}: {len(wl)} requests, {f.n_servers} servers, each -c {args.ctx} "
+                                  f"-np {args.parallel} {server}"))
     if len(fleets) > 1:
         con.print(_routes_table(fleets))
     con.print(f"[dim]{len(fleets)} fleet simulation(s) in {elapsed:.2f} s[/]")
     return 0
 
 
+def _secs(*values: float) -> str:
+    """'1.23 / 4.56 s'; '-' where nothing completed (a server that got no requests)."""
+    if all(v != v for v in values):
+        return "-"
+    return " / ".join("-" if v != v else f"{v:.2f}" for v in values) + " s"
+
+
 def _fleet_table(f: Any, title: str) -> Any:
     """One row per server and a total row; narrow enough for 80 columns."""
     from rich.table import Table
 
-    t = Table(title=title, title_justify="left", caption="peak RAM: host RAM held by parked requests (--preempt-ram); "
-                                                          "in the total, the most one server held", caption_justify="left")
+    t = Table(title=title, title_justify="left",
+              caption="peak RAM: host RAM of parked requests; total: the most one server held", caption_justify="left")
     for col in ("server", "requests", "done", "failed", "parks", "peak RAM", "TTFT p99", "makespan"):
         t.add_column(col, justify="right", overflow="fold")
     rows = [(str(k), s) for k, s in enumerate(f.servers)] + [("total", f)]
     for k, (name, r) in enumerate(rows):
         t.add_row(name, str(r.requests), str(r.completed), f"[red]{r.failed}[/]" if r.failed else "0", str(r.parks),
-                  f"{r.peak_parked_mib:.1f} MiB", f"{r.ttft_p99_s:.2f} s", f"{r.makespan_s:.1f} s",
+                  f"{r.peak_parked_mib:.1f} MiB", _secs(r.ttft_p99_s), f"{r.makespan_s:.1f} s",
                   end_section=k == len(rows) - 2, style="bold" if name == "total" else None)
     return t
 
@@ -291,8 +297,8 @@ def _routes_table(fleets: list[Any]) -> Any:
         ("failed", lambda f: f"[red]{f.failed}[/]" if f.failed else "0"),
         ("parks (swap / recompute)", lambda f: f"{f.parks} ({f.parks_swap} / {f.parks_recompute})"),
         ("peak parked, one server", lambda f: f"{f.peak_parked_mib:.1f} MiB"),
-        ("TTFT p50 / p99", lambda f: f"{f.ttft_p50_s:.2f} / {f.ttft_p99_s:.2f} s"),
-        ("queue p50 / p99", lambda f: f"{f.queue_p50_s:.2f} / {f.queue_p99_s:.2f} s"),
+        ("TTFT p50 / p99", lambda f: _secs(f.ttft_p50_s, f.ttft_p99_s)),
+        ("queue p50 / p99", lambda f: _secs(f.queue_p50_s, f.queue_p99_s)),
         ("makespan", lambda f: f"{f.makespan_s:.1f} s"),
     ]
     for name, fn in rows:
