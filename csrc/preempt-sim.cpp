@@ -9,405 +9,389 @@
 
 namespace llama_preempt {
 
-namespace {
-
-// one slot of the simulated server
-struct sim_slot {
-    int32_t    id    = 0;
-    int32_t    req   = -1;  // request it serves, -1 when idle
-    slot_phase phase = slot_phase::idle;
-    bool       is_new = false;  // admitted, has not processed a prompt chunk yet
-    int32_t    cells  = 0;      // cells held (an idle or new slot's are a reclaimable cache)
-    int32_t    prompt_done = 0;
-    int32_t    gen_done    = 0;
-    double     t_last_used = 0;
-
-    // parked, or resuming after a park
-    bool    swapped      = false;  // parked by SWAP (else RECOMPUTE)
-    bool    from_gen     = false;  // parked while generating (else mid-prompt)
-    int32_t held         = 0;      // cells it held when parked
-    int32_t n_restore    = 0;      // cells it needs to be back where it was
-    double  t_parked     = 0;
-    double  bytes        = 0;      // host RAM its swapped state takes
-    int32_t replay_total = 0;      // recompute: prompt + generated + sampled
-    int32_t replay_left  = 0;      // recompute: replay tokens still to re-prefill
-    int32_t redo_left    = 0;      // a prompt-phase victim: prompt tokens it processes again
-    int32_t n_preempt    = 0;
-};
-
-struct simulator {
-    const std::vector<sim_request> & reqs;
-    const sim_params & p;
-    plan_params pp;
-    sim_result res;
-
-    std::vector<sim_slot> slots;
-    std::deque<int32_t>   waiting;  // arrived, no slot yet (upstream's deferred tasks)
-    size_t next_arrival = 0;
-    double t = 0;
-    double parked_bytes = 0;
-
-    simulator(const std::vector<sim_request> & reqs, const sim_params & p) : reqs(reqs), p(p) {
-        pp.n_pool  = p.n_pool;
-        pp.n_batch = p.n_batch;
-        slots.resize(std::max(1, p.n_slots));
-        for (size_t i = 0; i < slots.size(); ++i) {
-            slots[i].id = (int32_t) i;
-        }
-        res.requests.resize(reqs.size());
+sim_server::sim_server(const sim_params & p) : p(p) {
+    pp.n_pool  = p.n_pool;
+    pp.n_batch = p.n_batch;
+    slots.resize(std::max(1, p.n_slots));
+    for (size_t i = 0; i < slots.size(); ++i) {
+        slots[i].id = (int32_t) i;
     }
+}
 
-    bool is_running(const sim_slot & s) const {
-        return (s.phase == slot_phase::prompt && !s.is_new) || s.phase == slot_phase::generating;
+void sim_server::arrive(const sim_request & rq) {
+    reqs.push_back(rq);
+    res.requests.emplace_back();
+    if (stopped) {
+        return;  // it stays pending, as the requests after a lone server's step limit do
     }
+    // a busy server's clock is at or past the arrival (its step in flight ends there); an idle
+    // one waited for it
+    t = std::max(t, rq.t_arrival);
+    waiting.push_back((int32_t) reqs.size() - 1);
+}
 
-    // what plan_step() sees, built as the server's preempt_view() builds it
-    slot_view view(const sim_slot & s) const {
-        slot_view v;
-        v.id        = s.id;
-        v.phase     = s.phase;
-        v.n_cells   = s.phase == slot_phase::parked ? 0 : s.cells;
-        v.n_preempt = s.n_preempt;
-        v.is_new    = s.is_new;
-        if (s.phase == slot_phase::prompt) {
-            v.n_replay_left = s.replay_left;
-            v.n_prompt_left = s.replay_left > 0 ? s.replay_left : reqs[s.req].n_prompt - s.prompt_done;
+void sim_server::run_until(double t_until) {
+    while (!stopped && t < t_until && has_work()) {
+        if (!step(t_until)) {
+            // all done (a request too large for the pool failed at admission), or held requests
+            // that nothing will unblock (the step flags the step limit for those)
+            stopped = res.hit_step_limit;
+            break;
         }
-        if (s.phase == slot_phase::parked) {
-            v.n_restore   = s.n_restore;
-            v.t_parked_us = (int64_t) (s.t_parked * 1e6);
-        }
-        return v;
-    }
-
-    std::vector<slot_view> views() const {
-        std::vector<slot_view> v;
-        v.reserve(slots.size());
-        for (const auto & s : slots) {
-            v.push_back(view(s));
-        }
-        return v;
-    }
-
-    void finish(sim_slot & s, sim_outcome outcome) {
-        auto & r = res.requests[s.req];
-        r.outcome = outcome;
-        r.t_done  = t;
-        if (s.phase == slot_phase::parked) {
-            parked_bytes -= s.bytes;
-        }
-        if (outcome == sim_outcome::failed) {
-            s.cells = 0;  // upstream clears a failed slot's cells
-        }
-        s = sim_slot{ s.id, -1, slot_phase::idle, false, s.cells };
-        s.t_last_used = t;
-    }
-
-    void admit() {
-        while (next_arrival < reqs.size() && reqs[next_arrival].t_arrival <= t) {
-            waiting.push_back((int32_t) next_arrival++);
-        }
-        while (!waiting.empty()) {
-            // upstream takes the least recently used idle slot when no cached prefix matches
-            sim_slot * best = nullptr;
-            for (auto & s : slots) {
-                if (s.phase == slot_phase::idle && (!best || s.t_last_used < best->t_last_used)) {
-                    best = &s;
-                }
-            }
-            if (!best) {
-                return;
-            }
-            const int32_t id = waiting.front();
-            waiting.pop_front();
-            const auto & rq = reqs[id];
-            best->req = id;
-            if (rq.n_prompt + rq.n_gen + 1 > p.n_pool) {
-                finish(*best, sim_outcome::failed);  // larger than a slot's context: upstream's size check
-                continue;
-            }
-            best->phase  = slot_phase::prompt;
-            best->is_new = true;
+        if (res.n_steps >= p.max_steps) {
+            res.hit_step_limit = true;
+            stopped = true;
         }
     }
+}
 
-    void park(sim_slot & s) {
-        const int32_t n_held = s.cells;
-        const double  bytes  = n_held * p.bytes_per_cell;
-        s.from_gen = s.phase == slot_phase::generating;
-        s.held     = n_held;
-        // the server's choice, priced with the simulated costs
-        cost_rates rates;
-        rates.park_bps    = p.swap_out_bps;
-        rates.restore_bps = p.swap_in_bps;
-        rates.prefill_tps = 1.0 / p.prefill_token_s;
-        const preempt_mode mode = p.ram_budget_bytes == 0 ? preempt_mode::recompute : p.mode;
-        const size_t ram_left = p.ram_budget_bytes < 0 ? SIZE_MAX
-                              : (size_t) std::max(0.0, (double) p.ram_budget_bytes - parked_bytes);
-        const bool can_swap = n_held > 0 && s.replay_left == 0;
-        const park_decision how = choose_park(mode, can_swap ? (size_t) bytes : 0, n_held, ram_left, rates);
-        res.parks_by_choice[(int) how.why]++;
-        if (how.swap) {
-            s.swapped = true;
-            s.bytes   = bytes;
-            s.n_restore = n_held + (s.from_gen ? 1 : std::min(p.n_batch, reqs[s.req].n_prompt - s.prompt_done));
-            parked_bytes += bytes;
-            res.peak_parked_bytes = std::max(res.peak_parked_bytes, parked_bytes);
-            t += bytes / p.swap_out_bps;
-            res.n_park_swap++;
-        } else {
-            s.swapped = false;
-            s.bytes   = 0;
-            if (s.replay_left > 0) {
-                s.from_gen  = true;  // parked again mid-replay: the replay list is still whole
-                s.n_restore = s.replay_total;
-            } else if (s.from_gen) {
-                s.replay_total = n_held + 1;
-                s.n_restore    = s.replay_total;
-            } else {
-                s.redo_left  += n_held;  // starts its prompt over
-                s.prompt_done = 0;
-                s.n_restore   = std::min(reqs[s.req].n_prompt, n_held + p.n_batch);
-            }
-            res.n_park_recompute++;
-        }
-        s.replay_left = 0;
-        s.cells       = 0;
-        s.phase       = slot_phase::parked;
-        s.t_parked    = t;
-        s.n_preempt  += 1;
-        res.requests[s.req].n_preempt += 1;
-    }
-
-    void resume(sim_slot & s) {
-        res.requests[s.req].t_parked_s += t - s.t_parked;
-        res.n_resume++;
-        if (s.swapped) {
-            t += s.bytes / p.swap_in_bps;
-            parked_bytes -= s.bytes;
-            s.cells   = s.held;
-            s.bytes   = 0;
-            s.swapped = false;
-            s.phase   = s.from_gen ? slot_phase::generating : slot_phase::prompt;
-            return;
-        }
-        s.phase = slot_phase::prompt;
-        if (s.from_gen) {
-            s.replay_left = s.replay_total;
-        }
-    }
-
-    // a step that does not fit the pool at all: upstream fails every running request; with
-    // preemption, the bottom of the retry ladder parks a victim and the step starts over
-    bool last_resort() {
-        if (!p.preempt) {
-            return false;
-        }
-        const int32_t victim = select_victim(views(), pp);
-        if (victim < 0) {
-            return false;
-        }
-        park(slots[victim]);
+bool sim_server::has_work() const {
+    if (!waiting.empty()) {
         return true;
     }
-
-    int32_t cells_used() const {
-        int32_t n = 0;
-        for (const auto & s : slots) {
-            n += s.phase == slot_phase::parked ? 0 : s.cells;
-        }
-        return n;
-    }
-
-    bool step() {
-        admit();
-
-        bool any = false;
-        for (const auto & s : slots) {
-            any |= s.phase != slot_phase::idle;
-        }
-        if (!any) {
-            if (next_arrival >= reqs.size()) {
-                return false;  // all done
-            }
-            t = std::max(t, reqs[next_arrival].t_arrival);  // idle until the next arrival
+    for (const auto & s : slots) {
+        if (s.phase != slot_phase::idle) {
             return true;
         }
+    }
+    return false;
+}
 
-        std::vector<uint8_t> hold(slots.size(), 0);
-        if (p.preempt) {
-            const plan pl = plan_step(views(), pp);
-            for (int32_t id : pl.purge) {
-                slots[id].cells = 0;
-            }
-            for (int32_t id : pl.fail) {
-                finish(slots[id], sim_outcome::failed);
-            }
-            for (int32_t id : pl.park) {
-                park(slots[id]);
-            }
-            for (int32_t id : pl.resume) {
-                resume(slots[id]);
-            }
-            for (int32_t id : pl.hold) {
-                hold[id] = 1;
-            }
-        }
+int32_t sim_server::n_parked() const {
+    int32_t n = 0;
+    for (const auto & s : slots) {
+        n += s.phase == slot_phase::parked;
+    }
+    return n;
+}
 
-        // the batch: one token per generating slot, then prompt and replay chunks in slot order
-        std::vector<int32_t> chunk(slots.size(), 0);
-        int32_t n_gen_tok = 0;
-        int32_t n_prompt_tok = 0;
-        while (true) {
-            std::fill(chunk.begin(), chunk.end(), 0);
-            n_gen_tok = 0;
-            n_prompt_tok = 0;
-            for (auto & s : slots) {
-                if (s.phase == slot_phase::generating) {
-                    chunk[s.id] = 1;
-                    n_gen_tok++;
-                }
-            }
-            for (auto & s : slots) {
-                if (s.phase != slot_phase::prompt || hold[s.id] || n_gen_tok + n_prompt_tok >= p.n_batch) {
-                    continue;
-                }
-                if (s.is_new) {
-                    s.cells = 0;  // the prompt starts: nothing of the cached cells is reused
-                }
-                const int32_t left = s.replay_left > 0 ? s.replay_left : reqs[s.req].n_prompt - s.prompt_done;
-                chunk[s.id] = std::min(left, p.n_batch - n_gen_tok - n_prompt_tok);
-                n_prompt_tok += chunk[s.id];
-            }
-            int32_t used = cells_used();
-            if (used + n_gen_tok + n_prompt_tok <= p.n_pool) {
-                break;
-            }
-            // upstream clears idle caches on a failed decode, then halves the batch
-            for (auto & s : slots) {
-                if (s.phase == slot_phase::idle) {
-                    s.cells = 0;
-                }
-            }
-            used = cells_used();
-            if (used + n_gen_tok + n_prompt_tok <= p.n_pool) {
-                break;
-            }
-            if (used + n_gen_tok <= p.n_pool && n_prompt_tok > 0) {
-                // smaller prompt chunks fit: take what fits, slot by slot
-                int32_t room = p.n_pool - used - n_gen_tok;
-                for (auto & s : slots) {
-                    if (chunk[s.id] > 0 && s.phase == slot_phase::prompt) {
-                        chunk[s.id] = std::min(chunk[s.id], room);
-                        room -= chunk[s.id];
-                    }
-                }
-                n_prompt_tok = p.n_pool - used - n_gen_tok - room;
-                break;
-            }
-            if (!last_resort()) {
-                for (auto & s : slots) {
-                    if (s.phase != slot_phase::idle) {
-                        finish(s, sim_outcome::failed);  // "Context size has been exceeded."
-                    }
-                }
-                return true;
-            }
-        }
+int32_t sim_server::n_busy() const {
+    int32_t n = 0;
+    for (const auto & s : slots) {
+        n += s.req >= 0;
+    }
+    return n;
+}
 
-        if (n_gen_tok + n_prompt_tok == 0) {
-            // nothing can run now (only held requests): wait for the next arrival or give up
-            if (next_arrival < reqs.size()) {
-                t = std::max(t, reqs[next_arrival].t_arrival);
-                return true;
-            }
-            res.hit_step_limit = true;
-            return false;
-        }
+bool sim_server::is_running(const sim_slot & s) const {
+    return (s.phase == slot_phase::prompt && !s.is_new) || s.phase == slot_phase::generating;
+}
 
-        const double t_step_start = t;
-        t += p.step_s + n_gen_tok * p.decode_token_s + n_prompt_tok * p.prefill_token_s;
-        res.n_steps++;
+// what plan_step() sees, built as the server's preempt_view() builds it
+slot_view sim_server::view(const sim_slot & s) const {
+    slot_view v;
+    v.id        = s.id;
+    v.phase     = s.phase;
+    v.n_cells   = s.phase == slot_phase::parked ? 0 : s.cells;
+    v.n_preempt = s.n_preempt;
+    v.is_new    = s.is_new;
+    if (s.phase == slot_phase::prompt) {
+        v.n_replay_left = s.replay_left;
+        v.n_prompt_left = s.replay_left > 0 ? s.replay_left : reqs[s.req].n_prompt - s.prompt_done;
+    }
+    if (s.phase == slot_phase::parked) {
+        v.n_restore   = s.n_restore;
+        v.t_parked_us = (int64_t) (s.t_parked * 1e6);
+    }
+    return v;
+}
 
+std::vector<slot_view> sim_server::views() const {
+    std::vector<slot_view> v;
+    v.reserve(slots.size());
+    for (const auto & s : slots) {
+        v.push_back(view(s));
+    }
+    return v;
+}
+
+void sim_server::finish(sim_slot & s, sim_outcome outcome) {
+    auto & r = res.requests[s.req];
+    r.outcome = outcome;
+    r.t_done  = t;
+    if (s.phase == slot_phase::parked) {
+        parked_bytes -= s.bytes;
+    }
+    if (outcome == sim_outcome::failed) {
+        s.cells = 0;  // upstream clears a failed slot's cells
+    }
+    s = sim_slot{ s.id, -1, slot_phase::idle, false, s.cells };
+    s.t_last_used = t;
+}
+
+// the waiting requests take idle slots
+void sim_server::admit() {
+    while (!waiting.empty()) {
+        // upstream takes the least recently used idle slot when no cached prefix matches
+        sim_slot * best = nullptr;
         for (auto & s : slots) {
-            const int32_t c = chunk[s.id];
-            if (c == 0 || s.req < 0) {
-                continue;
-            }
-            auto & r = res.requests[s.req];
-            s.cells += c;
-            if (s.phase == slot_phase::generating) {
-                s.gen_done++;
-                res.n_tokens_generated++;
-            } else if (s.replay_left > 0) {
-                s.replay_left -= c;
-                res.n_recompute_tokens += c;
-                if (s.replay_left == 0) {
-                    // the last replay token's logits are the interrupted step's: it samples on
-                    s.phase = slot_phase::generating;
-                    s.gen_done++;
-                    res.n_tokens_generated++;
-                }
-            } else {
-                if (s.is_new) {
-                    s.is_new = false;
-                    r.t_start = t_step_start;
-                }
-                const int32_t redo = std::min(c, s.redo_left);
-                s.redo_left -= redo;
-                res.n_recompute_tokens += redo;
-                s.prompt_done += c;
-                if (s.prompt_done == reqs[s.req].n_prompt) {
-                    s.phase = slot_phase::generating;
-                    s.gen_done++;
-                    res.n_tokens_generated++;
-                    if (r.t_first < 0) {
-                        r.t_first = t;
-                    }
-                }
-            }
-            if (s.phase == slot_phase::generating && s.gen_done >= reqs[s.req].n_gen) {
-                finish(s, sim_outcome::completed);
+            if (s.phase == slot_phase::idle && (!best || s.t_last_used < best->t_last_used)) {
+                best = &s;
             }
         }
-        res.peak_cells = std::max(res.peak_cells, cells_used());
+        if (!best) {
+            return;
+        }
+        const int32_t id = waiting.front();
+        waiting.pop_front();
+        const auto & rq = reqs[id];
+        best->req = id;
+        if (rq.n_prompt + rq.n_gen + 1 > p.n_pool) {
+            finish(*best, sim_outcome::failed);  // larger than a slot's context: upstream's size check
+            continue;
+        }
+        best->phase  = slot_phase::prompt;
+        best->is_new = true;
+    }
+}
+
+void sim_server::park(sim_slot & s) {
+    const int32_t n_held = s.cells;
+    const double  bytes  = n_held * p.bytes_per_cell;
+    s.from_gen = s.phase == slot_phase::generating;
+    s.held     = n_held;
+    // the server's choice, priced with the simulated costs
+    cost_rates rates;
+    rates.park_bps    = p.swap_out_bps;
+    rates.restore_bps = p.swap_in_bps;
+    rates.prefill_tps = 1.0 / p.prefill_token_s;
+    const preempt_mode mode = p.ram_budget_bytes == 0 ? preempt_mode::recompute : p.mode;
+    const size_t ram_left = p.ram_budget_bytes < 0 ? SIZE_MAX
+                          : (size_t) std::max(0.0, (double) p.ram_budget_bytes - parked_bytes);
+    const bool can_swap = n_held > 0 && s.replay_left == 0;
+    const park_decision how = choose_park(mode, can_swap ? (size_t) bytes : 0, n_held, ram_left, rates);
+    res.parks_by_choice[(int) how.why]++;
+    if (how.swap) {
+        s.swapped = true;
+        s.bytes   = bytes;
+        s.n_restore = n_held + (s.from_gen ? 1 : std::min(p.n_batch, reqs[s.req].n_prompt - s.prompt_done));
+        parked_bytes += bytes;
+        res.peak_parked_bytes = std::max(res.peak_parked_bytes, parked_bytes);
+        t += bytes / p.swap_out_bps;
+        res.n_park_swap++;
+    } else {
+        s.swapped = false;
+        s.bytes   = 0;
+        if (s.replay_left > 0) {
+            s.from_gen  = true;  // parked again mid-replay: the replay list is still whole
+            s.n_restore = s.replay_total;
+        } else if (s.from_gen) {
+            s.replay_total = n_held + 1;
+            s.n_restore    = s.replay_total;
+        } else {
+            s.redo_left  += n_held;  // starts its prompt over
+            s.prompt_done = 0;
+            s.n_restore   = std::min(reqs[s.req].n_prompt, n_held + p.n_batch);
+        }
+        res.n_park_recompute++;
+    }
+    s.replay_left = 0;
+    s.cells       = 0;
+    s.phase       = slot_phase::parked;
+    s.t_parked    = t;
+    s.n_preempt  += 1;
+    res.requests[s.req].n_preempt += 1;
+}
+
+void sim_server::resume(sim_slot & s) {
+    res.requests[s.req].t_parked_s += t - s.t_parked;
+    res.n_resume++;
+    if (s.swapped) {
+        t += s.bytes / p.swap_in_bps;
+        parked_bytes -= s.bytes;
+        s.cells   = s.held;
+        s.bytes   = 0;
+        s.swapped = false;
+        s.phase   = s.from_gen ? slot_phase::generating : slot_phase::prompt;
+        return;
+    }
+    s.phase = slot_phase::prompt;
+    if (s.from_gen) {
+        s.replay_left = s.replay_total;
+    }
+}
+
+// a step that does not fit the pool at all: upstream fails every running request; with
+// preemption, the bottom of the retry ladder parks a victim and the step starts over
+bool sim_server::last_resort() {
+    if (!p.preempt) {
+        return false;
+    }
+    const int32_t victim = select_victim(views(), pp);
+    if (victim < 0) {
+        return false;
+    }
+    park(slots[victim]);
+    return true;
+}
+
+int32_t sim_server::cells_used() const {
+    int32_t n = 0;
+    for (const auto & s : slots) {
+        n += s.phase == slot_phase::parked ? 0 : s.cells;
+    }
+    return n;
+}
+
+bool sim_server::step(double t_next) {
+    admit();
+
+    bool any = false;
+    for (const auto & s : slots) {
+        any |= s.phase != slot_phase::idle;
+    }
+    if (!any) {
+        if (t_next == SIM_NEVER) {
+            return false;  // all done
+        }
+        t = std::max(t, t_next);  // idle until the next arrival
         return true;
     }
 
-    sim_result run() {
-        while (step()) {
-            if (res.n_steps >= p.max_steps) {
-                res.hit_step_limit = true;
-                break;
+    std::vector<uint8_t> hold(slots.size(), 0);
+    if (p.preempt) {
+        const plan pl = plan_step(views(), pp);
+        for (int32_t id : pl.purge) {
+            slots[id].cells = 0;
+        }
+        for (int32_t id : pl.fail) {
+            finish(slots[id], sim_outcome::failed);
+        }
+        for (int32_t id : pl.park) {
+            park(slots[id]);
+        }
+        for (int32_t id : pl.resume) {
+            resume(slots[id]);
+        }
+        for (int32_t id : pl.hold) {
+            hold[id] = 1;
+        }
+    }
+
+    // the batch: one token per generating slot, then prompt and replay chunks in slot order
+    std::vector<int32_t> chunk(slots.size(), 0);
+    int32_t n_gen_tok = 0;
+    int32_t n_prompt_tok = 0;
+    while (true) {
+        std::fill(chunk.begin(), chunk.end(), 0);
+        n_gen_tok = 0;
+        n_prompt_tok = 0;
+        for (auto & s : slots) {
+            if (s.phase == slot_phase::generating) {
+                chunk[s.id] = 1;
+                n_gen_tok++;
             }
         }
-        res.makespan_s = t;
-        return res;
+        for (auto & s : slots) {
+            if (s.phase != slot_phase::prompt || hold[s.id] || n_gen_tok + n_prompt_tok >= p.n_batch) {
+                continue;
+            }
+            if (s.is_new) {
+                s.cells = 0;  // the prompt starts: nothing of the cached cells is reused
+            }
+            const int32_t left = s.replay_left > 0 ? s.replay_left : reqs[s.req].n_prompt - s.prompt_done;
+            chunk[s.id] = std::min(left, p.n_batch - n_gen_tok - n_prompt_tok);
+            n_prompt_tok += chunk[s.id];
+        }
+        int32_t used = cells_used();
+        if (used + n_gen_tok + n_prompt_tok <= p.n_pool) {
+            break;
+        }
+        // upstream clears idle caches on a failed decode, then halves the batch
+        for (auto & s : slots) {
+            if (s.phase == slot_phase::idle) {
+                s.cells = 0;
+            }
+        }
+        used = cells_used();
+        if (used + n_gen_tok + n_prompt_tok <= p.n_pool) {
+            break;
+        }
+        if (used + n_gen_tok <= p.n_pool && n_prompt_tok > 0) {
+            // smaller prompt chunks fit: take what fits, slot by slot
+            int32_t room = p.n_pool - used - n_gen_tok;
+            for (auto & s : slots) {
+                if (chunk[s.id] > 0 && s.phase == slot_phase::prompt) {
+                    chunk[s.id] = std::min(chunk[s.id], room);
+                    room -= chunk[s.id];
+                }
+            }
+            n_prompt_tok = p.n_pool - used - n_gen_tok - room;
+            break;
+        }
+        if (!last_resort()) {
+            for (auto & s : slots) {
+                if (s.phase != slot_phase::idle) {
+                    finish(s, sim_outcome::failed);  // "Context size has been exceeded."
+                }
+            }
+            return true;
+        }
     }
-};
 
-} // namespace
+    if (n_gen_tok + n_prompt_tok == 0) {
+        // nothing can run now (only held requests): wait for the next arrival or give up
+        if (t_next != SIM_NEVER) {
+            t = std::max(t, t_next);
+            return true;
+        }
+        res.hit_step_limit = true;
+        return false;
+    }
+
+    const double t_step_start = t;
+    t += p.step_s + n_gen_tok * p.decode_token_s + n_prompt_tok * p.prefill_token_s;
+    res.n_steps++;
+
+    for (auto & s : slots) {
+        const int32_t c = chunk[s.id];
+        if (c == 0 || s.req < 0) {
+            continue;
+        }
+        auto & r = res.requests[s.req];
+        s.cells += c;
+        if (s.phase == slot_phase::generating) {
+            s.gen_done++;
+            res.n_tokens_generated++;
+        } else if (s.replay_left > 0) {
+            s.replay_left -= c;
+            res.n_recompute_tokens += c;
+            if (s.replay_left == 0) {
+                // the last replay token's logits are the interrupted step's: it samples on
+                s.phase = slot_phase::generating;
+                s.gen_done++;
+                res.n_tokens_generated++;
+            }
+        } else {
+            if (s.is_new) {
+                s.is_new = false;
+                r.t_start = t_step_start;
+            }
+            const int32_t redo = std::min(c, s.redo_left);
+            s.redo_left -= redo;
+            res.n_recompute_tokens += redo;
+            s.prompt_done += c;
+            if (s.prompt_done == reqs[s.req].n_prompt) {
+                s.phase = slot_phase::generating;
+                s.gen_done++;
+                res.n_tokens_generated++;
+                if (r.t_first < 0) {
+                    r.t_first = t;
+                }
+            }
+        }
+        if (s.phase == slot_phase::generating && s.gen_done >= reqs[s.req].n_gen) {
+            finish(s, sim_outcome::completed);
+        }
+    }
+    res.peak_cells = std::max(res.peak_cells, cells_used());
+    return true;
+}
+
 
 sim_result simulate(const std::vector<sim_request> & requests, const sim_params & p) {
-    // arrivals in time order, results in the caller's order
-    std::vector<size_t> order(requests.size());
-    for (size_t i = 0; i < order.size(); ++i) {
-        order[i] = i;
-    }
-    std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
-        return requests[a].t_arrival < requests[b].t_arrival;
-    });
-    std::vector<sim_request> sorted;
-    sorted.reserve(requests.size());
-    for (size_t i : order) {
-        sorted.push_back(requests[i]);
-    }
-    sim_result sorted_res = simulator(sorted, p).run();
-    sim_result out = sorted_res;
-    for (size_t k = 0; k < order.size(); ++k) {
-        out.requests[order[k]] = sorted_res.requests[k];
-    }
-    return out;
+    sim_fleet_result fleet = simulate_fleet(requests, p, 1, sim_route::round_robin);
+    return std::move(fleet.servers[0]);
 }
 
 } // namespace llama_preempt

@@ -4,13 +4,17 @@
 // (plan_step(), the very function the server calls) decides purges, parks, resumes and holds;
 // the batch takes one token per generating slot, then prompt and replay chunks in slot order up
 // to n_batch; the step costs time by per-token rates. A victim is swapped or recomputed by the
-// server's own choose_park(), priced with the simulated copy and prefill costs. Pure C++ and no llama types, so operators can
-// size -c and --preempt-ram for a workload in seconds (llama_preempt.simulate).
+// server's own choose_park(), priced with the simulated costs. Pure C++ and no llama types, so operators can
+// size -c and --preempt-ram for a workload in seconds (llama_preempt.simulate), and a fleet of
+// such servers behind a router (simulate_fleet(), preempt-fleet.cpp).
 #pragma once
 
 #include "preempt-policy.h"
 
 #include <cstdint>
+#include <deque>
+#include <limits>
+#include <string>
 #include <vector>
 
 namespace llama_preempt {
@@ -37,7 +41,7 @@ struct sim_params {
     double swap_out_bps    = 9.5e9;   // park copy bandwidth, bytes/s (bench/swap_bandwidth.py, CPU)
     double swap_in_bps     = 15.0e9;  // restore copy bandwidth, bytes/s
 
-    int64_t max_steps = 50000000;     // a guard against a workload that cannot finish
+    int64_t max_steps = 50000000;     // a guard against a workload that cannot finish (per server)
 };
 
 enum class sim_outcome : int32_t { pending = 0, completed = 1, failed = 2 };
@@ -67,6 +71,101 @@ struct sim_result {
     bool    hit_step_limit       = false;
 };
 
+// one slot of a simulated server
+struct sim_slot {
+    int32_t    id    = 0;
+    int32_t    req   = -1;  // request it serves, -1 when idle
+    slot_phase phase = slot_phase::idle;
+    bool       is_new = false;  // admitted, has not processed a prompt chunk yet
+    int32_t    cells  = 0;      // cells held (an idle or new slot's are a reclaimable cache)
+    int32_t    prompt_done = 0;
+    int32_t    gen_done    = 0;
+    double     t_last_used = 0;
+
+    // parked, or resuming after a park
+    bool    swapped      = false;  // parked by SWAP (else RECOMPUTE)
+    bool    from_gen     = false;  // parked while generating (else mid-prompt)
+    int32_t held         = 0;      // cells it held when parked
+    int32_t n_restore    = 0;      // cells it needs to be back where it was
+    double  t_parked     = 0;
+    double  bytes        = 0;      // host RAM its swapped state takes
+    int32_t replay_total = 0;      // recompute: prompt + generated + sampled
+    int32_t replay_left  = 0;      // recompute: replay tokens still to re-prefill
+    int32_t redo_left    = 0;      // a prompt-phase victim: prompt tokens it processes again
+    int32_t n_preempt    = 0;
+};
+
+constexpr double SIM_NEVER = std::numeric_limits<double>::infinity();
+
+// One simulated llama-server with its own clock. It does not know the workload: its caller brings
+// each request when it arrives (arrive()) and advances it in time (run_until()), so one loop serves
+// a lone server (simulate()) and a fleet behind a router (simulate_fleet()) alike. Requests are
+// numbered, and res.requests kept, in the order they arrive here.
+struct sim_server {
+    sim_params  p;
+    plan_params pp;
+    sim_result  res;
+
+    std::vector<sim_request> reqs;     // every request that arrived here
+    std::vector<sim_slot>    slots;
+    std::deque<int32_t>      waiting;  // arrived, no slot yet (upstream's deferred tasks)
+    double t = 0;
+    double parked_bytes = 0;
+    bool   stopped = false;  // gave up: the step limit, or held requests that nothing can unblock
+
+    explicit sim_server(const sim_params & p);
+
+    // a request arrives (at rq.t_arrival, which is not before any earlier arrival's); an idle
+    // server's clock jumps to it. Its result is res.requests.back().
+    void arrive(const sim_request & rq);
+
+    // every step that starts before t_until, the next arrival anywhere (SIM_NEVER: run out);
+    // the caller brings the arrivals at t_until afterwards
+    void run_until(double t_until);
+
+    bool has_work() const;
+    int32_t n_parked() const;  // requests parked now
+    int32_t n_busy()   const;  // requests in a slot now, parked ones included
+    int32_t n_queued() const { return (int32_t) waiting.size(); }
+
+    // one update_slots(); t_next: the next arrival (SIM_NEVER: none). false: nothing will move again
+    bool step(double t_next);
+
+    // the pieces of a step
+    bool is_running(const sim_slot & s) const;
+    slot_view view(const sim_slot & s) const;
+    std::vector<slot_view> views() const;
+    void finish(sim_slot & s, sim_outcome outcome);
+    void admit();
+    void park(sim_slot & s);
+    void resume(sim_slot & s);
+    bool last_resort();
+    int32_t cells_used() const;
+};
+
+// one server: simulate_fleet() with a fleet of one
 sim_result simulate(const std::vector<sim_request> & requests, const sim_params & p);
+
+// --- a fleet of identical, independent servers behind a router ---
+
+enum class sim_route : int32_t {
+    round_robin,   // the i-th arrival goes to server i % n
+    least_parked,  // to the server with the fewest requests parked; ties: fewest busy + queued, then lowest index
+};
+
+const char * sim_route_name(sim_route r);  // round-robin, least-parked (the CLI's spelling)
+bool parse_sim_route(const std::string & s, sim_route & out);
+
+struct sim_fleet_result {
+    std::vector<sim_result> servers;   // each with its own requests, in the caller's order among them
+    std::vector<int32_t>    server_of; // per request (the caller's order): the server it went to
+    std::vector<sim_request_result> requests;  // every request's result, in the caller's order
+    // per request (the caller's order), n_servers values: each server's parked requests when the
+    // router placed it, as the router saw them
+    std::vector<int32_t>    parked_seen;
+};
+
+sim_fleet_result simulate_fleet(const std::vector<sim_request> & requests, const sim_params & p,
+                                int32_t n_servers, sim_route route);
 
 } // namespace llama_preempt

@@ -25,6 +25,37 @@ namespace lp = llama_preempt;
 
 void register_engine(py::module_ & m);  // py-engine.cpp: the in-process server
 
+namespace {
+
+// the simulator's requests from the three columns Python passes
+std::vector<lp::sim_request> sim_requests(const std::vector<double> & t_arrival, const std::vector<int32_t> & n_prompt,
+                                          const std::vector<int32_t> & n_gen) {
+    if (t_arrival.size() != n_prompt.size() || t_arrival.size() != n_gen.size()) {
+        throw py::value_error("t_arrival, n_prompt and n_gen must have the same length");
+    }
+    std::vector<lp::sim_request> reqs(t_arrival.size());
+    for (size_t i = 0; i < reqs.size(); ++i) {
+        if (n_prompt[i] < 1 || n_gen[i] < 1) {
+            throw py::value_error("every request needs at least one prompt token and one generated token");
+        }
+        reqs[i] = { t_arrival[i], n_prompt[i], n_gen[i] };
+    }
+    return reqs;
+}
+
+// (outcome 0 pending / 1 completed / 2 failed, t_start, t_first, t_done, n_preempt, t_parked_s)
+std::vector<std::tuple<int, double, double, double, int, double>> request_tuples(
+        const std::vector<lp::sim_request_result> & requests) {
+    std::vector<std::tuple<int, double, double, double, int, double>> out;
+    out.reserve(requests.size());
+    for (const auto & q : requests) {
+        out.emplace_back((int) q.outcome, q.t_start, q.t_first, q.t_done, q.n_preempt, q.t_parked_s);
+    }
+    return out;
+}
+
+} // namespace
+
 PYBIND11_MODULE(_core, m) {
     m.doc() = "llama-preempt compiled core: the preemption policy shared with llama-server";
 
@@ -217,31 +248,48 @@ PYBIND11_MODULE(_core, m) {
         .def_readonly("peak_cells",         &lp::sim_result::peak_cells)
         .def_readonly("makespan_s",         &lp::sim_result::makespan_s)
         .def_readonly("hit_step_limit",     &lp::sim_result::hit_step_limit)
-        .def("requests", [](const lp::sim_result & r) {
-            // (outcome 0 pending / 1 completed / 2 failed, t_start, t_first, t_done, n_preempt, t_parked_s)
-            std::vector<std::tuple<int, double, double, double, int, double>> out;
-            out.reserve(r.requests.size());
-            for (const auto & q : r.requests) {
-                out.emplace_back((int) q.outcome, q.t_start, q.t_first, q.t_done, q.n_preempt, q.t_parked_s);
+        .def("requests", [](const lp::sim_result & r) { return request_tuples(r.requests); },
+             "(outcome 0 pending / 1 completed / 2 failed, t_start, t_first, t_done, n_preempt, t_parked_s) per request");
+
+    py::class_<lp::sim_fleet_result>(m, "SimFleetResult", "what a simulated fleet of servers did")
+        .def_readonly("servers",   &lp::sim_fleet_result::servers,
+                      "a SimResult per server, its requests in the caller's order among them")
+        .def_readonly("server_of", &lp::sim_fleet_result::server_of, "per request: the server it went to")
+        .def("requests", [](const lp::sim_fleet_result & r) { return request_tuples(r.requests); },
+             "every request's result as SimResult.requests() gives it, in the caller's order")
+        .def("parked_seen", [](const lp::sim_fleet_result & r) {
+            const size_t n_srv = r.servers.size();
+            std::vector<std::vector<int32_t>> out(r.server_of.size());
+            for (size_t i = 0; i < out.size(); ++i) {
+                out[i].assign(r.parked_seen.begin() + i * n_srv, r.parked_seen.begin() + (i + 1) * n_srv);
             }
             return out;
-        });
+        }, "per request: each server's parked requests when the router placed it");
 
     m.def("simulate", [](const std::vector<double> & t_arrival, const std::vector<int32_t> & n_prompt,
                          const std::vector<int32_t> & n_gen, const lp::sim_params & params) {
-              if (t_arrival.size() != n_prompt.size() || t_arrival.size() != n_gen.size()) {
-                  throw py::value_error("t_arrival, n_prompt and n_gen must have the same length");
-              }
-              std::vector<lp::sim_request> reqs(t_arrival.size());
-              for (size_t i = 0; i < reqs.size(); ++i) {
-                  if (n_prompt[i] < 1 || n_gen[i] < 1) {
-                      throw py::value_error("every request needs at least one prompt token and one generated token");
-                  }
-                  reqs[i] = { t_arrival[i], n_prompt[i], n_gen[i] };
-              }
+              const auto reqs = sim_requests(t_arrival, n_prompt, n_gen);
               py::gil_scoped_release nogil;
               return lp::simulate(reqs, params);
           },
           py::arg("t_arrival"), py::arg("n_prompt"), py::arg("n_gen"), py::arg("params"),
           "run the server loop in simulation with the server's own planner");
+
+    m.def("simulate_fleet", [](const std::vector<double> & t_arrival, const std::vector<int32_t> & n_prompt,
+                               const std::vector<int32_t> & n_gen, const lp::sim_params & params, int32_t n_servers,
+                               const std::string & route) {
+              const auto reqs = sim_requests(t_arrival, n_prompt, n_gen);
+              if (n_servers < 1) {
+                  throw py::value_error("n_servers must be at least 1");
+              }
+              lp::sim_route how;
+              if (!lp::parse_sim_route(route, how)) {
+                  throw py::value_error("route must be round-robin or least-parked, got '" + route + "'");
+              }
+              py::gil_scoped_release nogil;
+              return lp::simulate_fleet(reqs, params, n_servers, how);
+          },
+          py::arg("t_arrival"), py::arg("n_prompt"), py::arg("n_gen"), py::arg("params"), py::arg("n_servers"),
+          py::arg("route") = "round-robin",
+          "run the workload through n_servers simulated servers, each arrival placed by the route");
 }

@@ -194,6 +194,10 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         if v <= 0 and k != "step_ms":
             raise CLIError(f"--{k.replace('_', '-')} must be positive, got {v}")
     costs = replace(costs, **overrides)
+    if args.servers < 1:
+        raise CLIError(f"--servers must be at least 1, got {args.servers}")
+    if args.servers > 1 or args.compare_routes:
+        return _simulate_fleet(args, wl, costs)
     sweep = _parse_sweep(args.sweep or [])
     ctxs = sweep.get("ctx", [args.ctx])
     budgets = sweep.get("ram", [args.preempt_ram])
@@ -224,6 +228,82 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     con.print(t)
     con.print(f"[dim]{len(reports)} simulation(s) in {elapsed:.2f} s[/]")
     return 0
+
+
+def _simulate_fleet(args: argparse.Namespace, wl: Any, costs: Any) -> int:
+    from .fleet import ROUTES, simulate_fleet
+
+    if args.compare_routes and args.servers < 2:
+        raise CLIError(f"--compare-routes needs --servers 2 or more, got {args.servers}")
+    if args.sweep:
+        raise CLIError("--sweep runs one server: drop --sweep, or --servers and --compare-routes")
+    routes = ROUTES if args.compare_routes else (args.route,)
+    t0 = time.perf_counter()
+    fleets = [simulate_fleet(wl, n_servers=args.servers, route=route, n_ctx=args.ctx, n_parallel=args.parallel,
+                             n_batch=args.batch, preempt=not args.no_preempt, preempt_ram_mib=args.preempt_ram,
+                             preempt_mode=args.preempt_mode, costs=costs) for route in routes]
+    elapsed = time.perf_counter() - t0
+    if args.json:
+        print(json.dumps({"workload": {"requests": len(wl), "source": str(args.workload) if args.workload else "synthetic"},
+                          "costs": costs.__dict__, "elapsed_s": elapsed,
+                          "fleets": [f.to_json() for f in fleets]}, indent=2))
+        return 0
+    con = _console()
+    for f in fleets:
+        server = "--no-preempt" if args.no_preempt else f"--preempt-ram {args.preempt_ram}"
+        con.print(_fleet_table(f, f"{f.route}: {len(wl)} requests, {f.n_servers} servers, each -c {args.ctx} "
+                                  f"-np {args.parallel} {server}"))
+    if len(fleets) > 1:
+        con.print(_routes_table(fleets))
+    con.print(f"[dim]{len(fleets)} fleet simulation(s) in {elapsed:.2f} s[/]")
+    return 0
+
+
+def _secs(*values: float) -> str:
+    """'1.23 / 4.56 s'; '-' where nothing completed (a server that got no requests)."""
+    if all(v != v for v in values):
+        return "-"
+    return " / ".join("-" if v != v else f"{v:.2f}" for v in values) + " s"
+
+
+def _fleet_table(f: Any, title: str) -> Any:
+    """One row per server and a total row; narrow enough for 80 columns."""
+    from rich.table import Table
+
+    t = Table(title=title, title_justify="left",
+              caption="peak RAM: host RAM of parked requests; total: the most one server held", caption_justify="left")
+    for col in ("server", "requests", "done", "failed", "parks", "peak RAM", "TTFT p99", "makespan"):
+        t.add_column(col, justify="right", overflow="fold")
+    rows = [(str(k), s) for k, s in enumerate(f.servers)] + [("total", f)]
+    for k, (name, r) in enumerate(rows):
+        t.add_row(name, str(r.requests), str(r.completed), f"[red]{r.failed}[/]" if r.failed else "0", str(r.parks),
+                  f"{r.peak_parked_mib:.1f} MiB", _secs(r.ttft_p99_s), f"{r.makespan_s:.1f} s",
+                  end_section=k == len(rows) - 2, style="bold" if name == "total" else None)
+    return t
+
+
+def _routes_table(fleets: list[Any]) -> Any:
+    """The fleet totals of each route, side by side."""
+    from rich.table import Table
+
+    t = Table(title=f"the same load, {fleets[0].n_servers} servers, by route", title_justify="left")
+    t.add_column("")
+    for f in fleets:
+        t.add_column(f.route, justify="right", overflow="fold")
+    rows = [
+        ("requests per server", lambda f: "-".join(str(n) for n in sorted({min(s.requests for s in f.servers),
+                                                                             max(s.requests for s in f.servers)}))),
+        ("completed", lambda f: str(f.completed)),
+        ("failed", lambda f: f"[red]{f.failed}[/]" if f.failed else "0"),
+        ("parks (swap / recompute)", lambda f: f"{f.parks} ({f.parks_swap} / {f.parks_recompute})"),
+        ("peak parked, one server", lambda f: f"{f.peak_parked_mib:.1f} MiB"),
+        ("TTFT p50 / p99", lambda f: _secs(f.ttft_p50_s, f.ttft_p99_s)),
+        ("queue p50 / p99", lambda f: _secs(f.queue_p50_s, f.queue_p99_s)),
+        ("makespan", lambda f: f"{f.makespan_s:.1f} s"),
+    ]
+    for name, fn in rows:
+        t.add_row(name, *[fn(f) for f in fleets])
+    return t
 
 
 # --- serve ---
@@ -298,6 +378,12 @@ def build_parser() -> argparse.ArgumentParser:
     srv.add_argument("--no-preempt", action="store_true", help="upstream's behaviour: a full pool fails every running request")
     srv.add_argument("--sweep", action="append", metavar="KEY=V,V,...",
                      help="ctx=1024,2048,... and/or ram=0,256,-1: one row per combination")
+    fl = m.add_argument_group("fleet (N identical, independent servers behind a router)")
+    fl.add_argument("--servers", type=int, default=1, help="servers, each configured as above (default 1)")
+    fl.add_argument("--route", choices=("round-robin", "least-parked"), default="round-robin",
+                    help="round-robin: the i-th arrival to server i %% N; least-parked: to the server with the fewest "
+                         "requests parked then (default round-robin)")
+    fl.add_argument("--compare-routes", action="store_true", help="run both routes and print them side by side")
     cost = m.add_argument_group("costs (defaults: SmolLM2-135M Q4_1 on 2 CPU cores)")
     cost.add_argument("--calibrate", metavar="URL", help="measure decode and prefill costs from a running server")
     cost.add_argument("--step-ms", type=float, default=None)

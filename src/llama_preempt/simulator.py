@@ -181,6 +181,16 @@ def simulate(workload: Workload, *, n_ctx: int, n_parallel: int, n_batch: int = 
              preempt_ram_mib: int = 8192, preempt_mode: str = "auto", costs: Costs = Costs(),
              max_steps: int = 50_000_000) -> SimReport:
     """Run the workload through the simulated server; see the module docstring."""
+    p = sim_params(n_ctx=n_ctx, n_parallel=n_parallel, n_batch=n_batch, preempt=preempt,
+                   preempt_ram_mib=preempt_ram_mib, preempt_mode=preempt_mode, costs=costs, max_steps=max_steps)
+    r = _core.simulate(list(workload.t_arrival), list(workload.n_prompt), list(workload.n_gen), p)
+    return sim_report(r, workload.t_arrival, n_ctx=n_ctx, n_parallel=n_parallel, preempt=preempt,
+                      preempt_ram_mib=preempt_ram_mib, preempt_mode=preempt_mode)
+
+
+def sim_params(*, n_ctx: int, n_parallel: int, n_batch: int, preempt: bool, preempt_ram_mib: int,
+               preempt_mode: str, costs: Costs, max_steps: int) -> Any:
+    """The checked `_core.SimParams` of one simulated server (simulate() and the fleet's)."""
     if n_ctx < 2:
         raise WorkloadError("--ctx must be at least 2 cells")
     if n_parallel < 1:
@@ -197,17 +207,23 @@ def simulate(workload: Workload, *, n_ctx: int, n_parallel: int, n_batch: int = 
     p.ram_budget_bytes = -1 if preempt_ram_mib < 0 else preempt_ram_mib << 20
     p.max_steps = max_steps
     costs.to_params(p)
-    r = _core.simulate(list(workload.t_arrival), list(workload.n_prompt), list(workload.n_gen), p)
+    return p
 
+
+def latencies(per_request: Iterable[dict[str, Any]]) -> tuple[list[float], list[float]]:
+    """(TTFT, queueing) in seconds of the completed requests."""
+    done = [q for q in per_request if q["outcome"] == "completed"]
+    return [q["t_first"] - q["t_arrival"] for q in done], [q["t_start"] - q["t_arrival"] for q in done]
+
+
+def sim_report(r: Any, arrivals: Sequence[float], *, n_ctx: int, n_parallel: int, preempt: bool,
+               preempt_ram_mib: int, preempt_mode: str) -> SimReport:
+    """The report of one simulated server: its `_core.SimResult` and its requests' arrival times."""
     reqs = r.requests()
-    ttft, queue, per = [], [], []
-    for i, (outcome, t_start, t_first, t_done, n_preempt, t_parked) in enumerate(reqs):
-        arrival = workload.t_arrival[i]
-        if outcome == 1:
-            ttft.append(t_first - arrival)
-            queue.append(t_start - arrival)
-        per.append({"outcome": _OUTCOME[outcome], "t_arrival": arrival, "t_start": t_start, "t_first": t_first,
-                    "t_done": t_done, "n_preempt": n_preempt, "t_parked_s": t_parked})
+    per = [{"outcome": _OUTCOME[outcome], "t_arrival": arrival, "t_start": t_start, "t_first": t_first,
+            "t_done": t_done, "n_preempt": n_preempt, "t_parked_s": t_parked}
+           for arrival, (outcome, t_start, t_first, t_done, n_preempt, t_parked) in zip(arrivals, reqs)]
+    ttft, queue = latencies(per)
     return SimReport(
         n_ctx=n_ctx, n_parallel=n_parallel, preempt=preempt, preempt_ram_mib=preempt_ram_mib, preempt_mode=preempt_mode,
         requests=len(reqs), completed=sum(1 for q in reqs if q[0] == 1), failed=sum(1 for q in reqs if q[0] == 2),
