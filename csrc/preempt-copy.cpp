@@ -212,11 +212,17 @@ size_t run_unit(const llama_state_seq_slice * s, const slice_run & r) {
     return u;
 }
 
+// a transposed V spread over at most this many cell ranges is moved by one strided copy per range;
+// beyond, by a transpose of the whole tensor (fewer graph nodes: a graph a fragmented pool would
+// otherwise fill with thousands of small copies)
+constexpr size_t MAX_VIEW_RANGES = 64;
+
 // the ops that move one run on a device. Gather: returns the contiguous staging tensor holding the
 // run's bytes in the buffer's order. Scatter: `staging` is an input holding those bytes; returns the
 // last op writing the tensor. Null when the run's layout is not covered (copied slice by slice).
 ggml_tensor * build_run(ggml_context * ctx, const llama_state_seq_slice * s, const slice_run & r, bool to_host,
-                        std::vector<std::pair<ggml_tensor *, std::vector<int32_t>>> & idx_data, ggml_tensor ** staging) {
+                        std::vector<std::pair<ggml_tensor *, std::vector<int32_t>>> & idx_data, ggml_tensor ** staging,
+                        std::vector<ggml_tensor *> & more) {
     ggml_tensor * t = r.tensor;
     const size_t t_bytes = ggml_nbytes(t);
     const size_t u = run_unit(s, r);
@@ -266,6 +272,37 @@ ggml_tensor * build_run(ggml_context * ctx, const llama_state_seq_slice * s, con
             return nullptr;
         }
         ggml_tensor * m   = alias(ctx, t, type, n_col, n_row, g.base);   // [cell, element row]
+        if (g.R <= MAX_VIEW_RANGES) {
+            // few cell ranges: one strided copy per range, element rows as the second dimension,
+            // instead of transposing the whole tensor (a cost that grows with the pool, not the
+            // sequence: hundreds of ms a park for a large pool on a CPU-like device)
+            ggml_tensor * buf = ggml_new_tensor_2d(ctx, type, n_cells, n_row);  // the bytes in the state buffer's order
+            ggml_set_name(buf, to_host ? "preempt_gather" : "preempt_scatter");
+            if (to_host) {
+                ggml_set_output(buf);  // read back after the graph: not to be reused by the allocator
+            } else {
+                ggml_set_input(buf);
+                *staging = buf;
+            }
+            ggml_tensor * last = nullptr;
+            int64_t done = 0;
+            for (size_t i = r.first; i < r.first + g.R; ++i) {
+                const int64_t c0  = (int64_t) ((s[i].offset - g.base) / el);
+                const int64_t len = (int64_t) (s[i].size / el);
+                ggml_tensor * in_pool = ggml_view_2d(ctx, m, len, n_row, m->nb[1], (size_t) c0 * el);
+                ggml_tensor * in_buf  = ggml_view_2d(ctx, buf, len, n_row, buf->nb[1], (size_t) done * el);
+                if (last != nullptr) {
+                    more.push_back(last);
+                }
+                last = to_host ? ggml_cpy(ctx, in_pool, in_buf) : ggml_cpy(ctx, in_buf, in_pool);
+                done += len;
+            }
+            if (to_host) {
+                more.push_back(last);
+                return buf;
+            }
+            return last;
+        }
         ggml_tensor * mt  = ggml_cont(ctx, ggml_transpose(ctx, m));     // [element row, cell]: a row per cell
         ggml_tensor * idx = make_idx(cells);
         if (to_host) {
@@ -401,7 +438,11 @@ bool seq_copier::run_group(ggml_backend_t backend, const llama_state_seq_slice *
     auto p = std::make_unique<copy_pending>();
     p->backend = backend;
 
-    const size_t n_max = group.size() * 16 + 16;
+    // graph size: a few nodes a run, three a cell range where a run copies range by range
+    size_t n_max = 16;
+    for (const void * g : group) {
+        n_max += 16 + 4 * std::min(((const slice_run *) g)->count, MAX_VIEW_RANGES);
+    }
     ggml_init_params params = {
         /*.mem_size   =*/ n_max * ggml_tensor_overhead() + ggml_graph_overhead_custom(n_max, false),
         /*.mem_buffer =*/ nullptr,
@@ -421,17 +462,23 @@ bool seq_copier::run_group(ggml_backend_t backend, const llama_state_seq_slice *
     std::vector<moved_run> moved;
     std::vector<const slice_run *> left;  // runs the graphs do not cover
     std::vector<ggml_tensor *> seen;
+    std::vector<ggml_tensor *> more;  // other nodes of the run, besides the one build_run returns
     for (const void * g : group) {
         const auto * r = (const slice_run *) g;
         ggml_tensor * staging = nullptr;
-        ggml_tensor * node = build_run(p->ctx, s, *r, to_host, p->idx, &staging);
+        more.clear();
+        ggml_tensor * node = build_run(p->ctx, s, *r, to_host, p->idx, &staging, more);
         if (node == nullptr) {
             report.why_fallback = "a layout the gather does not cover";
             left.push_back(r);
             continue;
         }
         seen.clear();
-        if (!run_supported(backend, node, seen)) {
+        bool supported = run_supported(backend, node, seen);
+        for (ggml_tensor * t : more) {
+            supported = supported && run_supported(backend, t, seen);
+        }
+        if (!supported) {
             report.why_fallback = "an op the device does not support";
             left.push_back(r);
             continue;
@@ -445,6 +492,9 @@ bool seq_copier::run_group(ggml_backend_t backend, const llama_state_seq_slice *
                 staging->buffer = device;
                 ahead = true;
             }
+        }
+        for (ggml_tensor * t : more) {
+            ggml_build_forward_expand(gf, t);
         }
         ggml_build_forward_expand(gf, node);
         moved.push_back({ to_host ? node : staging, r, ahead });
