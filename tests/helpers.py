@@ -2,7 +2,9 @@
 from __future__ import annotations
 
 import json
+import socket
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -74,3 +76,58 @@ class BackgroundStream:
     def join(self, timeout: float = 120) -> list[dict[str, Any]]:
         self._thread.join(timeout)
         return self.chunks
+
+
+def assert_every_swap_verified(m: Any) -> None:
+    """Every park was a swap, byte-compared with upstream's copy (LLAMA_SERVER_PREEMPT_VERIFY), and
+    nothing is held any more."""
+    assert m["n_preempt_swap_total"] == m["n_preempt_total"]
+    assert m["n_swap_verify_total"] == m["n_preempt_swap_total"]
+    assert m["n_swap_verify_mismatch_total"] == 0
+    assert m["preempt_ram_bytes"] == 0
+    assert m["preempt_copies_in_flight"] == 0
+
+
+def wait_for_parked(srv: LlamaServer, timeout: float = 60) -> dict[str, Any]:
+    """The /slots entry of the first slot seen parked."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        parked = next((s for s in srv.slots() if s["is_preempted"]), None)
+        if parked:
+            return parked
+    raise AssertionError("no slot was parked")
+
+
+def open_raw_stream(srv: LlamaServer, prompt: str, n_predict: int) -> socket.socket:
+    """A streamed /completion on a raw socket, so that closing it really disconnects (a pooled HTTP
+    client may keep the connection open); returns once the stream is live."""
+    body = json.dumps({"prompt": prompt, "n_predict": n_predict, "temperature": 0,
+                       "ignore_eos": True, "stream": True}).encode()
+    sock = socket.create_connection((srv.host, srv.port), timeout=60)
+    sock.sendall(b"POST /completion HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
+                 b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+    first = sock.recv(4096)
+    assert first.startswith(b"HTTP/1.1 200"), first
+    return sock
+
+
+def wait_until_nothing_held(srv: LlamaServer, timeout: float = 30) -> Any:
+    """After a client left: wait until no host RAM is held and no request runs; the last metrics."""
+    deadline = time.monotonic() + timeout
+    while True:
+        m = srv.metrics()
+        if (m["preempt_ram_bytes"] == 0 and m["requests_processing"] == 0) or time.monotonic() > deadline:
+            return m
+
+
+def streams_held_parked(srv: LlamaServer, prompts: tuple[str, ...] = ("Once upon a time", "There was a dog"),
+                        timeout: float = 30) -> list[requests.Response]:
+    """Open one long stream per prompt and wait until every one is parked (the server runs with a
+    long LLAMA_SERVER_PREEMPT_HOLD_MS); the caller closes the responses."""
+    streams = [requests.post(srv.url + "/completion", json={"prompt": p, "n_predict": 300, "ignore_eos": True,
+                                                             "stream": True}, stream=True, timeout=60)
+               for p in prompts]
+    deadline = time.monotonic() + timeout
+    while sum(s["is_preempted"] for s in srv.slots()) < len(prompts):
+        assert time.monotonic() < deadline, f"all {len(prompts)} requests should be parked"
+    return streams

@@ -3,18 +3,16 @@ parked, a draft model under forced parks, bad requests and fuzzed fields. Nothin
 and the server keeps serving."""
 from __future__ import annotations
 
-import json
 import signal
 import subprocess
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 import requests
 
-from helpers import complete, long_prompt
-from llama_preempt.engine import Engine, RequestCancelled, RequestError
+from helpers import complete, long_prompt, streams_held_parked
+from llama_preempt.engine import Engine, RequestCancelled
 from llama_preempt.server import LlamaServer, ServerConfig
 
 FORCED = {"LLAMA_SERVER_PREEMPT_EVERY": "8"}
@@ -72,12 +70,7 @@ def test_a_signal_with_slots_parked_ends_the_server_cleanly(stories_model: Path,
                        env={**FORCED, "LLAMA_SERVER_PREEMPT_HOLD_MS": "600000"})
     srv = LlamaServer(cfg, log_dir=tmp_path).start()
     try:
-        streams = [requests.post(srv.url + "/completion", json={"prompt": p, "n_predict": 300, "ignore_eos": True,
-                                                                 "stream": True}, stream=True, timeout=60)
-                   for p in ("Once upon a time", "There was a dog")]
-        deadline = time.monotonic() + 30
-        while sum(s["is_preempted"] for s in srv.slots()) < 2:
-            assert time.monotonic() < deadline, "both requests should be parked"
+        streams = streams_held_parked(srv)
         assert srv.proc is not None
         srv.proc.send_signal(sig)
         rc = srv.proc.wait(timeout=30)  # no hang

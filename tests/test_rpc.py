@@ -10,7 +10,6 @@ LLAMA_SERVER_PREEMPT_VERIFY=1 compares every swap park with upstream's own seria
 """
 from __future__ import annotations
 
-import json
 import re
 import socket
 import subprocess
@@ -22,7 +21,8 @@ from typing import Any, Callable, Iterator
 import pytest
 import requests
 
-from helpers import complete, complete_all, long_prompt
+from helpers import (assert_every_swap_verified, complete, complete_all, long_prompt, open_raw_stream,
+                     streams_held_parked, wait_for_parked, wait_until_nothing_held)
 from llama_preempt.binary import rpc_server_binary, server_binary
 from llama_preempt.rpc import RpcServer
 from llama_preempt.server import LlamaServer, ServerConfig, free_port
@@ -59,14 +59,6 @@ def assert_connected(*servers: RpcServer) -> None:
     # cells live on a device: host tensors are copied by memcpy)
     for rpc in servers:
         assert "Accepted client connection" in rpc.log_text(), rpc.log_text()[-2000:]
-
-
-def assert_every_swap_verified(m: Any) -> None:
-    assert m["n_preempt_swap_total"] == m["n_preempt_total"]
-    assert m["n_swap_verify_total"] == m["n_preempt_swap_total"]
-    assert m["n_swap_verify_mismatch_total"] == 0
-    assert m["preempt_ram_bytes"] == 0
-    assert m["preempt_copies_in_flight"] == 0
 
 
 def park_lines(srv: LlamaServer) -> list[tuple[int, str]]:
@@ -206,12 +198,7 @@ def test_a_request_cancelled_while_its_rpc_copy_is_in_flight_frees_everything(
     # counted in flight long enough for the client to go away first
     srv = start_server(stories_model, n_ctx=512, n_parallel=2, extra_args=on_rpc(start_rpc()) + ["--preempt-mode", "swap"],
                        env={**FORCED, "LLAMA_SERVER_PREEMPT_HOLD_MS": "60000", "LLAMA_SERVER_PREEMPT_COPY_HOLD_MS": "60000"})
-    body = json.dumps({"prompt": "Once upon a time", "n_predict": 400, "temperature": 0,
-                       "ignore_eos": True, "stream": True}).encode()
-    sock = socket.create_connection((srv.host, srv.port), timeout=60)
-    sock.sendall(b"POST /completion HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
-                 b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
-    assert sock.recv(4096).startswith(b"HTTP/1.1 200")
+    sock = open_raw_stream(srv, "Once upon a time", 400)
     parked = wait_for_parked(srv)
     assert parked["preempt_mode"] == "swap"
     assert parked["preempt_copy_in_flight"] is True
@@ -219,25 +206,12 @@ def test_a_request_cancelled_while_its_rpc_copy_is_in_flight_frees_everything(
 
     sock.close()  # the client goes away while its copy is in flight
 
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        m = srv.metrics()
-        if m["preempt_ram_bytes"] == 0 and m["requests_processing"] == 0:
-            break
+    m = wait_until_nothing_held(srv)
     assert m["preempt_ram_bytes"] == 0
     assert m["preempt_copies_in_flight"] == 0
     assert m["requests_preempted"] == 0
     # the device and the server are fine: the next request runs over the same link
     assert complete(srv, "Once", 8).json()["tokens_predicted"] == 8
-
-
-def wait_for_parked(srv: LlamaServer, timeout: float = 60) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        parked = next((s for s in srv.slots() if s["is_preempted"]), None)
-        if parked:
-            return parked
-    raise AssertionError("no slot was parked")
 
 
 def test_losing_the_rpc_server_with_slots_parked_ends_llama_server_with_a_clear_line(
@@ -251,12 +225,7 @@ def test_losing_the_rpc_server_with_slots_parked_ends_llama_server_with_a_clear_
     srv = LlamaServer(cfg, log_dir=tmp_path).start()
     streams: list[Any] = []
     try:
-        streams = [requests.post(srv.url + "/completion", json={"prompt": p, "n_predict": 300, "ignore_eos": True,
-                                                                 "stream": True}, stream=True, timeout=60)
-                   for p in ("Once upon a time", "There was a dog")]
-        deadline = time.monotonic() + 30
-        while sum(s["is_preempted"] for s in srv.slots()) < 2:
-            assert time.monotonic() < deadline, "both requests should be parked"
+        streams = streams_held_parked(srv)
         assert srv.metrics()["preempt_ram_bytes"] > 0
 
         rpc.kill()  # the machine holding the KV cache goes away

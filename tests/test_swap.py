@@ -1,16 +1,14 @@
 """SWAP under a host-RAM budget, RECOMPUTE above it (stories260K)."""
 from __future__ import annotations
 
-import json
-import socket
-import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from helpers import complete, complete_all, long_prompt, n_tokens, sse_events
+from helpers import (complete, complete_all, long_prompt, n_tokens, open_raw_stream, sse_events, wait_for_parked,
+                     wait_until_nothing_held)
 
 FORCED = {"LLAMA_SERVER_PREEMPT_EVERY": "8"}
 
@@ -125,20 +123,8 @@ def test_cancelling_a_parked_streaming_request_frees_its_host_ram(start_server, 
     if in_flight:
         env["LLAMA_SERVER_PREEMPT_COPY_HOLD_MS"] = "60000"
     srv = start_server(stories_model, n_ctx=512, n_parallel=2, env=env, extra_args=["--preempt-mode", "swap"])
-    # a raw socket, so that closing it really disconnects (a pooled HTTP client may keep it open)
-    body = json.dumps({"prompt": "Once upon a time", "n_predict": 400, "temperature": 0,
-                       "ignore_eos": True, "stream": True}).encode()
-    sock = socket.create_connection((srv.host, srv.port), timeout=60)
-    sock.sendall(b"POST /completion HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
-                 b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
-    first = sock.recv(4096)
-    assert first.startswith(b"HTTP/1.1 200"), first  # the stream is live
-
-    deadline = time.monotonic() + 30
-    parked: dict[str, Any] = {}
-    while not parked and time.monotonic() < deadline:
-        parked = next((s for s in srv.slots() if s["is_preempted"]), {})
-    assert parked, "the request was never parked"
+    sock = open_raw_stream(srv, "Once upon a time", 400)
+    parked = wait_for_parked(srv, timeout=30)
     assert parked["preempt_mode"] == "swap"
     assert parked["preempt_ram_bytes"] > 0
     assert parked["preempt_copy_in_flight"] is in_flight
@@ -148,11 +134,7 @@ def test_cancelling_a_parked_streaming_request_frees_its_host_ram(start_server, 
 
     sock.close()  # the client goes away while its slot is parked
 
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        m = srv.metrics()
-        if m["preempt_ram_bytes"] == 0 and m["requests_processing"] == 0:
-            break
+    m = wait_until_nothing_held(srv)
     assert m["preempt_ram_bytes"] == 0
     assert m["preempt_copies_in_flight"] == 0
     assert m["requests_preempted"] == 0

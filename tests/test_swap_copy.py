@@ -8,14 +8,14 @@ scatter graphs), so that path runs on a CPU too.
 from __future__ import annotations
 
 import re
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 import requests
 
-from helpers import complete, complete_all, long_prompt, run_concurrently
+from helpers import (assert_every_swap_verified, complete, complete_all, long_prompt, run_concurrently,
+                     wait_for_parked)
 from llama_preempt.metrics import parse_prometheus
 
 FORCED = {"LLAMA_SERVER_PREEMPT_EVERY": "8"}
@@ -31,14 +31,6 @@ def parks_by_choice(srv: Any) -> dict[str, float]:
 
 def swap_env(route: str) -> dict[str, str]:
     return {**FORCED, "LLAMA_SERVER_PREEMPT_VERIFY": "1", "LLAMA_SERVER_PREEMPT_COPY": route}
-
-
-def assert_every_swap_verified(m: Any) -> None:
-    assert m["n_preempt_swap_total"] == m["n_preempt_total"]
-    assert m["n_swap_verify_total"] == m["n_preempt_swap_total"]
-    assert m["n_swap_verify_mismatch_total"] == 0
-    assert m["preempt_ram_bytes"] == 0
-    assert m["preempt_copies_in_flight"] == 0
 
 
 @pytest.mark.parametrize("route", ROUTES)
@@ -148,7 +140,7 @@ def test_auto_swaps_when_the_swap_is_predicted_cheaper(start_server, stories_mod
                        env={**FORCED, "LLAMA_SERVER_PREEMPT_HOLD_MS": "300",
                             "LLAMA_SERVER_PREEMPT_RATES": "100,100,1"})
     with_slots = run_concurrently([lambda: complete(srv, "Once upon a time", 64),
-                                   lambda: _first_parked(srv)])
+                                   lambda: wait_for_parked(srv)])
     assert with_slots[0].json()["tokens_predicted"] == 64
     parked = with_slots[1]
     assert parked["preempt_mode"] == "swap"
@@ -159,15 +151,6 @@ def test_auto_swaps_when_the_swap_is_predicted_cheaper(start_server, stories_mod
     by = parks_by_choice(srv)
     assert by["swap_cheaper"] == m["n_preempt_total"]
     assert by["recompute_cheaper"] == 0
-
-
-def _first_parked(srv: Any, timeout: float = 60) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        parked = next((s for s in srv.slots() if s["is_preempted"]), None)
-        if parked:
-            return parked
-    raise AssertionError("no slot was parked")
 
 
 def test_auto_measures_its_rates_from_the_servers_own_parks_and_prompts(start_server, stories_model: Path) -> None:

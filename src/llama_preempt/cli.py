@@ -174,6 +174,12 @@ def _parse_sweep(items: Sequence[str]) -> dict[str, list[int]]:
     return out
 
 
+def _sim_json(args: argparse.Namespace, wl: Any, costs: Any, elapsed: float, **results: Any) -> str:
+    """simulate --json: the workload, the costs, the time taken, then the results by name."""
+    return json.dumps({"workload": {"requests": len(wl), "source": str(args.workload) if args.workload else "synthetic"},
+                       "costs": costs.__dict__, "elapsed_s": elapsed, **results}, indent=2)
+
+
 def cmd_simulate(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
@@ -206,9 +212,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
                         preempt_ram_mib=b, preempt_mode=args.preempt_mode, costs=costs) for c in ctxs for b in budgets]
     elapsed = time.perf_counter() - t0
     if args.json:
-        print(json.dumps({"workload": {"requests": len(wl), "source": str(args.workload) if args.workload else "synthetic"},
-                          "costs": costs.__dict__, "elapsed_s": elapsed,
-                          "results": [r.to_json() for r in reports]}, indent=2))
+        print(_sim_json(args, wl, costs, elapsed, results=[r.to_json() for r in reports]))
         return 0
     from rich.table import Table
 
@@ -244,9 +248,7 @@ def _simulate_fleet(args: argparse.Namespace, wl: Any, costs: Any) -> int:
                              preempt_mode=args.preempt_mode, costs=costs) for route in routes]
     elapsed = time.perf_counter() - t0
     if args.json:
-        print(json.dumps({"workload": {"requests": len(wl), "source": str(args.workload) if args.workload else "synthetic"},
-                          "costs": costs.__dict__, "elapsed_s": elapsed,
-                          "fleets": [f.to_json() for f in fleets]}, indent=2))
+        print(_sim_json(args, wl, costs, elapsed, fleets=[f.to_json() for f in fleets]))
         return 0
     con = _console()
     for f in fleets:

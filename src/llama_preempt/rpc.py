@@ -10,7 +10,6 @@ over loopback, they stand in for device backends:
 """
 from __future__ import annotations
 
-import os
 import socket
 import subprocess
 import tempfile
@@ -18,10 +17,10 @@ import time
 from pathlib import Path
 
 from .binary import rpc_server_binary
-from .server import ServerStartError, _sigint_deferred, free_port
+from .server import LoggedChild, ServerStartError, free_port
 
 
-class RpcServer:
+class RpcServer(LoggedChild):
     """One ggml-rpc-server child on a loopback port. Always stop() it (or use it as a context manager)."""
 
     def __init__(self, *, host: str = "127.0.0.1", port: int | None = None, threads: int = 1,
@@ -31,7 +30,7 @@ class RpcServer:
         self.host = host
         self.port = port or free_port(host)
         self.threads = threads
-        self.env = dict(env or {})
+        self.child_env = dict(env or {})
         self._log_dir = Path(log_dir) if log_dir else Path(tempfile.mkdtemp(prefix="llama-preempt-rpc-"))
         self.log_path = self._log_dir / f"ggml-rpc-server-{self.port}.log"
         self.proc: subprocess.Popen[bytes] | None = None
@@ -45,18 +44,10 @@ class RpcServer:
         return [str(self.binary), "-H", self.host, "-p", str(self.port), "-t", str(self.threads)]
 
     def start(self, timeout: float = 30.0) -> "RpcServer":
-        env = {**os.environ, **self.env}
-        try:
-            with self.log_path.open("wb") as log, _sigint_deferred():
-                self.proc = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT,
-                                             stdin=subprocess.DEVNULL, env=env)
-            self._wait_listening(timeout)
-        except BaseException:
-            self.stop()
-            raise
+        super().start(timeout)
         return self
 
-    def _wait_listening(self, timeout: float) -> None:
+    def _wait_ready(self, timeout: float) -> None:
         # the RPC server takes one client at a time and closes a connection that sends no HELLO, so
         # a plain connect is a safe probe; it answers as soon as it listens
         assert self.proc is not None
@@ -80,24 +71,5 @@ class RpcServer:
             self.proc.kill()
             self.proc.wait()
 
-    def stop(self, timeout: float = 10.0) -> None:
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-
-    def log_text(self) -> str:
-        try:
-            return self.log_path.read_text(errors="replace")
-        except OSError:
-            return ""
-
     def __enter__(self) -> "RpcServer":
         return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()

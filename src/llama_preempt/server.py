@@ -49,6 +49,67 @@ def _sigint_deferred() -> Iterator[None]:
             raise KeyboardInterrupt
 
 
+def spawn_logged(command: list[str], log_path: Path, env: dict[str, str]) -> "subprocess.Popen[bytes]":
+    """Start a child with stdout and stderr in log_path, no stdin, os.environ plus env; a Ctrl-C is
+    held back until it has started (see _sigint_deferred)."""
+    with log_path.open("wb") as log, _sigint_deferred():
+        return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                env={**os.environ, **env})
+
+
+class LoggedChild:
+    """A child process whose output goes to a log file: started until ready, always stoppable.
+    Subclasses set `log_path`, and give `command()` and `_wait_ready(timeout)`."""
+
+    proc: "subprocess.Popen[bytes] | None" = None
+    log_path: Path
+    child_env: dict[str, str]
+
+    def command(self) -> list[str]:
+        raise NotImplementedError
+
+    def _wait_ready(self, timeout: float) -> None:
+        raise NotImplementedError
+
+    def start(self, timeout: float = 60.0) -> "LoggedChild":
+        try:
+            self.proc = spawn_logged(self.command(), self.log_path, self.child_env)
+            self._wait_ready(timeout)
+        except BaseException:  # Ctrl-C or a failed start: never leave the child behind
+            self.stop()
+            raise
+        return self
+
+    def stop(self, timeout: float = 10.0) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        except BaseException:  # Ctrl-C while waiting: the child must not outlive us
+            self.proc.kill()
+            self.proc.wait()
+            raise
+
+    def log_text(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")
+        except OSError:
+            return ""
+
+    def log_tail(self, n: int = 60) -> str:
+        return "\n".join(self.log_text().splitlines()[-n:])
+
+    def __enter__(self) -> "LoggedChild":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     """A TCP port that is free on host right now (the kernel picks it)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
@@ -99,7 +160,7 @@ class ServerConfig:
         return args + list(self.extra_args)
 
 
-class LlamaServer:
+class LlamaServer(LoggedChild):
     """One llama-server child process. Always stop() it (or use it as a context manager)."""
 
     def __init__(self, config: ServerConfig, *, binary: Path | None = None,
@@ -122,19 +183,11 @@ class LlamaServer:
         return [str(self.binary), *self.config.to_args(), "--host", self.host, "--port", str(self.port)]
 
     def start(self, timeout: float = 60.0) -> "LlamaServer":
-        env = dict(os.environ)
-        env.update(self.config.env)
-        try:
-            with self.log_path.open("wb") as log, _sigint_deferred():
-                self.proc = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT,
-                                             stdin=subprocess.DEVNULL, env=env)
-            self._wait_healthy(timeout)
-        except BaseException:  # Ctrl-C or a failed start: never leave the child behind
-            self.stop()
-            raise
+        self.child_env = self.config.env
+        super().start(timeout)
         return self
 
-    def _wait_healthy(self, timeout: float) -> None:
+    def _wait_ready(self, timeout: float) -> None:
         assert self.proc is not None
         deadline = time.monotonic() + timeout
         while True:
@@ -152,33 +205,11 @@ class LlamaServer:
             time.sleep(0.05)
 
     def stop(self, timeout: float = 10.0) -> None:
-        if self.proc is None:
-            return
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        super().stop(timeout)
         self.session.close()
 
     def __enter__(self) -> "LlamaServer":
         return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
-    # --- logs ---
-
-    def log_text(self) -> str:
-        try:
-            return self.log_path.read_text(errors="replace")
-        except OSError:
-            return ""
-
-    def log_tail(self, n: int = 60) -> str:
-        return "\n".join(self.log_text().splitlines()[-n:])
 
     # --- HTTP ---
 
