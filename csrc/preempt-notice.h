@@ -67,6 +67,34 @@ inline bool is_slot_action(const std::string & action) {
     return action == "park" || action == "unpark";
 }
 
+// A request body that is not JSON, or a field of the wrong JSON type, is the client's mistake: a 400
+// with the parser's point in short, not a 500 with its raw text ("[json.exception.parse_error.101]
+// parse error at line 1, column 15: syntax error while parsing object key - invalid literal; last
+// read: ...")
+inline std::string client_json_error(const std::string & what) {
+    std::string msg = what;
+    const size_t tag = msg.find("] ");
+    if (msg.rfind("[json.exception.", 0) == 0 && tag != std::string::npos) {
+        msg = msg.substr(tag + 2);
+    }
+    const size_t detail = msg.find(" - ");  // the parser's "- invalid literal; last read: ..." tail
+    if (detail != std::string::npos) {
+        msg = msg.substr(0, detail);
+    }
+    const bool parse = what.find("parse_error") != std::string::npos;
+    return (parse ? "the request body is not valid JSON: " : "invalid request: ") + msg;
+}
+
+// POST /slots/{id}?action=...: the actions there are, ours and upstream's; "" for one of them, else
+// the 400 message (an unknown action is the client's mistake, not a missing --slot-save-path)
+inline std::string unknown_slot_action(const std::string & action) {
+    if (is_slot_action(action) || action == "save" || action == "restore" || action == "erase") {
+        return "";
+    }
+    return "unknown slot action '" + action + "': use park or unpark, or save, restore or erase (these three need "
+           "--slot-save-path)";
+}
+
 // the answer to POST /slots/{id}?action=park|unpark
 struct slot_action_result : server_task_result {
     json data;

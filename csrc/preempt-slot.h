@@ -157,7 +157,13 @@ struct slot_preempt_state {
         res["preempt_ram_bytes"] = swap_bytes();
         res["preempt_choice"] = !is_parked() ? json(nullptr) : json(park_choice_name(choice));
         res["preempt_copy_in_flight"] = copy_in_flight;
-        res["t_preempted_ms"] = t_parked_total_us / 1000.0;
+        res["t_preempted_ms"] = t_parked_so_far_us() / 1000.0;
+    }
+
+    // time parked, this request: the parks it came back from, and the current one while it lasts
+    // (an operator looks while the slot is parked: a total kept only at resume reads 0 then)
+    int64_t t_parked_so_far_us() const {
+        return t_parked_total_us + (is_parked() ? ggml_time_us() - t_parked_us : 0);
     }
 
     int32_t n_replay_left() const {

@@ -18,6 +18,8 @@
 #include "server-context.h"
 #include "server-http.h"
 
+#include "preempt-params.h"
+
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -192,6 +194,7 @@ public:
             params.n_parallel = 4;
             params.kv_unified = true;
         }
+        llama_preempt::unify_pool_for_preemption(params);  // as llama-server: n_parallel slots share one pool
         if (params.kv_unified_per_slot > 0 && params.n_ctx == 0 && (uint32_t) params.fit_params_min_ctx != UINT32_MAX) {
             params.n_ctx = params.n_parallel * params.kv_unified_per_slot;
         }

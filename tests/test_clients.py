@@ -3,14 +3,16 @@ park/unpark slot actions, the request_preemptions histogram and the timings fiel
 from __future__ import annotations
 
 import json
+import re
 import threading
+import time
 from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
 import requests
 
-from helpers import complete, long_prompt, run_concurrently
+from helpers import complete, long_prompt, open_raw_stream, run_concurrently, wait_for_parked
 from llama_preempt.engine import Engine, RequestError
 from llama_preempt.metrics import parse_prometheus
 from llama_preempt.server import LlamaServer
@@ -332,3 +334,52 @@ def test_a_request_parked_before_it_started_opens_its_stream_with_the_notice(sto
         data = [json.loads(line[6:]) for line in lines if line.startswith("data: ")]
         assert data[-1]["stop"] and data[-1]["tokens_predicted"] == 40
         assert "data: null" not in lines and all(isinstance(d, dict) for d in data)
+
+
+# --- client errors and the time parked, as a client and an operator see them ---
+
+@pytest.mark.parametrize("path", ["/completion", "/v1/chat/completions"])
+def test_a_body_that_is_not_json_is_a_400_with_a_short_message(start_server, stories_model: Path, path: str) -> None:
+    srv = start_server(stories_model, n_ctx=256, n_parallel=1)
+    r = requests.post(srv.url + path, data=b'{"prompt": "Once", n_predict: 4', timeout=30,
+                      headers={"Content-Type": "application/json"})
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["type"] == "invalid_request_error"
+    assert err["message"] == ("the request body is not valid JSON: parse error at line 1, column 21: "
+                              "syntax error while parsing object key")
+    assert complete(srv, "Once", 4).json()["tokens_predicted"] == 4  # nothing else lost
+
+
+def test_an_unknown_slot_action_is_a_400_naming_the_valid_ones(start_server, stories_model: Path) -> None:
+    srv = start_server(stories_model, n_ctx=256, n_parallel=1)  # no --slot-save-path: still the client's error
+    r = srv.post("/slots/0?action=foo", {})
+    assert r.status_code == 400, r.text
+    msg = r.json()["error"]["message"]
+    assert "'foo'" in msg and all(a in msg for a in ("park", "unpark", "save", "restore", "erase"))
+    # the save actions still say what they need
+    assert srv.post("/slots/0?action=save", {"filename": "x.bin"}).status_code == 501
+
+
+def test_the_time_parked_grows_while_the_slot_is_parked(start_server, stories_model: Path) -> None:
+    from llama_preempt.statsview import fetch, render
+    from rich.console import Console
+
+    srv = start_server(stories_model, n_ctx=512, n_parallel=2,
+                       env={"LLAMA_SERVER_PREEMPT_EVERY": "8", "LLAMA_SERVER_PREEMPT_HOLD_MS": "600000"})
+    sock = open_raw_stream(srv, "Once upon a time", 400)
+    try:
+        first = wait_for_parked(srv)
+        deadline = time.monotonic() + 30
+        later = first
+        while later["t_preempted_ms"] <= first["t_preempted_ms"] + 50:  # the clock runs while it waits
+            assert time.monotonic() < deadline, later
+            later = next(s for s in srv.slots() if s["id"] == first["id"])
+        assert later["is_preempted"] and later["n_preempt"] == 1  # still the same park
+        # the operator's view shows it too
+        con = Console(width=120, record=True)
+        con.print(render(fetch(srv.url), None))
+        row = next(line for line in con.export_text().splitlines() if "parked" in line and "swap" in line)
+        assert re.search(r"\d+\.\d s\s*│?\s*$", row.rstrip()), row
+    finally:
+        sock.close()

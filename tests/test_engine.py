@@ -412,3 +412,22 @@ def test_the_readme_python_example_runs(stories_model: Path, capsys: pytest.Capt
     out = capsys.readouterr().out.splitlines()
     assert out[0] == "[100, 100, 100, 100]"
     assert int(out[1]) >= 1
+
+
+def test_the_engine_stats_show_the_time_parked_while_it_runs(
+        make_engine: EngineFactory, stories_model: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LLAMA_SERVER_PREEMPT_EVERY", "8")
+    monkeypatch.setenv("LLAMA_SERVER_PREEMPT_HOLD_MS", "600000")  # parked until stopped
+    eng = make_engine(stories_model, n_ctx=512, n_parallel=2, kv_unified=True).start()
+    eng.submit("Once upon a time", n_predict=400, temperature=0, ignore_eos=True)
+    deadline = time.monotonic() + 60
+    parked = eng.stats().parked()
+    while not parked:
+        assert time.monotonic() < deadline, "the request was never parked"
+        parked = eng.stats().parked()
+    first = parked[0].t_preempted_ms
+    later = first
+    while later <= first + 50:
+        assert time.monotonic() < deadline, (first, later)
+        later = next(s for s in eng.stats().slots if s.id == parked[0].id).t_preempted_ms
+    eng.stop()

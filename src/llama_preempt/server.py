@@ -49,14 +49,6 @@ def _sigint_deferred() -> Iterator[None]:
             raise KeyboardInterrupt
 
 
-def spawn_logged(command: list[str], log_path: Path, env: dict[str, str]) -> "subprocess.Popen[bytes]":
-    """Start a child with stdout and stderr in log_path, no stdin, os.environ plus env; a Ctrl-C is
-    held back until it has started (see _sigint_deferred)."""
-    with log_path.open("wb") as log, _sigint_deferred():
-        return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                env={**os.environ, **env})
-
-
 class LoggedChild:
     """A child process whose output goes to a log file: started until ready, always stoppable.
     Subclasses set `log_path`, and give `command()` and `_wait_ready(timeout)`."""
@@ -73,7 +65,11 @@ class LoggedChild:
 
     def start(self, timeout: float = 60.0) -> "LoggedChild":
         try:
-            self.proc = spawn_logged(self.command(), self.log_path, self.child_env)
+            # the assignment inside the deferred block: a Ctrl-C during Popen is raised only once
+            # self.proc names the child, so stop() below can end it
+            with self.log_path.open("wb") as log, _sigint_deferred():
+                self.proc = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT,
+                                             stdin=subprocess.DEVNULL, env={**os.environ, **self.child_env})
             self._wait_ready(timeout)
         except BaseException:  # Ctrl-C or a failed start: never leave the child behind
             self.stop()
@@ -124,7 +120,7 @@ class ServerConfig:
     model: Path
     n_ctx: int = 512
     n_parallel: int = 2
-    kv_unified: bool = True
+    kv_unified: bool | None = True       # None: neither flag (llama-server's default: one pool while preemption is on)
     n_batch: int | None = None
     n_ubatch: int | None = None
     preempt: bool | None = None          # None: the server's default (on)
@@ -139,7 +135,8 @@ class ServerConfig:
 
     def to_args(self) -> list[str]:
         args = ["-m", str(self.model), "-c", str(self.n_ctx), "-np", str(self.n_parallel)]
-        args.append("--kv-unified" if self.kv_unified else "--no-kv-unified")
+        if self.kv_unified is not None:
+            args.append("--kv-unified" if self.kv_unified else "--no-kv-unified")
         if self.n_batch is not None:
             args += ["-b", str(self.n_batch)]
         if self.n_ubatch is not None:

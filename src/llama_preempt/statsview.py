@@ -9,6 +9,7 @@ from typing import Any
 import requests
 from rich.console import Group
 from rich.table import Table
+from rich.text import Text
 
 from .metrics import MetricsFormatError, parse_prometheus
 from .stats import COUNTERS, PreemptStats
@@ -26,6 +27,8 @@ class Snapshot:
     series: dict[str, float] = field(default_factory=dict)  # every unlabeled llamacpp:* value
     budget_mib: int | None = None  # --preempt-ram, when the server says (/props)
     version: str | None = None
+    active: bool | None = None     # preemption configured and able to work (/props), None: not said
+    inactive_reason: str | None = None
 
 
 def fetch(url: str, session: requests.Session | None = None, timeout: float = 5.0) -> Snapshot:
@@ -52,16 +55,15 @@ def fetch(url: str, session: requests.Session | None = None, timeout: float = 5.
         raise StatsError(f"{url} has no /slots: start llama-server with --slots (it is on by default)")
     if sl.status_code != 200:
         raise StatsError(f"{url}/slots answered {sl.status_code}: {sl.text[:200]}")
-    budget, version = None, None
+    props: dict[str, Any] = {}
     try:
-        props = s.get(base + "/props", timeout=timeout).json().get("llama_preempt", {})
-        budget = props.get("preempt_ram_mib")
-        version = props.get("version")
-    except (requests.RequestException, ValueError, AttributeError):
+        props = dict(s.get(base + "/props", timeout=timeout).json().get("llama_preempt", {}))
+    except (requests.RequestException, ValueError, AttributeError, TypeError):
         pass
     values = {name: metric.value for name, metric in snap.metrics.items()}
     stats = PreemptStats.from_series(values, list(sl.json()), snap.labeled.get("preempt_parks_by_choice_total", {}))
-    return Snapshot(url, time.monotonic(), stats, values, budget, version)
+    return Snapshot(url, time.monotonic(), stats, values, props.get("preempt_ram_mib"), props.get("version"),
+                    props.get("preempt_active"), props.get("preempt_inactive_reason"))
 
 
 def rates(prev: Snapshot | None, cur: Snapshot) -> dict[str, float] | None:
@@ -77,6 +79,8 @@ def to_json(snap: Snapshot, r: dict[str, float] | None) -> dict[str, Any]:
     return {
         "url": snap.url,
         "version": snap.version,
+        "preempt_active": snap.active,
+        "preempt_inactive_reason": snap.inactive_reason,
         "counters": {n: getattr(st, n) for n in COUNTERS},
         "rates_per_s": r,
         "requests_preempted": st.requests_preempted,
@@ -123,4 +127,6 @@ def render(snap: Snapshot, r: dict[str, float] | None) -> Group:
     counters.add_row("prefill rate (recompute)", f"{st.prefill_tokens_per_second:.0f} tokens/s", "")
     chosen = ", ".join(f"{k} {v}" for k, v in st.parks_by_choice.items() if v)
     counters.add_row("parks by choice", chosen or "none yet", "")
+    if snap.active is False:  # said first: nothing below will move while it is off
+        return Group(Text(f"preemption INACTIVE: {snap.inactive_reason}", style="bold red"), slots, counters)
     return Group(slots, counters)
