@@ -217,7 +217,7 @@ def test_the_bottom_of_the_retry_ladder_parks_instead_of_failing_everyone(
 
 def test_preemption_is_off_without_a_unified_pool(start_server, stories_model: Path) -> None:
     srv = start_server(stories_model, n_ctx=512, n_parallel=2, kv_unified=False)
-    assert "preemption: off, needs --kv-unified" in srv.log_text()
+    assert "preemption: off, needs one unified KV pool, and --no-kv-unified splits it per slot" in srv.log_text()
 
 
 def test_preempt_flag_comes_from_the_environment(start_server, stories_model: Path) -> None:

@@ -42,6 +42,12 @@ def main(argv: list[str]) -> int:
     ui = "1" if (ROOT / "vendor" / "llama.cpp" / "tools" / "ui" / "dist" / "index.html").is_file() else "0"
     env = {**os.environ, "LLAMA_SERVER_BIN_PATH": str(exe), "LLAMA_PREEMPT_UPSTREAM_MODEL": str(m),
            "LLAMA_PREEMPT_UPSTREAM_UI": ui,
+           # upstream's tests specify upstream's pool: `-np N` splits -c into N fixed shares (they
+           # check n_ctx per slot and the errors at a share's end). Our llama-server shares one
+           # pool under -np N while preemption is on; --no-kv-unified (this env twin) is the
+           # documented way back to the split, so each test checks what it was written for. Tests
+           # that pass --kv-unified themselves still get one pool, with preemption active.
+           "LLAMA_ARG_KV_UNIFIED": "0",
            "LLAMA_CACHE": str(ROOT / "build" / "upstream-cache"),
            "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])}
     # upstream's own default (tests.sh): the slow tests need their big models and SLOW_TESTS=1
