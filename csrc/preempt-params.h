@@ -41,6 +41,30 @@ inline std::string preempt_inactive_reason(const common_params & params) {
     return "";
 }
 
+// Sizes llama.cpp asserts on (GGML_ASSERT: the process aborts with a backtrace) instead of refusing:
+// checked before the model loads, for the binary (an error line and exit status 1) and the Engine
+// (EngineArgumentError). "" when they are fine; else one message naming the flag. Call it after
+// -np's default is settled.
+inline std::string invalid_sizes(const common_params & params) {
+    // the warm-up decodes two tokens (BOS and EOS) in one batch, in the context
+    const int32_t n_min = params.warmup ? 2 : 1;
+    if (params.n_ctx < 0 || (params.n_ctx > 0 && params.n_ctx < n_min)) {
+        return "-c/--ctx-size must be 0 (the model's own context length) or at least " + std::to_string(n_min) +
+               " cells, got " + std::to_string(params.n_ctx);
+    }
+    if (params.n_batch < n_min) {
+        return "-b/--batch-size must be at least " + std::to_string(n_min) + " tokens, got " + std::to_string(params.n_batch);
+    }
+    if (params.n_parallel > 0 && params.n_batch < params.n_parallel) {
+        return "-b/--batch-size (" + std::to_string(params.n_batch) + ") must be at least -np/--parallel (" +
+               std::to_string(params.n_parallel) + "): every step decodes one token of each slot in one batch";
+    }
+    if (params.n_ubatch < 0) {
+        return "-ub/--ubatch-size must be at least 1 token, got " + std::to_string(params.n_ubatch);
+    }
+    return "";
+}
+
 // the "llama_preempt" object of /props: configured, and active or why not
 inline json props_json(const common_params & params) {
     const std::string why = preempt_inactive_reason(params);

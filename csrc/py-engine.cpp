@@ -195,6 +195,9 @@ public:
             params.kv_unified = true;
         }
         llama_preempt::unify_pool_for_preemption(params);  // as llama-server: n_parallel slots share one pool
+        if (const std::string why = llama_preempt::invalid_sizes(params); !why.empty()) {
+            throw engine_argument_error("error: " + why);  // llama.cpp would assert, and end the interpreter
+        }
         if (params.kv_unified_per_slot > 0 && params.n_ctx == 0 && (uint32_t) params.fit_params_min_ctx != UINT32_MAX) {
             params.n_ctx = params.n_parallel * params.kv_unified_per_slot;
         }

@@ -3,11 +3,16 @@ unless --no-kv-unified asks for upstream's split), and /props and `llama-preempt
 preemption is active, and why not."""
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
+import pytest
 from rich.console import Console
 
 from helpers import complete, long_prompt, run_concurrently
+from llama_preempt.binary import server_binary
+from llama_preempt.server import free_port
 from llama_preempt.statsview import fetch, render
 
 
@@ -54,3 +59,51 @@ def test_no_preempt_keeps_upstreams_split_pool(start_server, stories_model: Path
     assert props["kv_unified"] is False  # upstream's behaviour with -np: one share per slot
     assert "share one unified KV pool" not in srv.log_text()
     assert "disabled by --no-preempt" in stats_text(srv.url)
+
+
+# --- sizes llama.cpp would assert on: refused with the flag named, never an abort ---
+
+BAD_SIZES = [
+    (["-c", "-5"], "-c/--ctx-size must be 0 (the model's own context length) or at least 2 cells, got -5"),
+    (["-c", "-1"], "-c/--ctx-size must be 0"),
+    (["-c", "1"], "-c/--ctx-size must be 0"),
+    (["-b", "0"], "-b/--batch-size must be at least 2 tokens, got 0"),
+    (["-b", "3", "-np", "4"], "-b/--batch-size (3) must be at least -np/--parallel (4)"),
+]
+
+
+@pytest.mark.parametrize("args,message", BAD_SIZES, ids=[" ".join(a) for a, _ in BAD_SIZES])
+def test_the_binary_refuses_a_bad_size_with_one_line_naming_the_flag(stories_model: Path, args: list[str],
+                                                                     message: str) -> None:
+    p = subprocess.run([str(server_binary()), "-m", str(stories_model), *args, "--port", str(free_port())],
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 1, p.stderr[-2000:]  # an error exit, not SIGABRT (-6) or a crash
+    assert f"error: {message}" in p.stderr
+    assert "GGML_ASSERT" not in p.stderr and "backtrace" not in p.stderr.lower()
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    ({"n_ctx": -5}, "-c/--ctx-size must be 0"),
+    ({"n_ctx": -1}, "-c/--ctx-size must be 0"),
+    ({"n_ctx": 1}, "-c/--ctx-size must be 0"),
+    ({"n_batch": 0}, "-b/--batch-size must be at least 2"),
+    ({"n_ctx": 256, "n_parallel": 4, "n_batch": 3}, "must be at least -np/--parallel (4)"),
+], ids=["n_ctx=-5", "n_ctx=-1", "n_ctx=1", "n_batch=0", "n_batch<n_parallel"])
+def test_the_engine_refuses_a_bad_size_with_an_exception_and_the_interpreter_lives(
+        stories_model: Path, kwargs: dict[str, int], message: str) -> None:
+    # in a child interpreter: before this check, llama.cpp's assert ended the interpreter (status 134)
+    code = ("import sys\nfrom llama_preempt.engine import Engine, EngineArgumentError\n"
+            "try:\n    Engine(sys.argv[1], **eval(sys.argv[2]))\nexcept EngineArgumentError as e:\n"
+            "    print('refused:', e)\nelse:\n    print('accepted')\nprint('alive')\n")
+    p = subprocess.run([sys.executable, "-c", code, str(stories_model), repr(kwargs)],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert "refused:" in p.stdout and message in p.stdout and p.stdout.rstrip().endswith("alive"), p.stdout
+
+
+def test_the_engine_takes_args_as_a_shell_style_string(stories_model: Path) -> None:
+    from llama_preempt.engine import Engine
+
+    with Engine(stories_model, args="-c 256 -np 2 --preempt-mode 'swap'") as eng:
+        assert eng.args[-6:] == ["-c", "256", "-np", "2", "--preempt-mode", "swap"]
+        assert eng.submit("Once upon a time", n_predict=4).completion().n_generated == 4

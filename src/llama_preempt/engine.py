@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import threading
 import time
 from dataclasses import dataclass, field
@@ -300,7 +301,7 @@ Until = Union[None, Callable[[], bool], Request, Sequence[Request]]
 class Engine:
     """The patched llama-server in process. Always close() it, or use it as a context manager."""
 
-    def __init__(self, model: str | os.PathLike[str], args: Sequence[str] = (), *,
+    def __init__(self, model: str | os.PathLike[str], args: Sequence[str] | str = (), *,
                  n_ctx: int | None = None, n_parallel: int | None = None, kv_unified: bool | None = None,
                  preempt: bool | None = None, preempt_ram_mib: int | None = None,
                  preempt_mode: str | None = None, n_threads: int | None = None, n_gpu_layers: int | None = None, seed: int | None = None,
@@ -319,6 +320,8 @@ class Engine:
         if metrics:
             argv.append("--metrics")
         argv.append("--slots" if slots else "--no-slots")
+        if isinstance(args, (str, bytes)):  # "-c 256 -fa on": split as a shell would
+            args = shlex.split(args.decode() if isinstance(args, bytes) else args)
         argv += [str(a) for a in args]
         if not verbose and not _VERBOSITY_FLAGS.intersection(argv):
             argv = _QUIET + argv
