@@ -626,4 +626,10 @@ void register_engine(py::module_ & m) {
         .def("n_queued", &engine::n_queued, "tasks queued for the loop's next step")
         .def_property_readonly("closed", &engine::is_closed)
         .def("close", &engine::close, "cancel pending requests, stop the loop and free the model and context");
+
+    // llama.cpp's log threshold for the process (0 errors off too ... 4 debug): a quiet Engine loads
+    // at 1 (errors, which the load's exceptions point to) and serves at 0, where a failed request
+    // is the RequestError Python raises and nothing more on stderr
+    m.def("set_log_verbosity", [](int verbosity) { common_log_set_verbosity_thold(verbosity); }, py::arg("verbosity"));
+    m.def("get_log_verbosity", []() { return common_log_get_verbosity_thold(); });
 }

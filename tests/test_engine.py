@@ -400,20 +400,6 @@ def test_engine_stats_and_http_stats_are_the_same_type(start_server, stories_mod
     assert st.restore_bytes_per_second > 0 and st.preempt_copies_in_flight == 0
 
 
-# --- the README's example ---
-
-def test_the_readme_python_example_runs(stories_model: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    readme = (ROOT / "README.md").read_text()
-    section = readme.split("## Use it from Python", 1)[1]
-    code = re.search(r"```python\n(.*?)```", section, re.S)
-    assert code, "README: no python example under 'Use it from Python'"
-    src = code.group(1).replace('"stories260K.gguf"', repr(str(stories_model)))
-    exec(compile(src, "README.md", "exec"), {})
-    out = capsys.readouterr().out.splitlines()
-    assert out[0] == "[100, 100, 100, 100]"
-    assert int(out[1]) >= 1
-
-
 def test_the_engine_stats_show_the_time_parked_while_it_runs(
         make_engine: EngineFactory, stories_model: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("LLAMA_SERVER_PREEMPT_EVERY", "8")

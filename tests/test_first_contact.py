@@ -107,3 +107,63 @@ def test_the_engine_takes_args_as_a_shell_style_string(stories_model: Path) -> N
     with Engine(stories_model, args="-c 256 -np 2 --preempt-mode 'swap'") as eng:
         assert eng.args[-6:] == ["-c", "256", "-np", "2", "--preempt-mode", "swap"]
         assert eng.submit("Once upon a time", n_predict=4).completion().n_generated == 4
+
+
+# --- the Python API's edges ---
+
+def test_generate_with_one_failing_request_keeps_the_answers_that_succeeded(stories_model: Path) -> None:
+    from llama_preempt.engine import Engine, GenerateError, RequestError
+
+    with Engine(stories_model, n_ctx=64, n_parallel=2) as eng:
+        # the second prompt can never fit the 64-cell pool: that request fails, the first does not
+        prompts = ["Once upon a time", long_prompt(400)]
+        with pytest.raises(GenerateError) as caught:
+            eng.generate(prompts, n_predict=8, temperature=0, ignore_eos=True)
+        err = caught.value
+        assert isinstance(err, RequestError) and err.status == 400
+        assert err.message.startswith("1 of 2 requests failed; the first: ")
+        assert err.results[0].n_generated == 8 and isinstance(err.results[1], RequestError)
+        assert err.completions == [err.results[0], None]
+        mixed = eng.generate(prompts, n_predict=8, temperature=0, ignore_eos=True, return_exceptions=True)
+        assert mixed[0].n_generated == 8 and isinstance(mixed[1], RequestError)
+
+
+def test_a_completion_prints_short(stories_model: Path) -> None:
+    from llama_preempt.engine import Engine
+
+    with Engine(stories_model, n_ctx=256, n_parallel=2) as eng:
+        c = eng.generate(["Once upon a time"], n_predict=8, temperature=0)[0]
+    text = repr(c)
+    assert text.startswith("Completion(text=") and "n_generated=8" in text
+    assert "timings" not in text and "response" not in text and len(text) < 300
+    assert c.response["tokens_predicted"] == 8  # the whole answer is still there
+
+
+def test_a_failed_request_is_the_exception_and_nothing_on_stderr(stories_model: Path) -> None:
+    code = ("import sys\nfrom llama_preempt.engine import Engine, RequestError\n"
+            "with Engine(sys.argv[1], n_ctx=64, n_parallel=2) as eng:\n"
+            "    print('loaded', file=sys.stderr, flush=True)\n"
+            "    try:\n        eng.submit('once ' * 200, n_predict=4).completion()\n"
+            "    except RequestError as e:\n        print('raised', e.status)\n")
+    p = subprocess.run([sys.executable, "-c", code, str(stories_model)], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert "raised 400" in p.stdout
+    after_load = p.stderr.split("loaded", 1)[1]
+    assert after_load.strip() == "", after_load  # before: "E srv send_error: ..." lines
+
+
+def test_the_readme_python_example_runs_as_printed(tmp_path: Path) -> None:
+    import os
+    import re as _re
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    block = next(b for b in _re.findall(r"```python\n(.*?)```", readme, _re.S) if "Engine(" in b)
+    script = tmp_path / "example.py"
+    script.write_text(block)
+    # its own cache, so the example generates the stand-in model as a new user's first run does
+    env = {**os.environ, "LLAMA_PREEMPT_CACHE": str(tmp_path / "cache")}
+    p = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path)
+    assert p.returncode == 0, p.stderr[-3000:]
+    lines = p.stdout.strip().splitlines()
+    assert lines[-2] == "[100, 100, 100, 100]"  # nothing lost
+    assert int(lines[-1]) >= 1                  # slots were parked to get there

@@ -36,7 +36,7 @@ ModelLoadError = _core.ModelLoadError             # missing or unloadable model 
 EngineArgumentError = _core.EngineArgumentError   # a bad llama-server flag (a ValueError)
 
 # a flag the Engine adds unless the caller sets it: warnings and errors only (the binary logs info)
-_QUIET = ["-lv", "2"]
+_QUIET = ["-lv", "1"]  # load errors only; once loaded a quiet Engine logs nothing (_core.set_log_verbosity(0))
 _VERBOSITY_FLAGS = {"-lv", "--verbosity", "--log-verbosity", "-v", "--verbose", "--log-verbose"}
 
 
@@ -57,6 +57,25 @@ class RequestError(EngineError):
             err = {"message": str(err)}
         return cls(int(err.get("code", status) or status), str(err.get("type", "error")),
                    str(err.get("message", body)), body)
+
+
+class GenerateError(RequestError):
+    """generate() with failed requests: the first failure's status, type and message, and every
+    result in input order (`results`: a Completion, or the RequestError / RequestCancelled of that
+    request), so the answers that succeeded are not lost."""
+
+    def __init__(self, results: list[Any]) -> None:
+        failed = [x for x in results if isinstance(x, Exception)]
+        first = failed[0]
+        status, type_, message = ((first.status, first.type, first.message) if isinstance(first, RequestError)
+                                  else (499, "cancelled", str(first)))
+        super().__init__(status, type_, f"{len(failed)} of {len(results)} requests failed; the first: {message}")
+        self.results = results
+
+    @property
+    def completions(self) -> list[Any]:
+        """The answers that succeeded (None in the place of each failed request)."""
+        return [None if isinstance(x, Exception) else x for x in self.results]
 
 
 class RequestCancelled(EngineError):
@@ -149,8 +168,8 @@ class Completion:
     n_prompt: int
     n_generated: int
     stop: str                 # stop_type (/completion) or finish_reason (OpenAI endpoints)
-    timings: dict[str, Any] = field(default_factory=dict)
-    response: dict[str, Any] = field(default_factory=dict)  # the server's whole response
+    timings: dict[str, Any] = field(default_factory=dict, repr=False)
+    response: dict[str, Any] = field(default_factory=dict, repr=False)  # the server's whole response
 
     @classmethod
     def from_response(cls, body: dict[str, Any]) -> "Completion":
@@ -323,10 +342,13 @@ class Engine:
         if isinstance(args, (str, bytes)):  # "-c 256 -fa on": split as a shell would
             args = shlex.split(args.decode() if isinstance(args, bytes) else args)
         argv += [str(a) for a in args]
-        if not verbose and not _VERBOSITY_FLAGS.intersection(argv):
+        quiet = not verbose and not _VERBOSITY_FLAGS.intersection(argv)
+        if quiet:
             argv = _QUIET + argv
         self.args = argv
         self._core = _core.EngineCore(argv)
+        if quiet:  # a failed request is the RequestError raised here, not lines on stderr too
+            _core.set_log_verbosity(0)
         self._drive_lock = threading.Lock()  # one thread steps at a time
         self._requests: list[Request] = []
         self._requests_lock = threading.Lock()
@@ -462,11 +484,14 @@ class Engine:
         return reports
 
     def generate(self, prompts: Sequence[Prompt], *, progress: Callable[[int, int, StepReport | None], None] | None = None,
-                 timeout: float | None = None, **params: Any) -> list[Completion]:
+                 timeout: float | None = None, return_exceptions: bool = False,
+                 **params: Any) -> list[Any]:
         """Submit every prompt (a string for /completion, a list of chat messages for
         /v1/chat/completions), run until all finish, and return the answers in input order.
         `progress(n_done, n_total, report)` is called after each step (report is None in
-        background mode). The first failed request's RequestError is raised once all are done."""
+        background mode). If any request failed: with return_exceptions, its RequestError (or
+        RequestCancelled) stands in its place in the list; else GenerateError is raised once all
+        are done, carrying every result in `.results` (answers and errors in input order)."""
         reqs = [self.submit(messages=p, **params) if not isinstance(p, str) else self.submit(p, **params)
                 for p in prompts]
         total = len(reqs)
@@ -483,15 +508,14 @@ class Engine:
                     raise TimeoutError(f"generate(): not done within {timeout} s")
                 if progress is not None:
                     progress(sum(q.done for q in reqs), total, None)
-        out: list[Completion] = []
-        first_error: Exception | None = None
+        out: list[Any] = []
         for r in reqs:
             try:
                 out.append(r.completion())
             except (RequestError, RequestCancelled) as e:
-                first_error = first_error or e
-        if first_error is not None:
-            raise first_error
+                out.append(e)
+        if not return_exceptions and any(isinstance(x, Exception) for x in out):
+            raise GenerateError(out)
         return out
 
     # --- background mode ---
