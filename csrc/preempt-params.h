@@ -6,6 +6,7 @@
 #include "preempt-version.h"
 #include "server-common.h"
 
+#include <cstdio>
 #include <string>
 
 namespace llama_preempt {
@@ -62,6 +63,21 @@ inline std::string invalid_sizes(const common_params & params) {
     if (params.n_ubatch < 0) {
         return "-ub/--ubatch-size must be at least 1 token, got " + std::to_string(params.n_ubatch);
     }
+    return "";
+}
+
+// a -m path that is not a file (and nothing to download it from): one line, before llama.cpp's
+// sixteen of model-loading log; "" otherwise
+inline std::string missing_model_file(const common_params & params) {
+    const auto & m = params.model;
+    if (m.path.empty() || !m.hf_repo.empty() || !m.url.empty() || !m.docker_repo.empty()) {
+        return "";
+    }
+    FILE * f = fopen(m.path.c_str(), "rb");
+    if (f == nullptr) {
+        return "-m/--model: no model file at '" + m.path + "'";
+    }
+    fclose(f);
     return "";
 }
 

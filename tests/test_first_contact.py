@@ -3,6 +3,7 @@ unless --no-kv-unified asks for upstream's split), and /props and `llama-preempt
 preemption is active, and why not."""
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -167,3 +168,29 @@ def test_the_readme_python_example_runs_as_printed(tmp_path: Path) -> None:
     lines = p.stdout.strip().splitlines()
     assert lines[-2] == "[100, 100, 100, 100]"  # nothing lost
     assert int(lines[-1]) >= 1                  # slots were parked to get there
+
+
+# --- first errors: one line each ---
+
+def test_a_bad_cli_flag_value_is_one_line_not_a_usage_block() -> None:
+    p = subprocess.run([sys.executable, "-m", "llama_preempt.cli", "demo", "--preempt-ram", "abc"],
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2
+    assert p.stderr.strip().splitlines() == [
+        "llama-preempt demo: error: argument --preempt-ram: invalid int value: 'abc' (see llama-preempt demo --help)"]
+
+
+def test_the_demo_help_shows_the_preempt_ram_default() -> None:
+    p = subprocess.run([sys.executable, "-m", "llama_preempt.cli", "demo", "--help"], capture_output=True, text=True,
+                       timeout=60, env={**os.environ, "COLUMNS": "200"})
+    entry = p.stdout.split("  --preempt-ram PREEMPT_RAM", 1)[1].split("  --preempt-mode", 1)[0]
+    assert "default 8192" in " ".join(entry.split())
+
+
+def test_a_missing_model_file_is_one_clear_line(tmp_path: Path) -> None:
+    missing = tmp_path / "nope.gguf"
+    p = subprocess.run([str(server_binary()), "-m", str(missing), "--port", str(free_port())],
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 1
+    errors = [x for x in (p.stdout + p.stderr).splitlines() if "error" in x.lower()]
+    assert errors == [f"error: -m/--model: no model file at '{missing}'"], p.stderr

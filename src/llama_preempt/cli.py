@@ -11,7 +11,7 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, NoReturn, Sequence
 
 from . import __version__
 from .stats import PREEMPT_MODES
@@ -333,10 +333,17 @@ def cmd_server_path(args: argparse.Namespace) -> int:
     return 0
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse that says a bad flag in one line (the README's error format), not a usage block."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="llama-preempt", description="KV preemption for llama.cpp's HTTP server")
+    ap = _Parser(prog="llama-preempt", description="KV preemption for llama.cpp's HTTP server")
     ap.add_argument("--version", action="version", version=f"llama-preempt {__version__}")
-    sub = ap.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
+    sub = ap.add_subparsers(dest="cmd", required=True, metavar="COMMAND", parser_class=_Parser)
 
     d = sub.add_parser("demo", help="the overflow scenario, without and with preemption, on a real model")
     d.add_argument("--model", type=Path, default=None, help="any gguf (default: SmolLM2-135M-Instruct Q4_1 from PyPI)")
@@ -344,7 +351,8 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--parallel", type=int, default=4, help="slots (-np; default 4)")
     d.add_argument("--chats", type=int, default=4, help="concurrent chats (default 4)")
     d.add_argument("--tokens", type=int, default=400, help="tokens each chat generates (default 400)")
-    d.add_argument("--preempt-ram", type=int, default=8192, help="MiB parked slots may hold (-1 no limit, 0 recompute only)")
+    d.add_argument("--preempt-ram", type=int, default=8192,
+                   help="MiB parked slots may hold (-1 no limit, 0 recompute only; default 8192)")
     d.add_argument("--preempt-mode", choices=PREEMPT_MODES, default="auto",
                    help="SWAP or RECOMPUTE per victim: auto (the cheaper by measured cost), swap, recompute (default auto)")
     d.add_argument("--engine", choices=("engine", "server"), default="engine",

@@ -102,8 +102,10 @@ class LoggedChild:
     def __enter__(self) -> "LoggedChild":
         return self.start()
 
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
+    def __exit__(self, exc_type: object, *exc: object) -> None:
+        # a Ctrl-C means "now": a short grace, then SIGKILL (llama-server with requests in flight
+        # may not end on SIGTERM alone)
+        self.stop(timeout=1.0 if exc_type is KeyboardInterrupt else 10.0)
 
 
 def free_port(host: str = "127.0.0.1") -> int:
