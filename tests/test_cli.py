@@ -189,7 +189,7 @@ def test_simulate_prints_a_sweep_table_and_json() -> None:
     p = cli("simulate", "--requests", "40", "--rate", "0", "--prompt-len", "50-100", "--gen-len", "200",
             "--parallel", "8", "--sweep", "ctx=1024,4096", "--sweep", "ram=0,-1")
     assert p.returncode == 0, p.stderr
-    assert "completed" in p.stdout and "no limit" in p.stdout
+    assert "done" in p.stdout and "no limit" in p.stdout
     p = cli("simulate", "--requests", "40", "--rate", "0", "--prompt-len", "50-100", "--gen-len", "200",
             "--parallel", "8", "--sweep", "ctx=1024,4096", "--sweep", "ram=0,-1", "--json")
     res = json.loads(p.stdout)["results"]

@@ -4,6 +4,7 @@ preemption is active, and why not."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -11,7 +12,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from helpers import complete, long_prompt, run_concurrently
+from helpers import complete, long_prompt, open_raw_stream, run_concurrently, wait_for_parked
 from llama_preempt.binary import server_binary
 from llama_preempt.server import free_port
 from llama_preempt.statsview import fetch, render
@@ -194,3 +195,54 @@ def test_a_missing_model_file_is_one_clear_line(tmp_path: Path) -> None:
     assert p.returncode == 1
     errors = [x for x in (p.stdout + p.stderr).splitlines() if "error" in x.lower()]
     assert errors == [f"error: -m/--model: no model file at '{missing}'"], p.stderr
+
+
+# --- output that fits ---
+
+def _cli(*args: str, columns: str | None) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k != "COLUMNS"}
+    if columns:
+        env["COLUMNS"] = columns
+    return subprocess.run([sys.executable, "-m", "llama_preempt.cli", *args], capture_output=True, text=True,
+                          timeout=120, env=env)
+
+
+def test_simulate_reads_whole_at_80_columns_and_its_default_load_parks() -> None:
+    p = _cli("simulate", columns="80")
+    assert p.returncode == 0, p.stderr
+    assert "…" not in p.stdout and max(len(x) for x in p.stdout.splitlines()) <= 80
+    header = next(x for x in p.stdout.splitlines() if "done" in x)
+    for col in ("-c", "RAM", "done", "failed", "parks s/r", "TTFT p99", "makespan"):
+        assert col in header
+    row = next(x for x in p.stdout.splitlines() if "MiB" in x and "│" in x)
+    swaps, recomputes = (int(n) for n in re.search(r"(\d+)/(\d+)", row).groups())
+    assert swaps + recomputes > 0  # the default load shows what the tool is for
+
+
+def test_simulate_without_preemption_shows_no_nan_and_no_ram_column() -> None:
+    p = _cli("simulate", "--no-preempt", "--requests", "20", columns="80")
+    assert p.returncode == 0, p.stderr
+    assert "nan" not in p.stdout and "RAM" not in p.stdout.split("costs:")[0]
+
+
+def test_piped_simulate_output_is_not_cut_even_wide() -> None:
+    p = _cli("simulate", "--wide", columns=None)  # captured: not a terminal
+    assert p.returncode == 0, p.stderr
+    assert "…" not in p.stdout
+    for col in ("recomputed tok", "peak parked", "TTFT p50", "queue p99", "longest park"):
+        assert col in p.stdout
+
+
+def test_stats_reads_whole_at_80_columns_while_slots_generate(start_server, stories_model: Path) -> None:
+    srv = start_server(stories_model, n_ctx=512, n_parallel=2,
+                       env={"LLAMA_SERVER_PREEMPT_EVERY": "8", "LLAMA_SERVER_PREEMPT_HOLD_MS": "600000"})
+    sock = open_raw_stream(srv, "Once upon a time", 400)
+    try:
+        wait_for_parked(srv)
+        con = Console(width=80, record=True)
+        con.print(render(fetch(srv.url), None))
+        out = con.export_text()
+        assert "…" not in out and max(len(x) for x in out.splitlines()) <= 80
+        assert "parked" in out and "swap" in out
+    finally:
+        sock.close()

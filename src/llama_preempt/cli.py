@@ -22,9 +22,13 @@ class CLIError(Exception):
 
 
 def _console(stderr: bool = False) -> Any:
+    """A terminal's own width; piped into a file or another program, wide enough that no table is
+    cut (rich would assume 80 columns there) unless COLUMNS says otherwise."""
     from rich.console import Console
 
-    return Console(stderr=stderr, highlight=False)
+    stream = sys.stderr if stderr else sys.stdout
+    width = None if stream.isatty() or os.environ.get("COLUMNS") else 200
+    return Console(stderr=stderr, highlight=False, width=width)
 
 
 # --- demo ---
@@ -217,19 +221,30 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     from rich.table import Table
 
     t = Table(title=f"simulated: {len(wl)} requests, {args.parallel} slots, n_batch {args.batch}"
-                    f"{', no preemption' if args.no_preempt else ''} (costs: step {costs.step_ms:g} ms, decode "
-                    f"{costs.decode_token_ms:g} ms/token, prefill {costs.prefill_token_ms:g} ms/token, "
-                    f"{costs.bytes_per_cell:g} B/cell)", title_justify="left")
-    for col in ("-c", "--preempt-ram", "completed", "failed", "parks swap", "parks recompute", "recomputed tok",
-                "peak parked", "TTFT p50", "TTFT p99", "queue p99", "longest park", "makespan"):
-        t.add_column(col, justify="right")
+                    f"{', no preemption' if args.no_preempt else ''}", title_justify="left")
+    # what reads whole at 80 columns; --wide adds the rest. --preempt-ram means nothing without preemption
+    cols = [("-c", lambda r: str(r.n_ctx))]
+    if not args.no_preempt:
+        cols.append(("RAM", lambda r: "no limit" if r.preempt_ram_mib < 0 else f"{r.preempt_ram_mib} MiB"))
+    cols += [("done", lambda r: str(r.completed)),
+             ("failed", lambda r: f"[red]{r.failed}[/]" if r.failed else "0")]
+    if not args.no_preempt:
+        cols.append(("parks s/r", lambda r: f"{r.parks_swap}/{r.parks_recompute}"))
+    cols += [("TTFT p99", lambda r: _secs(r.ttft_p99_s)), ("makespan", lambda r: f"{r.makespan_s:.1f} s")]
+    if args.wide:
+        cols[-1:-1] = [("recomputed tok", lambda r: str(r.recomputed_tokens)),
+                       ("peak parked", lambda r: f"{r.peak_parked_mib:.1f} MiB"),
+                       ("TTFT p50", lambda r: _secs(r.ttft_p50_s)), ("queue p99", lambda r: _secs(r.queue_p99_s)),
+                       ("longest park", lambda r: f"{r.longest_park_s:.2f} s")]
+    for name, _ in cols:
+        t.add_column(name, justify="right", no_wrap=True)
     for r in reports:
-        t.add_row(str(r.n_ctx), "no limit" if r.preempt_ram_mib < 0 else f"{r.preempt_ram_mib} MiB",
-                  str(r.completed), f"[red]{r.failed}[/]" if r.failed else "0", str(r.parks_swap), str(r.parks_recompute),
-                  str(r.recomputed_tokens), f"{r.peak_parked_mib:.1f} MiB", f"{r.ttft_p50_s:.2f} s", f"{r.ttft_p99_s:.2f} s",
-                  f"{r.queue_p99_s:.2f} s", f"{r.longest_park_s:.2f} s", f"{r.makespan_s:.1f} s")
+        t.add_row(*[f(r) for _, f in cols])
     con = _console()
     con.print(t)
+    con.print(f"[dim]costs: step {costs.step_ms:g} ms, decode {costs.decode_token_ms:g} ms/token, prefill "
+              f"{costs.prefill_token_ms:g} ms/token, {costs.bytes_per_cell:g} B/cell"
+              f"{'' if args.wide else '; --wide for every column'}[/]")
     con.print(f"[dim]{len(reports)} simulation(s) in {elapsed:.2f} s[/]")
     return 0
 
@@ -379,7 +394,8 @@ def build_parser() -> argparse.ArgumentParser:
     src.add_argument("--gen-len", default="100-400", help="synthetic: generated tokens, N or LO-HI (default 100-400)")
     src.add_argument("--seed", type=int, default=0)
     srv = m.add_argument_group("server")
-    srv.add_argument("--ctx", type=int, default=4096, help="cells in the unified pool (-c; default 4096)")
+    srv.add_argument("--ctx", type=int, default=1536,
+                     help="cells in the unified pool (-c; default 1536: the default load overflows it, so it parks)")
     srv.add_argument("--parallel", type=int, default=4, help="slots (-np; default 4)")
     srv.add_argument("--batch", type=int, default=512, help="n_batch (-b; default 512)")
     srv.add_argument("--preempt-ram", type=int, default=8192, help="MiB (-1 no limit, 0 recompute only; default 8192)")
@@ -403,6 +419,7 @@ def build_parser() -> argparse.ArgumentParser:
     cost.add_argument("--swap-out-gbps", type=float, default=None)
     cost.add_argument("--swap-in-gbps", type=float, default=None)
     m.add_argument("--json", action="store_true")
+    m.add_argument("--wide", action="store_true", help="every column (the default table reads whole at 80 columns)")
     m.set_defaults(fn=cmd_simulate)
 
     # `serve` takes llama-server's own flags: main() hands them over before argparse sees them

@@ -103,8 +103,10 @@ def _mib(n: float) -> str:
 def render(snap: Snapshot, r: dict[str, float] | None) -> Group:
     st = snap.stats
     slots = Table(title=f"{snap.url}  ({snap.version or 'llama-preempt'})", title_justify="left")
-    for col in ("slot", "state", "tokens held", "parked", "parks", "recomputed", "host RAM", "parked for"):
-        slots.add_column(col, justify="right" if col not in ("state", "parked") else "left")
+    # short headers: the table reads whole at 80 columns (README: "held" is tokens held, "mode" how it
+    # is parked, "recomp" tokens recomputed, "parked" the time parked, the current park included)
+    for col in ("slot", "state", "held", "mode", "parks", "recomp", "host RAM", "parked"):
+        slots.add_column(col, justify="right" if col not in ("state", "mode") else "left", no_wrap=True)
     for s in st.slots:
         state = {"preempted": "[yellow]parked[/]", "generating": "[green]generating[/]",
                  "processing_prompt": "[cyan]prompt[/]", "started": "[cyan]started[/]"}.get(s.state, s.state)
