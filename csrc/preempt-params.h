@@ -61,7 +61,7 @@ inline std::string invalid_sizes(const common_params & params) {
                std::to_string(params.n_parallel) + "): every step decodes one token of each slot in one batch";
     }
     if (params.n_ubatch < 0) {
-        return "-ub/--ubatch-size must be at least 1 token, got " + std::to_string(params.n_ubatch);
+        return "-ub/--ubatch-size must not be negative, got " + std::to_string(params.n_ubatch);
     }
     return "";
 }
