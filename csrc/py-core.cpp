@@ -15,6 +15,7 @@
 
 #include "ggml-backend.h"
 #include "ggml-rpc.h"
+#include "log.h"
 #include "preempt-copy.h"
 #include "preempt-policy.h"
 #include "preempt-sim.h"
@@ -188,6 +189,12 @@ PYBIND11_MODULE(_core, m) {
           },
           py::arg("mode"), py::arg("bytes"), py::arg("n_tokens"), py::arg("ram_left"), py::arg("rates"),
           "the server's choice for one victim: `bytes` of state (0: cannot swap), `n_tokens` to re-prefill");
+
+    // llama.cpp's log threshold for the process (0 errors off too ... 4 debug): a quiet Engine loads
+    // at 1 (errors, which the load's exceptions point to) and serves at 0, where a failed request
+    // is the RequestError Python raises and nothing more on stderr
+    m.def("set_log_verbosity", [](int verbosity) { common_log_set_verbosity_thold(verbosity); }, py::arg("verbosity"));
+    m.def("get_log_verbosity", []() { return common_log_get_verbosity_thold(); });
 
     m.def("measure_link_speeds", [](size_t n_bytes, int n_reps, const std::vector<std::string> & rpc) {
               std::vector<std::tuple<std::string, std::string, double, bool>> out;

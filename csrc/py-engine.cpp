@@ -19,6 +19,8 @@
 #include "server-http.h"
 
 #include "preempt-params.h"
+#include "preempt-notice.h"
+#include "py-engine-request.h"
 
 #include <atomic>
 #include <chrono>
@@ -58,68 +60,15 @@ const char * const k_exiting_flags[] = {
     "-h", "--help", "--usage", "--version", "--completion-bash", "--list-devices", "-cl", "--cache-list",
 };
 
-// One request, answered by an upstream route handler on its own thread. The Python side reads
-// the status and either the body or the stream's chunks.
-struct engine_request {
-    std::atomic<bool> cancelled{false};
-    const std::function<bool()> should_stop = [this]() { return cancelled.load(); };
-
-    std::mutex              mtx;
-    std::condition_variable cv;
-    bool        started   = false;  // status (and for a stream, its first chunk) known
-    bool        done      = false;  // the handler and its stream are finished
-    bool        is_stream = false;
-    int         status    = 0;
-    std::string data;               // non-streamed body
-    std::deque<std::string> chunks; // streamed SSE chunks not taken yet
-
-    void set_started(int st, bool stream, std::string body) {
-        {
-            std::lock_guard<std::mutex> lk(mtx);
-            status    = st;
-            is_stream = stream;
-            data      = std::move(body);
-            started   = true;
-        }
-        cv.notify_all();
-    }
-
-    void push_chunk(std::string chunk) {
-        {
-            std::lock_guard<std::mutex> lk(mtx);
-            chunks.push_back(std::move(chunk));
-        }
-        cv.notify_all();
-    }
-
-    void set_done() {
-        {
-            std::lock_guard<std::mutex> lk(mtx);
-            started = true;
-            done    = true;
-        }
-        cv.notify_all();
-    }
-
-    // wait (GIL released) until pred holds or the timeout passes; a negative timeout waits forever
-    template <typename Pred>
-    bool wait_for(double timeout_s, Pred pred) {
-        py::gil_scoped_release nogil;
-        std::unique_lock<std::mutex> lk(mtx);
-        if (timeout_s < 0) {
-            cv.wait(lk, pred);
-            return true;
-        }
-        return cv.wait_for(lk, std::chrono::duration<double>(timeout_s), pred);
-    }
-};
-
 // the route handler's answer when it throws, as upstream's ex_wrapper (tools/server/server.cpp)
 server_http_res_ptr call_handler(const server_http_context::handler_t & handler, const server_http_req & req) {
     std::string message;
     error_type  type = ERROR_TYPE_SERVER;
     try {
         return handler(req);
+    } catch (const common_json_error & e) {  // as the binary (patches/0011)
+        type    = ERROR_TYPE_INVALID_REQUEST;
+        message = llama_preempt::client_json_error(e.what());
     } catch (const std::invalid_argument & e) {
         type    = ERROR_TYPE_INVALID_REQUEST;
         message = e.what();
@@ -626,10 +575,4 @@ void register_engine(py::module_ & m) {
         .def("n_queued", &engine::n_queued, "tasks queued for the loop's next step")
         .def_property_readonly("closed", &engine::is_closed)
         .def("close", &engine::close, "cancel pending requests, stop the loop and free the model and context");
-
-    // llama.cpp's log threshold for the process (0 errors off too ... 4 debug): a quiet Engine loads
-    // at 1 (errors, which the load's exceptions point to) and serves at 0, where a failed request
-    // is the RequestError Python raises and nothing more on stderr
-    m.def("set_log_verbosity", [](int verbosity) { common_log_set_verbosity_thold(verbosity); }, py::arg("verbosity"));
-    m.def("get_log_verbosity", []() { return common_log_get_verbosity_thold(); });
 }
