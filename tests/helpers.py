@@ -131,3 +131,36 @@ def streams_held_parked(srv: LlamaServer, prompts: tuple[str, ...] = ("Once upon
     while sum(s["is_preempted"] for s in srv.slots()) < len(prompts):
         assert time.monotonic() < deadline, f"all {len(prompts)} requests should be parked"
     return streams
+
+
+def assert_forced_swaps_give_the_unparked_answer(ref_srv: LlamaServer, srv: LlamaServer, n_predict: int = 96,
+                                                 min_parks: int = 8) -> Any:
+    """The same prompt on a server without preemption and on one forced to park by swap (every
+    park byte-verified): the same answer, every park resumed; the parked server's metrics."""
+    ref = complete(ref_srv, "Once upon a time", n_predict).json()
+    got = complete(srv, "Once upon a time", n_predict).json()
+    assert got["tokens_predicted"] == n_predict
+    assert got["content"] == ref["content"]
+    m = srv.metrics()
+    assert m["n_preempt_total"] >= min_parks
+    assert m["n_resume_total"] == m["n_preempt_total"]
+    assert_every_swap_verified(m)
+    return m
+
+
+THREE_PROMPTS = ["Once upon a time", "The little dog", "A girl named Lily"]
+
+
+def assert_restored_ahead_exactly(ref_srv: LlamaServer, srv: LlamaServer) -> Any:
+    """Three prompts decoding together on a server without preemption and on one whose parked
+    slots are held a little (so the next to resume is uploaded ahead, every park byte-verified):
+    the same answers, and at least one restore that only scattered; the parked server's metrics."""
+    refs = [complete(ref_srv, p, 48).json()["content"] for p in THREE_PROMPTS]
+    got = [r.json()["content"] for r in complete_all(srv, THREE_PROMPTS, 48)]
+    assert got == refs
+    m = srv.metrics()
+    assert m["n_swap_restore_ahead_total"] >= 1
+    assert m["n_swap_restore_ahead_total"] <= m["n_resume_total"] == m["n_preempt_total"]
+    assert_every_swap_verified(m)
+    assert "(uploaded ahead)" in srv.log_text()
+    return m

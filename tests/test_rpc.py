@@ -21,15 +21,14 @@ from typing import Any, Callable, Iterator
 import pytest
 import requests
 
-from helpers import (assert_every_swap_verified, complete, complete_all, long_prompt, open_raw_stream,
-                     streams_held_parked, wait_for_parked, wait_until_nothing_held)
+from helpers import (assert_every_swap_verified, assert_forced_swaps_give_the_unparked_answer,
+                     assert_restored_ahead_exactly, complete, complete_all, long_prompt, open_raw_stream, streams_held_parked, wait_for_parked, wait_until_nothing_held)
 from llama_preempt.binary import rpc_server_binary, server_binary
 from llama_preempt.rpc import RpcServer
 from llama_preempt.server import LlamaServer, ServerConfig, free_port
 
 FORCED = {"LLAMA_SERVER_PREEMPT_EVERY": "8"}
 VERIFY = {"LLAMA_SERVER_PREEMPT_VERIFY": "1"}
-PROMPTS = ["Once upon a time", "The little dog", "A girl named Lily"]
 
 RpcFactory = Callable[..., RpcServer]
 
@@ -100,18 +99,11 @@ def test_forced_swap_parks_over_rpc_copy_upstreams_bytes_and_give_the_unparked_o
         start_server, start_rpc, stories_model: Path, flash: str) -> None:
     ref_srv = start_server(stories_model, n_ctx=512, n_parallel=2, preempt=False,
                            extra_args=on_rpc(start_rpc()) + ["-fa", flash])
-    ref = complete(ref_srv, "Once upon a time", 96).json()
     rpc = start_rpc()
     srv = start_server(stories_model, n_ctx=512, n_parallel=2, env={**FORCED, **VERIFY},
                        extra_args=on_rpc(rpc) + ["-fa", flash, "--preempt-mode", "swap"])
     assert_connected(rpc)
-    got = complete(srv, "Once upon a time", 96).json()
-    assert got["tokens_predicted"] == 96
-    assert got["content"] == ref["content"]
-    m = srv.metrics()
-    assert m["n_preempt_total"] >= 8
-    assert m["n_resume_total"] == m["n_preempt_total"]
-    assert_every_swap_verified(m)
+    m = assert_forced_swaps_give_the_unparked_answer(ref_srv, srv)
     parks = park_lines(srv)
     assert len(parks) == m["n_preempt_swap_total"]
     # through the device: gathered by graphs on the RPC server, nothing copied one slice at a time
@@ -146,16 +138,9 @@ def test_an_overloaded_pool_over_rpc_parks_fragmented_sequences_and_every_reques
 def test_restore_ahead_over_rpc_uploads_the_next_parked_slot_and_its_restore_scatters_exactly(
         start_server, start_rpc, stories_model: Path) -> None:
     ref_srv = start_server(stories_model, n_ctx=1024, n_parallel=3, preempt=False, extra_args=on_rpc(start_rpc()))
-    refs = [complete(ref_srv, p, 48).json()["content"] for p in PROMPTS]
     srv = start_server(stories_model, n_ctx=1024, n_parallel=3, extra_args=on_rpc(start_rpc()) + ["--preempt-mode", "swap"],
                        env={**FORCED, **VERIFY, "LLAMA_SERVER_PREEMPT_HOLD_MS": "20"})
-    got = [r.json()["content"] for r in complete_all(srv, PROMPTS, 48)]
-    assert got == refs
-    m = srv.metrics()
-    assert m["n_swap_restore_ahead_total"] >= 1
-    assert m["n_swap_restore_ahead_total"] <= m["n_resume_total"] == m["n_preempt_total"]
-    assert_every_swap_verified(m)
-    assert "(uploaded ahead)" in srv.log_text()
+    assert_restored_ahead_exactly(ref_srv, srv)
 
 
 def test_two_rpc_servers_with_a_layer_split_park_restore_and_upload_ahead_exactly(
@@ -164,17 +149,12 @@ def test_two_rpc_servers_with_a_layer_split_park_restore_and_upload_ahead_exactl
     # and restore ahead uploads to each device the bytes of its own layers
     ref_srv = start_server(stories_model, n_ctx=1024, n_parallel=3, preempt=False,
                            extra_args=on_rpc(start_rpc(), start_rpc()))
-    refs = [complete(ref_srv, p, 48).json()["content"] for p in PROMPTS]
     rpcs = [start_rpc(), start_rpc()]
     srv = start_server(stories_model, n_ctx=1024, n_parallel=3, extra_args=on_rpc(*rpcs) + ["--preempt-mode", "swap"],
                        env={**FORCED, **VERIFY, "LLAMA_SERVER_PREEMPT_HOLD_MS": "20"})
     assert_connected(*rpcs)
-    got = [r.json()["content"] for r in complete_all(srv, PROMPTS, 48)]
-    assert got == refs
-    m = srv.metrics()
+    m = assert_restored_ahead_exactly(ref_srv, srv)
     assert m["n_preempt_total"] >= 6
-    assert_every_swap_verified(m)
-    assert m["n_swap_restore_ahead_total"] >= 1
     assert all(how == "device graphs" for _, how in park_lines(srv))
 
 

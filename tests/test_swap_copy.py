@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 import requests
 
-from helpers import (assert_every_swap_verified, complete, complete_all, long_prompt, run_concurrently,
-                     wait_for_parked)
+from helpers import (assert_every_swap_verified, assert_forced_swaps_give_the_unparked_answer, assert_restored_ahead_exactly,
+                     complete, complete_all, long_prompt, run_concurrently, wait_for_parked)
 from llama_preempt.metrics import parse_prometheus
 
 FORCED = {"LLAMA_SERVER_PREEMPT_EVERY": "8"}
@@ -39,16 +39,9 @@ def test_swap_parks_copy_upstreams_bytes_and_give_the_unparked_output(
         start_server, stories_model: Path, flash: str, route: str) -> None:
     # fa off stores V transposed: one slice per V element row, moved by transpose + gather
     ref_srv = start_server(stories_model, n_ctx=512, n_parallel=2, preempt=False, extra_args=["-fa", flash])
-    ref = complete(ref_srv, "Once upon a time", 96).json()
     srv = start_server(stories_model, n_ctx=512, n_parallel=2, env=swap_env(route),
                        extra_args=["-fa", flash, "--preempt-mode", "swap"])
-    got = complete(srv, "Once upon a time", 96).json()
-    assert got["tokens_predicted"] == 96
-    assert got["content"] == ref["content"]
-    m = srv.metrics()
-    assert m["n_preempt_total"] >= 8
-    assert m["n_resume_total"] == m["n_preempt_total"]
-    assert_every_swap_verified(m)
+    m = assert_forced_swaps_give_the_unparked_answer(ref_srv, srv)
     assert parks_by_choice(srv)["swap_mode"] == m["n_preempt_total"]
 
 
@@ -76,18 +69,10 @@ def test_a_restore_uploaded_ahead_scatters_exactly(start_server, stories_model: 
     # parked slots stay parked 20 ms, so the next one to come back has its buffer uploaded to the
     # device (here the CPU backend, through the device path) while others decode, and its restore
     # scatters those bytes
-    prompts = ["Once upon a time", "The little dog", "A girl named Lily"]
     ref_srv = start_server(stories_model, n_ctx=1024, n_parallel=3, preempt=False, extra_args=["-fa", flash])
-    refs = [complete(ref_srv, p, 48).json()["content"] for p in prompts]
     srv = start_server(stories_model, n_ctx=1024, n_parallel=3, extra_args=["-fa", flash, "--preempt-mode", "swap"],
                        env={**swap_env("graph"), "LLAMA_SERVER_PREEMPT_HOLD_MS": "20"})
-    got = [r.json()["content"] for r in complete_all(srv, prompts, 48)]
-    assert got == refs
-    m = srv.metrics()
-    assert m["n_swap_restore_ahead_total"] >= 1
-    assert m["n_swap_restore_ahead_total"] <= m["n_resume_total"] == m["n_preempt_total"]
-    assert_every_swap_verified(m)
-    assert "(uploaded ahead)" in srv.log_text()
+    assert_restored_ahead_exactly(ref_srv, srv)
 
 
 def test_nothing_is_uploaded_ahead_where_the_cells_live_in_host_memory(start_server, stories_model: Path) -> None:

@@ -51,17 +51,31 @@ def _sigint_deferred() -> Iterator[None]:
 
 class LoggedChild:
     """A child process whose output goes to a log file: started until ready, always stoppable.
-    Subclasses set `log_path`, and give `command()` and `_wait_ready(timeout)`."""
+    Subclasses set `name`, `ready_when` and `log_path`, and give `command()` and `_ready()`."""
 
     proc: "subprocess.Popen[bytes] | None" = None
+    name: str = "the child"
+    ready_when: str = "ready"  # what _ready() checks, for the error message
     log_path: Path
     child_env: dict[str, str]
 
     def command(self) -> list[str]:
         raise NotImplementedError
 
-    def _wait_ready(self, timeout: float) -> None:
+    def _ready(self) -> bool:
+        """One probe: True once the child serves."""
         raise NotImplementedError
+
+    def _wait_ready(self, timeout: float) -> None:
+        assert self.proc is not None
+        deadline = time.monotonic() + timeout
+        while not self._ready():
+            if self.proc.poll() is not None:
+                raise ServerStartError(
+                    f"{self.name} exited with {self.proc.returncode} before it was {self.ready_when}:\n{self.log_tail()}")
+            if time.monotonic() > deadline:
+                raise ServerStartError(f"{self.name} not {self.ready_when} after {timeout:.0f} s:\n{self.log_tail()}")
+            time.sleep(0.05)
 
     def start(self, timeout: float = 60.0) -> "LoggedChild":
         try:
@@ -162,6 +176,9 @@ class ServerConfig:
 class LlamaServer(LoggedChild):
     """One llama-server child process. Always stop() it (or use it as a context manager)."""
 
+    name = "llama-server"
+    ready_when = "healthy"
+
     def __init__(self, config: ServerConfig, *, binary: Path | None = None,
                  host: str = "127.0.0.1", port: int | None = None,
                  log_dir: Path | None = None) -> None:
@@ -186,22 +203,11 @@ class LlamaServer(LoggedChild):
         super().start(timeout)
         return self
 
-    def _wait_ready(self, timeout: float) -> None:
-        assert self.proc is not None
-        deadline = time.monotonic() + timeout
-        while True:
-            if self.proc.poll() is not None:
-                raise ServerStartError(
-                    f"llama-server exited with {self.proc.returncode} before it was ready:\n{self.log_tail()}")
-            try:
-                r = self.session.get(self.url + "/health", timeout=2)
-                if r.status_code == 200:
-                    return
-            except requests.ConnectionError:
-                pass
-            if time.monotonic() > deadline:
-                raise ServerStartError(f"llama-server not healthy after {timeout:.0f} s:\n{self.log_tail()}")
-            time.sleep(0.05)
+    def _ready(self) -> bool:
+        try:
+            return self.session.get(self.url + "/health", timeout=2).status_code == 200
+        except requests.ConnectionError:
+            return False
 
     def stop(self, timeout: float = 10.0) -> None:
         super().stop(timeout)
