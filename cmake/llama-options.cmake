@@ -16,8 +16,13 @@ set(LLAMA_TOOLS_INSTALL    OFF CACHE BOOL "" FORCE)
 set(LLAMA_TESTS_INSTALL    OFF CACHE BOOL "" FORCE)
 set(LLAMA_FATAL_WARNINGS   OFF CACHE BOOL "" FORCE)
 
-# Name the upstream commit rather than whatever git finds above the tree (our own repository).
-set(LLAMA_BUILD_COMMIT "0c1e570")
+# Name the upstream commit rather than whatever git finds above the tree (our own repository). It
+# is written once, in vendor/fetch.py (UPSTREAM_COMMIT), which pins the tree.
+file(STRINGS "${CMAKE_CURRENT_LIST_DIR}/../vendor/fetch.py" _upstream REGEX "^UPSTREAM_COMMIT = ")
+string(REGEX REPLACE "^UPSTREAM_COMMIT = \"([0-9a-f]+)\".*" "\\1" LLAMA_BUILD_COMMIT "${_upstream}")
+if (NOT LLAMA_BUILD_COMMIT MATCHES "^[0-9a-f]+$")
+    message(FATAL_ERROR "cannot read UPSTREAM_COMMIT from vendor/fetch.py")
+endif()
 set(LLAMA_BUILD_NUMBER 0)
 
 

@@ -45,8 +45,8 @@ struct preempt_counters {
 struct preempt_gauges {
     int32_t  n_requests_preempted = 0;  // slots parked now
     uint64_t ram_bytes            = 0;  // host RAM held by parked slots now (SWAP buffers)
-    int32_t  n_copies_in_flight   = 0;
-    uint64_t pool_bytes           = 0;  // idle host RAM kept for the next swap buffers (warm memory)  // SWAP parks whose transfer to host RAM may still be running
+    int32_t  n_copies_in_flight   = 0;  // SWAP parks whose transfer to host RAM may still be running
+    uint64_t pool_bytes           = 0;  // idle host RAM kept for the next swap buffers (warm memory)
     cost_rates rates;                   // the rates SWAP-or-RECOMPUTE is chosen with now
 };
 

@@ -5,6 +5,7 @@
 #include "common.h"
 #include "preempt-version.h"
 #include "server-common.h"
+#include "server-http.h"
 
 #include <cstdio>
 #include <string>
@@ -81,6 +82,22 @@ inline std::string missing_model_file(const common_params & params) {
     return "";
 }
 
+// what a server's parameters must pass once -np's default is settled: "" or one message naming the flag
+inline std::string server_params_error(const common_params & params) {
+    std::string why = invalid_sizes(params);
+    return why.empty() ? missing_model_file(params) : why;
+}
+
+// our part of the server's parameter finalisation (server_prepare_params() in server.cpp, patched):
+// -np N shares one pool, and sizes llama.cpp would abort on are refused. "" or the error.
+inline std::string prepare_server_params(common_params & params) {
+    if (unify_pool_for_preemption(params)) {
+        SRV_INF("preemption: the %d slots share one unified KV pool (--no-kv-unified splits it per slot, as upstream "
+                "does without preemption)\n", params.n_parallel);
+    }
+    return server_params_error(params);
+}
+
 // the "llama_preempt" object of /props: configured, and active or why not
 inline json props_json(const common_params & params) {
     const std::string why = preempt_inactive_reason(params);
@@ -97,3 +114,9 @@ inline json props_json(const common_params & params) {
 }
 
 } // namespace llama_preempt
+
+// upstream's own, in tools/server/server.cpp (made callable by the patches), for the in-process
+// Engine: the parameters' finalisation before the model loads (0 or 1 after printing the error),
+// and the wrapper that turns a route handler's exception into upstream's error response
+int server_prepare_params(common_params & params, bool is_router_server);
+server_http_context::handler_t ex_wrapper(server_http_context::handler_t func);

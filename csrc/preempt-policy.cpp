@@ -2,6 +2,7 @@
 #include "preempt-policy.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <cstdio>
 
 namespace llama_preempt {
@@ -37,6 +38,67 @@ static bool is_new(const slot_view & s) {
 // active and admitted: a new request waits in the admission queue instead
 static bool is_running(const slot_view & s) {
     return is_active(s) && !s.is_new;
+}
+
+park_block park_blocker(const slot_view & s) {
+    return s.in_family     ? park_block::family
+         : s.is_multimodal ? park_block::multimodal
+         : !s.can_park     ? park_block::not_replayable
+         :                   park_block::none;
+}
+
+bool may_park(const slot_view & s) {
+    return park_blocker(s) == park_block::none;
+}
+
+const char * park_block_reason(park_block b) {
+    switch (b) {
+        case park_block::none:           return "";
+        case park_block::family:         return "it serves an n_cmpl request, whose slots share their prompt cells";
+        case park_block::multimodal:     return "its prompt holds media, which a replay cannot re-encode";
+        case park_block::not_replayable: return "its request cannot be replayed (embedding input or an aLoRA adapter)";
+    }
+    return "?";
+}
+
+bool has_swap_state(const park_input & in) {
+    return in.n_held > 0 && !in.replaying && (in.at == parked_from::prompt || in.at == parked_from::generating);
+}
+
+park_shape shape_park(const park_input & in, bool swap, int32_t n_batch) {
+    park_shape out;
+    if (swap) {
+        // back in place plus its next step: one token, or its next prompt chunk
+        out.from      = in.at;
+        out.n_restore = in.n_held + (in.at == parked_from::generating ? 1 : std::min(n_batch, in.n_prompt - in.n_held));
+        return out;
+    }
+    switch (in.at) {
+        case parked_from::generating:
+            // replays what it held plus the token it had sampled and not decoded yet
+            out.from      = parked_from::generating;
+            out.n_restore = in.n_held + 1;
+            break;
+        case parked_from::prompt:
+            if (in.replaying) {
+                // parked again mid-replay: the replay list is still whole
+                out.from      = parked_from::generating;
+                out.n_restore = in.n_replay;
+            } else {
+                // mid-prompt: it starts its prompt over, up to where it was plus one chunk
+                out.from      = parked_from::prompt;
+                out.n_redo    = in.n_held;
+                out.n_restore = std::min(in.n_prompt, in.n_held + n_batch);
+            }
+            break;
+        case parked_from::started:
+            out.from      = parked_from::started;
+            out.n_restore = std::min(in.n_prompt, n_batch);
+            break;
+        case parked_from::none:
+            break;
+    }
+    return out;
 }
 
 static bool contains(const std::vector<int32_t> & v, int32_t id) {
@@ -85,10 +147,9 @@ static std::vector<const slot_view *> victim_order(const std::vector<slot_view> 
         if (!is_running(s) || &s == lead || contains(skip, s.id)) {
             continue;
         }
-        if (s.in_family || s.is_multimodal || !s.can_park) {
-            continue;
+        if (may_park(s)) {
+            cand.push_back(&s);
         }
-        cand.push_back(&s);
     }
     auto tier = [&](const slot_view * s) {
         const bool resuming = s->phase == slot_phase::prompt && s->n_replay_left > 0;
@@ -249,7 +310,7 @@ plan plan_step(const std::vector<slot_view> & slots, const plan_params & p) {
             continue;
         }
         const slot_view * s = find[id];
-        if (!s->can_resume) {
+        if (!s->can_resume || s->waits_for_unpark) {
             waiting = true;
             continue;
         }
@@ -287,7 +348,7 @@ plan plan_step(const std::vector<slot_view> & slots, const plan_params & p) {
         }
         for (int32_t id : restore) {
             const slot_view * s = find[id];
-            if (!failed[id] && s->can_resume && pl.park.empty()) {
+            if (!failed[id] && s->can_resume && !s->waits_for_unpark && pl.park.empty()) {
                 need += s->n_restore;
                 n_running += 1;
                 pl.resume.push_back(id);
@@ -296,6 +357,14 @@ plan plan_step(const std::vector<slot_view> & slots, const plan_params & p) {
         }
         if (n_running == 0 && !pl.hold.empty()) {
             pl.hold.erase(pl.hold.begin());
+        }
+    }
+
+    // 6. the parked slot that comes back next: its state can travel to the device ahead of time
+    for (int32_t id : restore) {
+        if (!failed[id] && !find[id]->waits_for_unpark && !contains(pl.resume, id)) {
+            pl.restore_next = id;
+            break;
         }
     }
 
@@ -371,6 +440,18 @@ void cost_rates::observe_prefill(int64_t n_tokens, int64_t t_us) {
     if (!fixed && n_tokens >= MIN_PREFILL_TOKENS && t_us > 0) {
         ema(prefill_tps, n_prefill_samples, n_tokens * 1e6 / t_us);
     }
+}
+
+preempt_mode effective_mode(preempt_mode mode, size_t ram_budget) {
+    return ram_budget == 0 ? preempt_mode::recompute : mode;
+}
+
+size_t ram_budget_from_mib(int64_t mib) {
+    return mib < 0 ? SIZE_MAX : (size_t) mib * 1024 * 1024;
+}
+
+size_t ram_left(size_t ram_budget, size_t held) {
+    return ram_budget - std::min(held, ram_budget);
 }
 
 park_decision choose_park(preempt_mode mode, size_t bytes, int64_t n_tokens, size_t ram_left, const cost_rates & rates) {

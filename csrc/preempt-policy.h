@@ -42,6 +42,7 @@ struct slot_view {
     int32_t n_restore   = 0;  // cells it needs to be back where it was when parked
     int64_t t_parked_us = 0;  // when it was parked
     bool    can_resume  = true;  // false: keep it parked this step (a test knob holds it)
+    bool    waits_for_unpark = false;  // parked through the API: it waits for unpark, not for room
 
     int32_t priority      = 0;      // the request's priority: higher is parked later and restored sooner
     int32_t n_preempt     = 0;      // times parked so far
@@ -78,6 +79,8 @@ struct plan {
     std::vector<int32_t> park;    // active slots to park now, in order
     std::vector<int32_t> resume;  // parked slots to resume now, in order
     std::vector<int32_t> hold;    // new requests kept waiting this step: no room, or a parked slot waits first
+    int32_t restore_next = -1;    // the parked slot that comes back next, after this step: restore ahead
+                                  // uploads its state now (-1: none; never one waiting for unpark)
 
     int32_t n_used = 0;  // cells held after the plan
     int32_t n_need = 0;  // cells the next step reserves after the plan
@@ -86,6 +89,50 @@ struct plan {
         return !purge.empty() || !fail.empty() || !park.empty() || !resume.empty();
     }
 };
+
+// ---- which slot may be parked, and what a parked slot needs to come back ----
+
+// why a slot may never be parked (none: it may); the mechanics, the API and the planner all ask this
+enum class park_block {
+    none,
+    family,          // parent or child of an n_cmpl request: its slots share their prompt cells
+    multimodal,      // its prompt holds media, which a replay cannot re-encode
+    not_replayable,  // embedding input or an aLoRA adapter: its replay would need what is gone
+};
+park_block park_blocker(const slot_view & s);
+bool may_park(const slot_view & s);
+const char * park_block_reason(park_block b);  // the API's words: "its prompt holds media, ..."
+
+// what a slot was doing when it was parked, so its resume knows where to re-enter
+enum class parked_from {
+    none,        // not parked
+    started,     // a new request that had not started its prompt
+    prompt,      // mid-prompt: starts its prompt over
+    generating,  // generating (or replaying after an earlier park): replays, then carries on sampling
+};
+
+// a victim at the moment it is parked
+struct park_input {
+    parked_from at        = parked_from::none;  // what it is doing: started, prompt or generating
+    bool        replaying = false;  // prompt: re-prefilling the replay list of an earlier park
+    int32_t     n_held    = 0;      // cells it holds
+    int32_t     n_prompt  = 0;      // its request's prompt tokens
+    int32_t     n_replay  = 0;      // replaying: the whole replay list
+};
+
+// where the resume re-enters and what it needs
+struct park_shape {
+    parked_from from      = parked_from::none;
+    int32_t     n_restore = 0;  // cells to be back where it was, plus its next step (the planner's fit)
+    int32_t     n_redo    = 0;  // RECOMPUTE mid-prompt: prompt tokens it processes again
+};
+
+// Whether the victim has state worth copying: cells of a prompt or a generation. A slot mid-replay
+// has a whole replay list (recompute it again) and a new request holds only a cache.
+bool has_swap_state(const park_input & in);
+
+// The park of a victim by SWAP (`swap`) or RECOMPUTE, with prompt chunks of n_batch.
+park_shape shape_park(const park_input & in, bool swap, int32_t n_batch);
 
 // Cells the slot's next step adds to the pool (0 for idle, waiting and parked slots).
 //  - generating: one token plus its draft;
@@ -171,6 +218,13 @@ struct park_decision {
     double      swap_ms      = 0;  // predicted: park + restore
     double      recompute_ms = 0;  // predicted: re-prefill of the tokens held
 };
+
+// --preempt-ram 0 means RECOMPUTE whatever the mode: there is no RAM to swap to
+preempt_mode effective_mode(preempt_mode mode, size_t ram_budget);
+// bytes of --preempt-ram (MiB; -1 no limit) as a budget (SIZE_MAX: no limit)
+size_t ram_budget_from_mib(int64_t mib);
+// what is left of a budget with `held` bytes parked
+size_t ram_left(size_t ram_budget, size_t held);
 
 // One victim: `bytes` of state to copy (0: cannot be swapped), `n_tokens` to re-prefill on a
 // RECOMPUTE resume, `ram_left` bytes of the budget still free.

@@ -146,25 +146,30 @@ void sim_server::admit() {
 }
 
 void sim_server::park(sim_slot & s) {
-    const int32_t n_held = s.cells;
-    const double  bytes  = n_held * p.bytes_per_cell;
-    s.from_gen = s.phase == slot_phase::generating;
-    s.held     = n_held;
-    // the server's choice, priced with the simulated costs
+    // the server's own decisions (preempt-policy.h), priced with the simulated costs
+    park_input in;
+    in.at        = s.phase == slot_phase::generating ? parked_from::generating : s.is_new ? parked_from::started : parked_from::prompt;
+    in.replaying = s.replay_left > 0;
+    in.n_held    = s.cells;
+    in.n_prompt  = reqs[s.req].n_prompt;
+    in.n_replay  = s.replay_total;
+    const double bytes = in.n_held * p.bytes_per_cell;
     cost_rates rates;
     rates.park_bps    = p.swap_out_bps;
     rates.restore_bps = p.swap_in_bps;
     rates.prefill_tps = 1.0 / p.prefill_token_s;
-    const preempt_mode mode = p.ram_budget_bytes == 0 ? preempt_mode::recompute : p.mode;
-    const size_t ram_left = p.ram_budget_bytes < 0 ? SIZE_MAX
-                          : (size_t) std::max(0.0, (double) p.ram_budget_bytes - parked_bytes);
-    const bool can_swap = n_held > 0 && s.replay_left == 0;
-    const park_decision how = choose_park(mode, can_swap ? (size_t) bytes : 0, n_held, ram_left, rates);
+    const size_t budget = p.ram_budget_bytes < 0 ? SIZE_MAX : (size_t) p.ram_budget_bytes;
+    const park_decision how = choose_park(effective_mode(p.mode, budget), has_swap_state(in) ? (size_t) bytes : 0,
+                                          in.n_held, ram_left(budget, (size_t) parked_bytes), rates);
+    const park_shape shape = shape_park(in, how.swap, p.n_batch);
     res.parks_by_choice[(int) how.why]++;
+
+    s.held      = in.n_held;
+    s.from_gen  = shape.from == parked_from::generating;
+    s.n_restore = shape.n_restore;
     if (how.swap) {
         s.swapped = true;
         s.bytes   = bytes;
-        s.n_restore = n_held + (s.from_gen ? 1 : std::min(p.n_batch, reqs[s.req].n_prompt - s.prompt_done));
         parked_bytes += bytes;
         res.peak_parked_bytes = std::max(res.peak_parked_bytes, parked_bytes);
         t += bytes / p.swap_out_bps;
@@ -172,16 +177,12 @@ void sim_server::park(sim_slot & s) {
     } else {
         s.swapped = false;
         s.bytes   = 0;
-        if (s.replay_left > 0) {
-            s.from_gen  = true;  // parked again mid-replay: the replay list is still whole
-            s.n_restore = s.replay_total;
-        } else if (s.from_gen) {
-            s.replay_total = n_held + 1;
-            s.n_restore    = s.replay_total;
-        } else {
-            s.redo_left  += n_held;  // starts its prompt over
+        if (s.from_gen && !in.replaying) {
+            s.replay_total = shape.n_restore;  // what it held plus the token it had sampled
+        }
+        if (shape.from == parked_from::prompt) {
+            s.redo_left  += shape.n_redo;  // starts its prompt over
             s.prompt_done = 0;
-            s.n_restore   = std::min(reqs[s.req].n_prompt, n_held + p.n_batch);
         }
         res.n_park_recompute++;
     }

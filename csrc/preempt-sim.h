@@ -64,7 +64,6 @@ struct sim_result {
     int64_t n_resume             = 0;
     int64_t n_recompute_tokens   = 0;
     int64_t n_tokens_generated   = 0;
-    int64_t n_restore_fail       = 0;  // always 0 here: a simulated restore does not fail
     double  peak_parked_bytes    = 0;
     int32_t peak_cells           = 0;
     double  makespan_s           = 0;

@@ -19,7 +19,7 @@ bool ui_embedded() {
 }
 
 const char * version_line() {
-    return "llama-preempt " LLAMA_PREEMPT_VERSION " (KV preemption for llama-server, upstream llama.cpp 0c1e570)";
+    return "llama-preempt " LLAMA_PREEMPT_VERSION " (KV preemption for llama-server, upstream llama.cpp " LLAMA_PREEMPT_UPSTREAM ")";
 }
 
 } // namespace llama_preempt

@@ -25,6 +25,7 @@ namespace py = pybind11;
 namespace lp = llama_preempt;
 
 void register_engine(py::module_ & m);  // py-engine.cpp: the in-process server
+void register_events(py::module_ & m);  // py-events.cpp: step events and the exported names
 
 namespace {
 
@@ -60,6 +61,7 @@ std::vector<std::tuple<int, double, double, double, int, double>> request_tuples
 PYBIND11_MODULE(_core, m) {
     m.doc() = "llama-preempt compiled core: the preemption policy shared with llama-server";
 
+    register_events(m);
     register_engine(m);
 
     m.def("version", &lp::version, "llama-preempt version compiled into this module");

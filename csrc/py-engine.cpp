@@ -60,30 +60,6 @@ const char * const k_exiting_flags[] = {
     "-h", "--help", "--usage", "--version", "--completion-bash", "--list-devices", "-cl", "--cache-list",
 };
 
-// the route handler's answer when it throws, as upstream's ex_wrapper (tools/server/server.cpp)
-server_http_res_ptr call_handler(const server_http_context::handler_t & handler, const server_http_req & req) {
-    std::string message;
-    error_type  type = ERROR_TYPE_SERVER;
-    try {
-        return handler(req);
-    } catch (const common_json_error & e) {  // as the binary (patches/0011)
-        type    = ERROR_TYPE_INVALID_REQUEST;
-        message = llama_preempt::client_json_error(e.what());
-    } catch (const std::invalid_argument & e) {
-        type    = ERROR_TYPE_INVALID_REQUEST;
-        message = e.what();
-    } catch (const std::exception & e) {
-        message = e.what();
-    } catch (...) {
-        message = "unknown error";
-    }
-    auto res = std::make_unique<server_http_res>();
-    json err    = format_error_response(message, type);
-    res->status = json_value(err, "code", 500);
-    res->data   = safe_json_to_str({{"error", err}});
-    return res;
-}
-
 server_http_res_ptr not_found(const std::string & method, const std::string & path) {
     auto res    = std::make_unique<server_http_res>();
     res->status = 404;
@@ -119,10 +95,7 @@ public:
                     throw engine_argument_error("error: invalid arguments");
                 }
                 params.lr.init();
-            } catch (const std::invalid_argument & e) {
-                params = defaults;
-                throw engine_argument_error(string_strip(e.what()));
-            } catch (const std::exception & e) {
+            } catch (const std::exception & e) {  // upstream's parser throws std::invalid_argument, and others
                 params = defaults;
                 throw engine_argument_error(string_strip(e.what()));
             }
@@ -135,24 +108,10 @@ public:
             throw model_load_error("model file not found: " + params.model.path);
         }
 
-        // what llama_server() does to the parsed params before it loads the model (tools/server/server.cpp)
-        if (params.embedding && params.n_batch > params.n_ubatch) {
-            params.n_batch = params.n_ubatch;
-        }
-        if (params.n_parallel < 0) {
-            params.n_parallel = 4;
-            params.kv_unified = true;
-        }
-        llama_preempt::unify_pool_for_preemption(params);  // as llama-server: n_parallel slots share one pool
-        if (const std::string why = llama_preempt::invalid_sizes(params); !why.empty()) {
-            throw engine_argument_error("error: " + why);  // llama.cpp would assert, and end the interpreter
-        }
-        if (params.kv_unified_per_slot > 0 && params.n_ctx == 0 && (uint32_t) params.fit_params_min_ctx != UINT32_MAX) {
-            params.n_ctx = params.n_parallel * params.kv_unified_per_slot;
-        }
-        const auto model_name = params.model.get_name();
-        if (params.model_alias.empty() && !model_name.empty()) {
-            params.model_alias.insert(model_name);
+        // what llama_server() does to the parsed params before it loads the model: upstream's own
+        // function (tools/server/server.cpp, made callable by the patches), which prints a refusal
+        if (server_prepare_params(params, /* is_router_server = */ false) != 0) {
+            throw engine_argument_error("error: " + llama_preempt::server_params_error(params));  // llama.cpp would assert
         }
 
         ctx = std::make_unique<server_context>();
@@ -225,7 +184,7 @@ public:
         return req;
     }
 
-    std::string step() {
+    llama_preempt::step_report step() {
         check_open();
         if (in_step.exchange(true)) {
             throw engine_busy_error("step() is already running on another thread: drive the loop from one thread "
@@ -235,13 +194,9 @@ public:
             std::atomic<bool> & f;
             ~clear_flag() { f = false; }
         } clear{ in_step };
-        json report;
-        {
-            py::gil_scoped_release nogil;
-            std::lock_guard<std::mutex> lk(mtx_step);  // stats() may be reading the slots
-            report = ctx->step();
-        }
-        return report.dump();
+        py::gil_scoped_release nogil;
+        std::lock_guard<std::mutex> lk(mtx_step);  // stats() may be reading the slots
+        return ctx->step();
     }
 
     // wait until a task is queued or a request finished, at most timeout_s; true if either happened
@@ -384,38 +339,19 @@ private:
         return out;
     }
 
-    // the routes tools/server/server.cpp registers for a single-model server (not the router's,
-    // the resumable-stream ones or the tools/MCP proxies, which need a socket or other processes)
+    // the routes tools/server/server.cpp registers for a single-model server, read from it at build
+    // time (cmake/engine-routes.cmake), each wrapped in upstream's own exception wrapper
     void build_route_table() {
-        auto & r = *routes;
-        const std::pair<const char *, server_http_context::handler_t *> get_routes[] = {
-            {"/health", &r.get_health}, {"/v1/health", &r.get_health}, {"/metrics", &r.get_metrics},
-            {"/props", &r.get_props}, {"/models", &r.get_models}, {"/v1/models", &r.get_models},
-            {"/lora-adapters", &r.get_lora_adapters}, {"/slots", &r.get_slots},
+        struct route {
+            const char * method;
+            const char * path;
+            server_http_context::handler_t server_routes::*handler;
         };
-        const std::pair<const char *, server_http_context::handler_t *> post_routes[] = {
-            {"/props", &r.post_props},
-            {"/completion", &r.post_completions}, {"/completions", &r.post_completions},
-            {"/v1/completions", &r.post_completions_oai},
-            {"/chat/completions", &r.post_chat_completions}, {"/v1/chat/completions", &r.post_chat_completions},
-            {"/v1/chat/completions/control", &r.post_control},
-            {"/v1/responses", &r.post_responses_oai}, {"/responses", &r.post_responses_oai},
-            {"/v1/messages", &r.post_anthropic_messages}, {"/v1/messages/count_tokens", &r.post_anthropic_count_tokens},
-            {"/infill", &r.post_infill},
-            {"/embedding", &r.post_embeddings}, {"/embeddings", &r.post_embeddings}, {"/v1/embeddings", &r.post_embeddings_oai},
-            {"/rerank", &r.post_rerank}, {"/reranking", &r.post_rerank}, {"/v1/rerank", &r.post_rerank}, {"/v1/reranking", &r.post_rerank},
-            {"/tokenize", &r.post_tokenize}, {"/detokenize", &r.post_detokenize}, {"/apply-template", &r.post_apply_template},
-            {"/chat/completions/input_tokens", &r.post_chat_completions_tok},
-            {"/v1/chat/completions/input_tokens", &r.post_chat_completions_tok},
-            {"/responses/input_tokens", &r.post_responses_tok_oai}, {"/v1/responses/input_tokens", &r.post_responses_tok_oai},
-            {"/lora-adapters", &r.post_lora_adapters},
-            {"/slots/:id_slot", &r.post_slots},
+        static const route routes_of_upstream[] = {
+#include "engine-routes.inc"
         };
-        for (const auto & [path, h] : get_routes) {
-            table[std::string("GET ") + path] = *h;
-        }
-        for (const auto & [path, h] : post_routes) {
-            table[std::string("POST ") + path] = *h;
+        for (const auto & r : routes_of_upstream) {
+            table.emplace(std::string(r.method) + " " + r.path, ex_wrapper((*routes).*r.handler));
         }
     }
 
@@ -438,7 +374,7 @@ private:
                      const std::map<std::string, std::string> & params_kv, const std::string & body) {
         {
             server_http_req req{ params_kv, {}, path, query, body, {}, r.should_stop };
-            server_http_res_ptr res = handler ? call_handler(handler, req) : not_found(method, path);
+            server_http_res_ptr res = handler ? handler(req) : not_found(method, path);
             if (res->is_stream()) {
                 r.set_started(res->status, true, "");
                 while (true) {
@@ -567,7 +503,7 @@ void register_engine(py::module_ & m) {
              py::arg("wait_queued") = true,
              "start a request on an upstream route handler (its own thread); with wait_queued, return once its "
              "task is queued; returns its handle")
-        .def("step", &engine::step, "one iteration of the server loop; a JSON report of what happened")
+        .def("step", &engine::step, "one iteration of the server loop; what happened in it (a StepReportCore)")
         .def("wait", &engine::wait, py::arg("timeout_s"),
              "wait (GIL released) until a task is queued or a request finished; True if either happened")
         .def("stats", &engine::stats, "preemption counters, gauges and per-slot state as JSON, read between steps")

@@ -84,45 +84,12 @@ class RequestCancelled(EngineError):
 
 # --- what a step did ---
 
-@dataclass(frozen=True)
-class ParkEvent:
-    slot: int
-    task: int
-    mode: str          # "swap" or "recompute"
-    n_tokens: int      # tokens the slot held
-    bytes: int         # host RAM its state took (swap)
-    reason: str
-    ms: float          # time the park took
-    priority: int = 0  # the request's priority
-    choice: str = ""   # why SWAP or RECOMPUTE: swap_cheaper, recompute_cheaper, swap_mode, over_budget, ...
-    swap_ms_predicted: float = 0.0       # what the policy priced a swap at (park + restore)
-    recompute_ms_predicted: float = 0.0  # and a recompute (re-prefill of the tokens held)
-
-
-@dataclass(frozen=True)
-class ResumeEvent:
-    slot: int
-    task: int
-    mode: str          # how it came back: "swap" (restored) or "recompute" (replays)
-    fallback: bool     # a swap restore failed and it recomputes instead
-    parked_ms: float
-    restore_ms: float
-    n_replay: int      # tokens to re-prefill (recompute)
-
-
-@dataclass(frozen=True)
-class EndEvent:
-    slot: int
-    task: int
-    n_generated: int
-    stop: str          # eos, word, limit
-
-
-@dataclass(frozen=True)
-class FailEvent:
-    slot: int          # -1 when the task never had a slot
-    task: int
-    message: str
+# The events are the C++ types the server's mechanics record (csrc/preempt-events.h), bound as they
+# are: read-only attributes, `_fields` and `_asdict()` as a namedtuple has, equality by fields.
+ParkEvent = _core.ParkEvent      # slot, task, mode, n_tokens, bytes, reason, ms, priority, choice, *_ms_predicted
+ResumeEvent = _core.ResumeEvent  # slot, task, mode, fallback, parked_ms, restore_ms, n_replay
+EndEvent = _core.EndEvent        # slot, task, n_generated, stop (eos, word, limit)
+FailEvent = _core.FailEvent      # slot (-1: the task never had a slot), task, message
 
 
 @dataclass(frozen=True)
@@ -146,15 +113,12 @@ class StepReport:
         return self.n_busy == 0 and self.n_decoded == 0
 
     @classmethod
-    def from_json(cls, d: dict[str, Any]) -> "StepReport":
+    def from_core(cls, r: Any) -> "StepReport":
+        """From the C++ report of one step (_core.StepReportCore)."""
         return cls(
-            n_decoded=int(d["n_decoded"]), n_prompt=int(d["n_prompt"]), n_replay=int(d["n_replay"]),
-            n_generated=int(d["n_generated"]), n_busy=int(d["busy"]), elapsed_ms=d["t_us"] / 1000.0,
-            parked=tuple(ParkEvent(**e) for e in d["parked"]),
-            resumed=tuple(ResumeEvent(**e) for e in d["resumed"]),
-            finished=tuple(EndEvent(e["slot"], e["task"], e["n_gen"], e["stop"]) for e in d["finished"]),
-            failed=tuple(FailEvent(**e) for e in d["failed"]),
-            cancelled=tuple(e["task"] for e in d["cancelled"]),
+            n_decoded=r.n_decoded, n_prompt=r.n_prompt, n_replay=r.n_replay, n_generated=r.n_generated,
+            n_busy=r.busy, elapsed_ms=r.t_us / 1000.0, parked=tuple(r.parked), resumed=tuple(r.resumed),
+            finished=tuple(r.finished), failed=tuple(r.failed), cancelled=tuple(e.task for e in r.cancelled),
         )
 
 
@@ -459,7 +423,7 @@ class Engine:
         return self._step_once()
 
     def _step_once(self) -> StepReport:
-        return StepReport.from_json(json.loads(self._core.step()))
+        return StepReport.from_core(self._core.step())
 
     def run(self, until: Until = None, *, timeout: float | None = None,
             on_step: Callable[[StepReport], None] | None = None) -> list[StepReport]:

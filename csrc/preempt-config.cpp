@@ -1,0 +1,108 @@
+// llama-preempt: the server's preemption settings (preempt-config.h).
+#include "preempt-config.h"
+
+#include "common.h"
+#include "log.h"
+#include "preempt-params.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <stdexcept>
+
+#define CFG_INF(fmt, ...) LOG_INF("srv  %12.*s: " fmt, 12, "preempt_init", __VA_ARGS__)
+#define CFG_WRN(fmt, ...) LOG_WRN("srv  %12.*s: " fmt, 12, "preempt_init", __VA_ARGS__)
+
+namespace llama_preempt {
+
+static int32_t env_int(const char * name) {
+    const char * env = getenv(name);
+    return env ? std::max(0, atoi(env)) : 0;
+}
+
+size_t preempt_config::pool_cap() const {
+    return route == copy_route::per_slice ? 0 : std::min<size_t>(ram_budget / 4, (size_t) 512 << 20);
+}
+
+preempt_config make_preempt_config(const common_params & params, bool has_memory) {
+    preempt_config cfg;
+    cfg.off_why = preempt_inactive_reason(params);  // the same words /props gives
+    if (cfg.off_why.empty() && !has_memory) {
+        cfg.off_why = "the model has no KV memory";
+    }
+    cfg.on = cfg.off_why.empty();
+
+    cfg.ram_mib    = params.preempt_ram_mib;
+    cfg.ram_budget = ram_budget_from_mib(cfg.ram_mib);
+    if (!parse_preempt_mode(params.preempt_mode, cfg.mode)) {
+        throw std::invalid_argument("--preempt-mode expects auto, swap or recompute, got '" + params.preempt_mode + "'");
+    }
+    cfg.mode = effective_mode(cfg.mode, cfg.ram_budget);
+
+    cfg.every              = env_int("LLAMA_SERVER_PREEMPT_EVERY");
+    cfg.reactive           = env_int("LLAMA_SERVER_PREEMPT_REACTIVE") > 0;
+    cfg.hold_us            = (int64_t) env_int("LLAMA_SERVER_PREEMPT_HOLD_MS") * 1000;
+    cfg.swap.fail_restore  = env_int("LLAMA_SERVER_PREEMPT_FAIL_RESTORE") > 0;
+    cfg.swap.fail_alloc    = env_int("LLAMA_SERVER_PREEMPT_FAIL_ALLOC") > 0;
+    cfg.swap.verify        = env_int("LLAMA_SERVER_PREEMPT_VERIFY") > 0;
+    cfg.swap.copy_hold_us  = (int64_t) env_int("LLAMA_SERVER_PREEMPT_COPY_HOLD_MS") * 1000;
+
+    if (const char * env = getenv("LLAMA_SERVER_PREEMPT_COPY")) {
+        const std::string v = env;
+        cfg.route = v == "graph" ? copy_route::graph : v == "slice" ? copy_route::per_slice : copy_route::bulk;
+    }
+
+    // LLAMA_SERVER_PREEMPT_RATES=PARK_GBPS,RESTORE_GBPS,PREFILL_TPS: fixed rates for the choice (tests)
+    if (const char * env = getenv("LLAMA_SERVER_PREEMPT_RATES")) {
+        double park = 0, restore = 0, prefill = 0;
+        if (sscanf(env, "%lf,%lf,%lf", &park, &restore, &prefill) == 3 && park > 0 && restore > 0 && prefill > 0) {
+            cfg.rates.park_bps    = park * 1e9;
+            cfg.rates.restore_bps = restore * 1e9;
+            cfg.rates.prefill_tps = prefill;
+            cfg.rates.fixed       = true;
+        } else {
+            CFG_WRN("preemption: ignoring LLAMA_SERVER_PREEMPT_RATES='%s' (want PARK_GBPS,RESTORE_GBPS,PREFILL_TPS)\n", env);
+        }
+    }
+    return cfg;
+}
+
+void log_preempt_config(const preempt_config & cfg, size_t n_slots, int32_t n_ctx) {
+    if (!cfg.on) {
+        CFG_INF("preemption: off, %s\n", cfg.off_why.c_str());
+        return;
+    }
+    const int32_t mib = cfg.ram_mib;
+    const char * choose = cfg.mode == preempt_mode::automatic ? "SWAP or RECOMPUTE by measured cost" : "SWAP";
+    const std::string how = mib == 0 ? "RECOMPUTE only (--preempt-ram 0)"
+                          : cfg.mode == preempt_mode::recompute ? "RECOMPUTE only (--preempt-mode recompute)"
+                          : mib < 0 ? string_format("%s, host RAM with no limit", choose)
+                          : string_format("%s within %d MiB of host RAM, RECOMPUTE above it", choose, mib);
+    CFG_INF("preemption: on (%s), %zu slots share a pool of %d cells; a slot is parked "
+            "instead of failing every request when the pool fills\n", how.c_str(), n_slots, n_ctx);
+    if (cfg.route != copy_route::bulk) {
+        CFG_WRN("preemption: LLAMA_SERVER_PREEMPT_COPY=%s copies swap state that way (testing and benchmarks)\n",
+                copy_route_name(cfg.route));
+    }
+    if (cfg.rates.fixed) {
+        CFG_WRN("preemption: LLAMA_SERVER_PREEMPT_RATES fixes the rates at park %.3g GB/s, restore %.3g GB/s, prefill %.0f tokens/s (testing only)\n",
+                cfg.rates.park_bps / 1e9, cfg.rates.restore_bps / 1e9, cfg.rates.prefill_tps);
+    }
+    // the test knobs, each named once with what it does
+    const struct { bool set; const char * what; } knobs[] = {
+        { cfg.swap.verify,       "LLAMA_SERVER_PREEMPT_VERIFY compares every swap park with upstream's copy" },
+        { cfg.swap.copy_hold_us > 0, "LLAMA_SERVER_PREEMPT_COPY_HOLD_MS keeps each swap copy in flight for a while" },
+        { cfg.swap.fail_restore, "LLAMA_SERVER_PREEMPT_FAIL_RESTORE makes every SWAP restore fail" },
+        { cfg.swap.fail_alloc,   "LLAMA_SERVER_PREEMPT_FAIL_ALLOC makes every swap buffer allocation fail" },
+        { cfg.hold_us > 0,       "LLAMA_SERVER_PREEMPT_HOLD_MS keeps parked slots parked for a while" },
+        { cfg.reactive,          "LLAMA_SERVER_PREEMPT_REACTIVE leaves parking to the KV-full retry ladder" },
+        { cfg.every > 0,         "LLAMA_SERVER_PREEMPT_EVERY parks every generating slot every few tokens" },
+    };
+    for (const auto & k : knobs) {
+        if (k.set) {
+            CFG_WRN("preemption: %s (testing only)\n", k.what);
+        }
+    }
+}
+
+} // namespace llama_preempt

@@ -1,0 +1,84 @@
+// llama-preempt: what one iteration of the server loop did, as typed events, for a host that
+// drives the loop one step at a time (the Python Engine's StepReport). The server's mechanics
+// record them (preempt-engine-step.inc); the binding (py-core.cpp) hands them to Python as they are.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace llama_preempt {
+
+struct park_event {
+    int32_t     slot     = -1;
+    int32_t     task     = -1;
+    std::string mode;              // "swap" or "recompute"
+    int32_t     n_tokens = 0;      // tokens the slot held
+    size_t      bytes    = 0;      // host RAM its state took (swap)
+    std::string reason;            // park_reason_name()
+    double      ms       = 0;      // time the park took
+    int32_t     priority = 0;      // the request's priority
+    std::string choice;            // park_choice_name(): why SWAP or RECOMPUTE
+    double      swap_ms_predicted      = 0;  // what the policy priced a swap at (park + restore)
+    double      recompute_ms_predicted = 0;  // and a recompute (re-prefill of the tokens held)
+};
+
+struct resume_event {
+    int32_t     slot       = -1;
+    int32_t     task       = -1;
+    std::string mode;              // how it came back: "swap" (restored) or "recompute" (replays)
+    bool        fallback   = false; // a swap restore failed and it recomputes instead
+    double      parked_ms  = 0;
+    double      restore_ms = 0;
+    int32_t     n_replay   = 0;    // tokens to re-prefill (recompute)
+};
+
+struct end_event {
+    int32_t     slot        = -1;
+    int32_t     task        = -1;
+    int64_t     n_generated = 0;   // tokens its request generated in all
+    std::string stop;              // eos, word, limit ("none": cancelled)
+};
+
+struct fail_event {
+    int32_t     slot    = -1;      // -1 when the task never had a slot
+    int32_t     task    = -1;
+    std::string message;
+};
+
+struct step_report {
+    bool    alive       = true;   // false once the loop was told to terminate
+    int32_t busy        = 0;      // slots with a request after the step
+    int64_t t_us        = 0;
+    int64_t n_decoded   = 0;      // tokens decoded
+    int64_t n_prompt    = 0;      //   of those, prompt tokens
+    int64_t n_replay    = 0;      //   of those, re-prefilled after a park (recompute)
+    int64_t n_generated = 0;      // tokens generated
+    std::vector<park_event>   parked;
+    std::vector<resume_event> resumed;
+    std::vector<end_event>    finished;
+    std::vector<fail_event>   failed;
+    std::vector<end_event>    cancelled;
+};
+
+// what the mechanics record during one step, turned into a step_report at its end
+struct step_log {
+    bool recording = false;  // only while a host drives the loop: the binary keeps nothing
+    std::vector<park_event>    parked;
+    std::vector<resume_event>  resumed;
+    std::vector<end_event>     ended;   // slots released (n_generated: what the request had then)
+    std::map<int, std::string> errors;  // task id -> error sent to it
+    int64_t n_decoded = 0;
+    int64_t n_prompt  = 0;
+    int64_t n_replay  = 0;
+
+    void clear() {
+        const bool r = recording;
+        *this = {};
+        recording = r;
+    }
+};
+
+} // namespace llama_preempt

@@ -1,0 +1,179 @@
+// llama-preempt: SWAP, one sequence's state between its llama contexts and host RAM (preempt-swap.h).
+#include "preempt-swap.h"
+
+#include "ggml.h"
+
+#include <cstring>
+#include <vector>
+
+namespace llama_preempt {
+
+bool host_buffer::alloc(size_t n, const std::shared_ptr<host_pool> & from, ggml_backend_buffer_type_t pinned_buft) {
+    reset();
+    if (n == 0) {
+        return true;
+    }
+    pool  = from;
+    block = pool->take(n, pinned_buft);
+    data  = block.data;
+    size  = data ? n : 0;
+    return data != nullptr;
+}
+
+void host_buffer::reset() {
+    if (copier) {
+        copier->release(data);  // a transfer into it, or an upload from it, may still run
+        copier.reset();
+    }
+    if (pool) {
+        pool->give(std::move(block));
+        pool.reset();
+    }
+    block.release();
+    data = nullptr;
+    size = 0;
+}
+
+void host_buffer::take(host_buffer & o) {
+    block  = std::move(o.block);
+    pool   = std::move(o.pool);
+    copier = std::move(o.copier);
+    data   = o.data;
+    size   = o.size;
+    o.data = nullptr;
+    o.size = 0;
+}
+
+state_sizes size_state(const seq_contexts & sc) {
+    state_sizes n;
+    n.tgt = llama_state_seq_get_size_ext(sc.tgt, sc.seq, LLAMA_STATE_SEQ_FLAGS_NONE);
+    n.dft = sc.dft ? llama_state_seq_get_size_ext(sc.dft, sc.seq, LLAMA_STATE_SEQ_FLAGS_NONE) : 0;
+    if (n.tgt == 0 || (sc.dft && n.dft == 0)) {
+        return {};  // a state that cannot be sized cannot be restored: recompute instead
+    }
+    return n;
+}
+
+// the state of the target context, and of the draft/MTP context where there is one, between the
+// buffers and the pool, through the bulk copier (preempt-copy.h). False on any failure.
+static bool copy_state(swap_state & st, const seq_contexts & sc, seq_copier & copier, bool to_host, copy_report & report) {
+    const std::pair<llama_context *, host_buffer *> parts[] = { { sc.tgt, &st.tgt }, { sc.dft, &st.dft } };
+    for (const auto & [ctx, buf] : parts) {
+        if (ctx == nullptr || buf->size == 0) {
+            continue;
+        }
+        copy_call call { &copier, buf->data, to_host, {} };
+        const size_t n = to_host
+            ? llama_state_seq_get_data_cb(ctx, buf->data, buf->size, sc.seq, LLAMA_STATE_SEQ_FLAGS_NONE, copy_slices_fn, &call)
+            : llama_state_seq_set_data_cb(ctx, buf->data, buf->size, sc.seq, LLAMA_STATE_SEQ_FLAGS_NONE, copy_slices_fn, &call);
+        report.merge(call.report);
+        if (!call.ok || (to_host ? n != buf->size : n == 0)) {
+            return false;
+        }
+    }
+    return true;
+}
+
+// LLAMA_SERVER_PREEMPT_VERIFY: the bulk copy must equal upstream's own, byte for byte (the cells
+// are still in place: the caller frees them after this)
+static bool same_as_upstream(swap_state & st, const seq_contexts & sc, seq_copier & copier) {
+    settle_copy(st, copier);
+    auto same = [&](llama_context * ctx, const host_buffer & buf) {
+        if (buf.size == 0) {
+            return true;
+        }
+        std::vector<uint8_t> ref(buf.size);
+        return llama_state_seq_get_data_ext(ctx, ref.data(), ref.size(), sc.seq, LLAMA_STATE_SEQ_FLAGS_NONE) == ref.size() &&
+               memcmp(ref.data(), buf.data, ref.size()) == 0;
+    };
+    return same(sc.tgt, st.tgt) && (!sc.dft || same(sc.dft, st.dft));
+}
+
+swap_result swap_out(swap_state & st, const seq_contexts & sc, const state_sizes & n, swap_host & host) {
+    swap_result r;
+    const int64_t t0 = ggml_time_us();
+    // a budget can promise more than the machine has: an allocation that fails means recompute
+    ggml_backend_buffer_type_t pinned = host.copier->host_buft();
+    if (host.knobs.fail_alloc || !st.tgt.alloc(n.tgt, host.pool, pinned) || !st.dft.alloc(n.dft, host.pool, pinned)) {
+        st.free();
+        r.why = "cannot allocate host RAM to swap";
+        return r;
+    }
+    // the buffers are freed through the copier: a transfer into them, or an upload ahead of their
+    // restore, may still be running then
+    st.tgt.copier = host.copier;
+    st.dft.copier = host.copier;
+    if (!copy_state(st, sc, *host.copier, true, r.report)) {
+        st.free();
+        r.why = "copying the sequence state to host RAM failed";
+        return r;
+    }
+    r.ok   = true;
+    r.t_us = ggml_time_us() - t0;
+    host.rates.observe_park(n.total(), r.t_us);
+
+    st.copy_in_flight = r.report.in_flight || host.knobs.copy_hold_us > 0;
+    st.t_copy_hold_us = host.knobs.copy_hold_us > 0 ? ggml_time_us() + host.knobs.copy_hold_us : 0;
+    st.n_copy_ranges  = (int32_t) r.report.n_ranges;
+    st.copied_by      = r.report.how();
+    if (host.knobs.verify) {
+        r.verified = same_as_upstream(st, sc, *host.copier) ? 1 : 0;
+    }
+    return r;
+}
+
+swap_result swap_in(swap_state & st, const seq_contexts & sc, swap_host & host) {
+    swap_result r;
+    settle_copy(st, *host.copier);
+    if (host.knobs.fail_restore) {
+        r.why = "LLAMA_SERVER_PREEMPT_FAIL_RESTORE";
+        return r;
+    }
+    const int64_t t0 = ggml_time_us();
+    if (!copy_state(st, sc, *host.copier, false, r.report)) {
+        for (llama_context * ctx : { sc.tgt, sc.dft }) {
+            if (ctx != nullptr) {
+                llama_memory_seq_rm(llama_get_memory(ctx), sc.seq, -1, -1);
+            }
+        }
+        r.why = "copying the state back failed";
+        return r;
+    }
+    r.ok   = true;
+    r.t_us = ggml_time_us() - t0;
+    host.rates.observe_restore(st.bytes(), r.t_us);
+    return r;
+}
+
+void settle_copy(swap_state & st, seq_copier & copier) {
+    if (st.copy_in_flight) {
+        copier.wait();
+        st.copy_in_flight = false;
+    }
+}
+
+void settle_copy_if_due(swap_state & st, seq_copier & copier, int64_t now_us) {
+    if (st.copy_in_flight && now_us >= st.t_copy_hold_us) {
+        settle_copy(st, copier);
+    }
+}
+
+void restore_ahead(const swap_state & st, seq_copier & copier) {
+    if (!st.copy_in_flight && st.tgt.data) {
+        copier.prefetch(st.tgt.data, st.tgt.size);
+    }
+}
+
+std::string describe_copy(const char * what, copy_route route, const swap_state & st, const swap_result & res) {
+    const auto & r = res.report;
+    char line[512];
+    snprintf(line, sizeof(line), "swap %s (%s): %zu slices, %zu memcpy, %zu by device graphs, %zu one by one%s%s, "
+             "%.2f MiB in %.3f ms (copies %.3f ms)%s%s%s", what, copy_route_name(route),
+             r.n_slices, r.n_memcpy, r.n_gathered, r.n_fallback, r.why_fallback ? " because of " : "",
+             r.why_fallback ? r.why_fallback : "", r.n_bytes / 1048576.0, res.t_us / 1000.0, r.t_copy_us / 1000.0,
+             st.tgt.is_pinned() ? ", pinned" : "", r.in_flight ? ", transfer in flight" : "",
+             r.prefetched ? ", uploaded ahead" : "");
+    return line;
+}
+
+} // namespace llama_preempt

@@ -1,0 +1,129 @@
+// llama-preempt: SWAP, one sequence's state between its llama contexts and host RAM.
+//
+// Swap out, swap in, verify, settle and restore ahead, as functions over the llama contexts, the
+// slot's saved state (swap_state), and the host side that serves every slot (swap_host: the bulk
+// copier, the pool of warm host memory and the measured rates). No server types: the server's
+// mechanics (preempt-context.inc) call these and log what they report through the slot's logger.
+#pragma once
+
+#include "preempt-copy.h"
+#include "preempt-policy.h"
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+namespace llama_preempt {
+
+// host RAM for one context's sequence state: a block from the server's host_pool (warm memory when
+// one was freed before; pinned when a device backend offers it), left uninitialised (the copy fills
+// it) and allocated without throwing, so a large swap neither zero-fills gigabytes on the main
+// loop nor aborts. It is freed through the copier that fills it (`copier`): a transfer into it, or
+// an upload from it ahead of its restore, may still be running then.
+struct host_buffer {
+    uint8_t * data = nullptr;
+    size_t    size = 0;  // bytes of state (the block may be larger)
+    std::shared_ptr<seq_copier> copier;  // the copier whose transfers may still use it
+
+    host_buffer() = default;
+    host_buffer(const host_buffer &) = delete;
+    host_buffer & operator=(const host_buffer &) = delete;
+    host_buffer(host_buffer && o) noexcept { take(o); }
+    host_buffer & operator=(host_buffer && o) noexcept {
+        if (this != &o) {
+            reset();
+            take(o);
+        }
+        return *this;
+    }
+    ~host_buffer() { reset(); }
+
+    bool alloc(size_t n, const std::shared_ptr<host_pool> & from, ggml_backend_buffer_type_t pinned_buft);
+    void reset();
+    bool is_pinned() const { return block.pinned != nullptr; }
+
+private:
+    void take(host_buffer & o);
+
+    host_block                 block;
+    std::shared_ptr<host_pool> pool;
+};
+
+// the contexts one sequence's state lives in
+struct seq_contexts {
+    llama_context * tgt = nullptr;
+    llama_context * dft = nullptr;  // the draft/MTP context, or null
+    llama_seq_id    seq = 0;
+};
+
+// bytes of a sequence's state per context; zero when it cannot be sized (then it cannot be restored)
+struct state_sizes {
+    size_t tgt = 0;
+    size_t dft = 0;
+    size_t total() const { return tgt + dft; }
+};
+state_sizes size_state(const seq_contexts & sc);
+
+// test knobs that reach into a swap (read once from the environment, preempt-config.h)
+struct swap_knobs {
+    bool    fail_alloc   = false;  // LLAMA_SERVER_PREEMPT_FAIL_ALLOC: every buffer allocation fails
+    bool    fail_restore = false;  // LLAMA_SERVER_PREEMPT_FAIL_RESTORE: every restore fails
+    bool    verify       = false;  // LLAMA_SERVER_PREEMPT_VERIFY: compare every park with upstream's copy
+    int64_t copy_hold_us = 0;      // LLAMA_SERVER_PREEMPT_COPY_HOLD_MS: a park's copy counts as in flight this long
+};
+
+// the host side every slot's swaps share
+struct swap_host {
+    std::shared_ptr<seq_copier> copier;
+    std::shared_ptr<host_pool>  pool;   // warm host memory for swap buffers
+    cost_rates                  rates;  // measured park, restore and prefill rates (the choice's prices)
+    swap_knobs                  knobs;
+};
+
+// a swapped slot's state in host RAM, one buffer per context
+struct swap_state {
+    host_buffer  tgt;
+    host_buffer  dft;
+    bool         copy_in_flight = false;  // the transfer to host RAM may still be running
+    int64_t      t_copy_hold_us = 0;      // LLAMA_SERVER_PREEMPT_COPY_HOLD_MS: in flight until then
+    int32_t      n_copy_ranges  = 0;      // cell ranges the state was copied from
+    const char * copied_by      = "";     // how the park copied (copy_report::how())
+
+    size_t bytes() const { return tgt.size + dft.size; }
+    void   free() {
+        tgt.reset();
+        dft.reset();
+        copy_in_flight = false;
+    }
+};
+
+// what one swap did
+struct swap_result {
+    bool         ok       = false;
+    const char * why      = "";  // on failure: what failed, for the log
+    copy_report  report;
+    int64_t      t_us     = 0;
+    int          verified = -1;  // LLAMA_SERVER_PREEMPT_VERIFY: 1 the copy equals upstream's, 0 it differs
+};
+
+// Copy the state (sized by size_state) to host RAM. On failure the buffers are freed and the
+// caller recomputes instead. On a device the transfer may still be running on return
+// (st.copy_in_flight): the cells are free to reuse, the buffer is settled before it is read.
+swap_result swap_out(swap_state & st, const seq_contexts & sc, const state_sizes & n, swap_host & host);
+
+// Copy the state back into the contexts (non-contiguous cells are fine). On failure the sequence
+// is removed again from both contexts and the buffers are kept (the caller falls back on recompute).
+swap_result swap_in(swap_state & st, const seq_contexts & sc, swap_host & host);
+
+// the transfer of a park is done: its buffer may be read or freed
+void settle_copy(swap_state & st, seq_copier & copier);
+// once per step: settle a transfer that has had a decode to overlap with (and its test hold ran out)
+void settle_copy_if_due(swap_state & st, seq_copier & copier, int64_t now_us);
+
+// upload a swapped state to the device ahead of its restore, when its park's copy has settled
+void restore_ahead(const swap_state & st, seq_copier & copier);
+
+// one line on how a copy went, for the slot's debug log
+std::string describe_copy(const char * what, copy_route route, const swap_state & st, const swap_result & r);
+
+} // namespace llama_preempt

@@ -1,0 +1,150 @@
+// llama_preempt._core: the typed boundary between the server's mechanics and Python. The events a
+// step reports (preempt-events.h) are bound as they are, so Python reads C++'s own fields (a field
+// added here is there at once, and one Python lacks cannot be silently dropped), and the names the
+// policy and /metrics use are exported, never re-listed in Python.
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include "preempt-events.h"
+#include "preempt-metrics.h"
+#include "preempt-policy.h"
+
+#include <string>
+#include <vector>
+
+namespace py = pybind11;
+namespace lp = llama_preempt;
+
+namespace {
+
+// a read-only Python class over a C++ event: its fields by name (`_fields`, as a namedtuple has),
+// equality, and a repr that names them
+template <typename T>
+struct event_class {
+    py::class_<T> cls;
+    std::vector<std::string> fields;
+
+    event_class(py::module_ & m, const char * name, const char * doc) : cls(m, name, doc) {}
+
+    template <typename M>
+    event_class & field(const char * name, M T::*member) {
+        cls.def_readonly(name, member);
+        fields.emplace_back(name);
+        return *this;
+    }
+
+    void done() {
+        const auto names = fields;
+        py::tuple t(names.size());
+        for (size_t i = 0; i < names.size(); ++i) {
+            t[i] = py::str(names[i]);
+        }
+        cls.attr("_fields") = t;
+        cls.def("__repr__", [names](py::object self) {
+            std::string out = py::str(self.get_type().attr("__name__")).cast<std::string>() + "(";
+            for (size_t i = 0; i < names.size(); ++i) {
+                out += (i ? ", " : "") + names[i] + "=" + py::repr(self.attr(names[i].c_str())).cast<std::string>();
+            }
+            return out + ")";
+        });
+        cls.def("__eq__", [names](py::object self, py::object other) {
+            if (!py::isinstance(other, self.get_type())) {
+                return false;
+            }
+            for (const auto & n : names) {
+                if (!self.attr(n.c_str()).equal(other.attr(n.c_str()))) {
+                    return false;
+                }
+            }
+            return true;
+        });
+        cls.def("_asdict", [names](py::object self) {
+            py::dict d;
+            for (const auto & n : names) {
+                d[py::str(n)] = self.attr(n.c_str());
+            }
+            return d;
+        });
+    }
+};
+
+} // namespace
+
+void register_events(py::module_ & m) {
+    event_class<lp::park_event>(m, "ParkEvent", "a slot parked in this step")
+        .field("slot", &lp::park_event::slot)
+        .field("task", &lp::park_event::task)
+        .field("mode", &lp::park_event::mode)
+        .field("n_tokens", &lp::park_event::n_tokens)
+        .field("bytes", &lp::park_event::bytes)
+        .field("reason", &lp::park_event::reason)
+        .field("ms", &lp::park_event::ms)
+        .field("priority", &lp::park_event::priority)
+        .field("choice", &lp::park_event::choice)
+        .field("swap_ms_predicted", &lp::park_event::swap_ms_predicted)
+        .field("recompute_ms_predicted", &lp::park_event::recompute_ms_predicted)
+        .done();
+    event_class<lp::resume_event>(m, "ResumeEvent", "a parked slot resumed in this step")
+        .field("slot", &lp::resume_event::slot)
+        .field("task", &lp::resume_event::task)
+        .field("mode", &lp::resume_event::mode)
+        .field("fallback", &lp::resume_event::fallback)
+        .field("parked_ms", &lp::resume_event::parked_ms)
+        .field("restore_ms", &lp::resume_event::restore_ms)
+        .field("n_replay", &lp::resume_event::n_replay)
+        .done();
+    event_class<lp::end_event>(m, "EndEvent", "a request that ended in this step (its slot released)")
+        .field("slot", &lp::end_event::slot)
+        .field("task", &lp::end_event::task)
+        .field("n_generated", &lp::end_event::n_generated)
+        .field("stop", &lp::end_event::stop)
+        .done();
+    event_class<lp::fail_event>(m, "FailEvent", "a request that got an error in this step")
+        .field("slot", &lp::fail_event::slot)
+        .field("task", &lp::fail_event::task)
+        .field("message", &lp::fail_event::message)
+        .done();
+    event_class<lp::step_report>(m, "StepReportCore", "what one iteration of the server loop did, as C++ reports it")
+        .field("alive", &lp::step_report::alive)
+        .field("busy", &lp::step_report::busy)
+        .field("t_us", &lp::step_report::t_us)
+        .field("n_decoded", &lp::step_report::n_decoded)
+        .field("n_prompt", &lp::step_report::n_prompt)
+        .field("n_replay", &lp::step_report::n_replay)
+        .field("n_generated", &lp::step_report::n_generated)
+        .field("parked", &lp::step_report::parked)
+        .field("resumed", &lp::step_report::resumed)
+        .field("finished", &lp::step_report::finished)
+        .field("failed", &lp::step_report::failed)
+        .field("cancelled", &lp::step_report::cancelled)
+        .done();
+
+    // the names the policy and /metrics use: Python reads them from here
+    std::vector<std::string> modes;
+    for (auto mode : { lp::preempt_mode::automatic, lp::preempt_mode::swap, lp::preempt_mode::recompute }) {
+        modes.emplace_back(lp::preempt_mode_name(mode));
+    }
+    m.attr("PREEMPT_MODES") = py::tuple(py::cast(modes));
+    std::vector<std::string> choices;
+    for (int i = 0; i < lp::N_PARK_CHOICES; ++i) {
+        choices.emplace_back(lp::park_choice_name((lp::park_choice) i));
+    }
+    m.attr("PARK_CHOICES") = py::tuple(py::cast(choices));
+    std::vector<std::string> reasons;
+    for (auto r : { lp::park_reason::pool_full, lp::park_reason::forced, lp::park_reason::last_resort, lp::park_reason::api }) {
+        reasons.emplace_back(lp::park_reason_key(r));
+    }
+    m.attr("PARK_REASONS") = py::tuple(py::cast(reasons));
+    m.attr("PLAN_MARGIN") = lp::PREEMPT_MARGIN;
+    m.attr("N_STARVED")   = lp::PREEMPT_N_STARVED;
+    m.attr("DEFAULT_PARK_BPS")    = lp::cost_rates::DEFAULT_PARK_BPS;
+    m.attr("DEFAULT_RESTORE_BPS") = lp::cost_rates::DEFAULT_RESTORE_BPS;
+    m.attr("DEFAULT_PREFILL_TPS") = lp::cost_rates::DEFAULT_PREFILL_TPS;
+    m.def("metric_names", []() {
+        std::vector<std::pair<std::string, std::string>> out;
+        for (const auto & it : lp::metric_items(lp::preempt_counters{}, lp::preempt_gauges{})) {
+            out.emplace_back(it.name, it.type);
+        }
+        return out;
+    }, "every preemption series of /metrics (without the llamacpp: prefix), with its kind (counter or gauge)");
+}

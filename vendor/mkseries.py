@@ -1,0 +1,167 @@
+#!/usr/bin/env python3
+"""Regenerate the whole patch series, one patch per topic, from edits made in vendor/llama.cpp.
+
+    python vendor/mkseries.py            # rewrite patches/*.patch from vendor/llama.cpp
+    python vendor/mkseries.py --check    # only say whether patches/ matches vendor/llama.cpp
+
+Edit the fetched tree (vendor/llama.cpp), then run this: it diffs every file our series touches
+(and any file named with --file) against the pristine tree, sorts each hunk into its topic by the
+rules in TOPICS, and writes one patch per topic, each the diff from the tree with the earlier
+topics applied. The series applies in order to the pristine tree and ends at vendor/llama.cpp
+exactly. Hunks are independent (diff merges hunks whose context would overlap), so any hunk can
+go to any topic; a rule that sends a hunk before the hunk it builds on shows up as a patch that
+does not compile on its own, never as one that does not apply.
+"""
+from __future__ import annotations
+
+import argparse
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import fetch  # noqa: E402
+
+
+@dataclass(frozen=True)
+class Topic:
+    name: str
+    about: str
+    takes: Callable[[str, str], bool]  # (file, hunk text) -> belongs here
+
+
+def _in(*words: str) -> Callable[[str], bool]:
+    return lambda text: any(w in text for w in words)
+
+
+_CLIENT_WORDS = _in("preempt-notice.h", "notices", "keepalive", "preempt_slot_action", "SLOT_PARK", "SLOT_UNPARK",
+                    "preempt-routes.inc", "handle_slots_preempt", "unknown_slot_action", "props_json",
+                    "preempt_observe_final", "client_json_error", "version_line", "preempt-version.h",
+                    "priority", "n_preempt\"", "preempted_ms")
+_ENGINE_WORDS = _in("preempt-engine.inc", "preempt_note_error", "common_params_parse_ex", "server_prepare_params",
+                    "ex_wrapper", "step_report", "preempt-events.h")
+
+# in order: each hunk goes to the first topic that takes it
+TOPICS = [
+    Topic("flags", "our flags in upstream's parser (csrc/preempt-args.inc) and their fields in common_params",
+          lambda f, t: f.startswith("common/") and not _ENGINE_WORDS(t)),
+    Topic("loop-split", "server_queue::start_loop() split into its parts, so a host can run one iteration at a time",
+          lambda f, t: f == "tools/server/server-queue.h" or (f == "tools/server/server-queue.cpp" and "deadline" not in t)),
+    Topic("server-hooks", "the hooks of the park/resume mechanics (csrc/preempt-context.inc) in upstream's server loop",
+          lambda f, t: f in ("tools/server/server-context.cpp", "tools/server/server-common.h", "tools/server/server-task.h",
+                             "tools/server/server-task.cpp") and not _CLIENT_WORDS(t) and not _ENGINE_WORDS(t)),
+    Topic("client-surface", "what clients and operators see: notices, priority, the slot API, /props, errors, timings",
+          lambda f, t: f.startswith("tools/server/") and not _ENGINE_WORDS(t)),
+    Topic("engine", "what the in-process Engine calls instead of copying: step(), the parser, parameter finalisation",
+          lambda f, t: f.startswith("tools/server/") or f.startswith("common/")),
+    Topic("state-seq-bulk-copy", "libllama: a sequence state's slices handed to a callback in bulk (could go upstream alone)",
+          lambda f, t: f.startswith("include/") or f.startswith("src/")),
+    Topic("rpc-graph-reuse-after-free", "ggml-rpc: the client sends its graph again after a buffer free (fixes a crash)",
+          lambda f, t: f.startswith("ggml/")),
+]
+
+
+def split_hunks(diff: str) -> list[str]:
+    """The hunks of a one-file unified diff (without its --- / +++ header)."""
+    hunks: list[str] = []
+    for line in diff.splitlines(keepends=True)[2:]:
+        if line.startswith("@@"):
+            hunks.append(line)
+        else:
+            hunks[-1] += line
+    return hunks
+
+
+def file_diff(a: Path, b: Path, rel: str) -> str:
+    proc = subprocess.run(["diff", "-u", "--label", f"a/{rel}", "--label", f"b/{rel}",
+                           str(a) if a.exists() else "/dev/null", str(b)], capture_output=True, text=True)
+    if proc.returncode > 1:
+        raise SystemExit(proc.stderr)
+    return proc.stdout
+
+
+def touched_files() -> list[str]:
+    files: set[str] = set()
+    for p in fetch.patch_files():
+        for line in p.read_text().splitlines():
+            if line.startswith("+++ b/"):
+                files.add(line[len("+++ b/"):].strip())
+    return sorted(files)
+
+
+def build(files: list[str]) -> dict[str, str]:
+    """topic name -> patch text"""
+    out: dict[str, str] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        tree = Path(tmp) / "tree"
+        fetch.extract(fetch.find_sdist(), tree)
+        # every hunk against pristine, sorted into topics
+        by_topic: dict[str, list[tuple[str, str]]] = {t.name: [] for t in TOPICS}
+        for rel in files:
+            d = file_diff(tree / rel, fetch.TREE / rel, rel)
+            for h in split_hunks(d) if d else []:
+                topic = next((t for t in TOPICS if t.takes(rel, h)), None)
+                if topic is None:
+                    raise SystemExit(f"mkseries: no topic takes a hunk of {rel}:\n{h}")
+                by_topic[topic.name].append((rel, h))
+        # apply topic by topic; each patch is the diff of its step
+        for i, topic in enumerate(TOPICS):
+            hunks = by_topic[topic.name]
+            if not hunks:
+                continue
+            before = Path(tmp) / f"before{i}"
+            shutil.copytree(tree, before, symlinks=True)
+            for rel in sorted({r for r, _ in hunks}):
+                text = f"--- a/{rel}\n+++ b/{rel}\n" + "".join(h for r, h in hunks if r == rel)
+                proc = subprocess.run(["patch", "-p1", "--batch", "--silent", "-d", str(tree)], input=text,
+                                      capture_output=True, text=True)
+                if proc.returncode != 0:
+                    raise SystemExit(f"mkseries: {topic.name}: {rel} does not take its hunks:\n{proc.stdout}{proc.stderr}")
+            chunks = [file_diff(before / rel, tree / rel, rel) for rel in sorted({r for r, _ in hunks})]
+            out[topic.name] = f"llama-preempt: {topic.about}\n\n" + "".join(chunks)
+            shutil.rmtree(before)
+        # the last tree must be vendor/llama.cpp
+        for rel in files:
+            if (tree / rel).read_bytes() != (fetch.TREE / rel).read_bytes():
+                raise SystemExit(f"mkseries: {rel} does not end where vendor/llama.cpp is")
+    return out
+
+
+def changed_lines(text: str) -> int:
+    return sum(1 for line in text.splitlines()
+               if (line.startswith("+") and not line.startswith("+++")) or (line.startswith("-") and not line.startswith("---")))
+
+
+def main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--check", action="store_true", help="compare with patches/ and write nothing")
+    ap.add_argument("--file", action="append", default=[], help="a file of the tree to add to the series")
+    args = ap.parse_args(argv)
+    files = sorted(set(touched_files()) | set(args.file))
+    series = build(files)
+    names = {f"{i + 1:04d}-{name}.patch": text for i, (name, text) in enumerate(series.items())}
+    if args.check:
+        now = {p.name: p.read_text() for p in fetch.patch_files()}
+        if now != names:
+            print("mkseries: patches/ differs from vendor/llama.cpp (run vendor/mkseries.py)", file=sys.stderr)
+            return 1
+        print("mkseries: patches/ matches vendor/llama.cpp")
+        return 0
+    for p in fetch.patch_files():
+        p.unlink()
+    total = 0
+    for name, text in names.items():
+        (fetch.PATCHES / name).write_text(text)
+        total += changed_lines(text)
+        print(f"mkseries: {name}: {changed_lines(text)} changed lines")
+    print(f"mkseries: {len(names)} patches, {total} changed lines of upstream")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
