@@ -43,7 +43,8 @@ from llama_preempt import _core
 from llama_preempt.demo import TOPICS
 from llama_preempt.rpc import RpcServer
 from llama_preempt.server import LlamaServer, ServerConfig
-from results_io import RESULTS, ROOT, display_path, md_table, write_results  # bench/ is on sys.path
+from results_io import (RESULTS, display_path, md_table, smollm2_model, stories_model,  # bench/ is on sys.path
+                        write_results)
 
 # --- the load ---
 
@@ -460,15 +461,6 @@ def render(name: str, out: Path) -> None:
                                             f"{record['load']['n_predict']} tokens", prefix=name)
 
 
-def default_quick_model() -> Path:
-    shared = ROOT.parent / "shared" / "models" / "stories260K.gguf"
-    if shared.is_file():
-        return shared
-    from llama_preempt.models import standin_stories260k
-
-    return standin_stories260k(print).path
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -501,16 +493,11 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     if args.quick:
-        model = args.model or default_quick_model()
+        model = stories_model(args.model)
         load = Load(model, n_chats=4, prompt_words=40, n_predict=100, pools=(512, 256), ample=1024, split_slot=256,
                     tight_mib=1, threads=args.threads, gpu_layers=args.gpu_layers)
     else:
-        if args.model is None:
-            from llama_preempt.models import smollm2_path
-            model = smollm2_path()
-        else:
-            model = args.model
-        load = Load(model, n_chats=6, prompt_words=200, n_predict=256, pools=(1536, 1024), ample=4096, split_slot=512,
+        load = Load(smollm2_model(args.model), n_chats=6, prompt_words=200, n_predict=256, pools=(1536, 1024), ample=4096, split_slot=512,
                     tight_mib=12, threads=args.threads, gpu_layers=args.gpu_layers)
 
     from dataclasses import replace

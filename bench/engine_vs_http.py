@@ -13,7 +13,6 @@ other front end's. Results go to bench/results/engine_vs_http.{json,md}.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -26,9 +25,8 @@ from rich.table import Table
 
 from llama_preempt.demo import TOPICS
 from llama_preempt.engine import Engine
-from llama_preempt.models import smollm2_path
 from llama_preempt.server import LlamaServer, ServerConfig
-from results_io import display_path, md_table, write_results  # bench/ is on sys.path when run as a script
+from results_io import display_path, md_table, smollm2_model, write_results  # bench/ is on sys.path when run as a script
 
 
 
@@ -88,7 +86,7 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--runs", type=int, default=3, help="runs per front end, interleaved")
     args = ap.parse_args()
-    model = args.model or smollm2_path()
+    model = smollm2_model(args.model)
 
     runs: list[Run] = []
     console = Console()

@@ -14,9 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
-import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -25,11 +23,9 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from llama_preempt.models import smollm2_path
 from llama_preempt.server import LlamaServer, ServerConfig
-from results_io import RESULTS, ROOT, display_path  # bench/ is on sys.path when run as a script
+from results_io import RESULTS, display_path, smollm2_model, stories_model  # bench/ is on sys.path when run as a script
 
-SHARED_STORIES = ROOT.parent / "shared" / "models" / "stories260K.gguf"
 
 
 @dataclass
@@ -45,18 +41,6 @@ class Row:
     first_divergence_char: int | None
     first_divergence_token: int | None
     nearest_park_token: int | None
-
-
-def stories_path() -> Path:
-    explicit = os.environ.get("LLAMA_PREEMPT_TEST_MODEL")
-    if explicit:
-        return Path(explicit)
-    if SHARED_STORIES.is_file():
-        return SHARED_STORIES
-    sys.path.insert(0, str(ROOT / "tests"))
-    from model_gen import generate_stories260k  # the same stand-in the tests use
-
-    return generate_stories260k(Path(tempfile.mkdtemp()) / "stories260K-generated.gguf")
 
 
 def run_one(model: Path, prompt: str, n_predict: int, n_ctx: int, extra: list[str],
@@ -129,11 +113,11 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[Row] = []
     for name in args.models.split(","):
         if name == "stories":
-            rows += bench_model("stories260K", stories_path(), "Once upon a time", args, console)
+            rows += bench_model("stories260K", stories_model(), "Once upon a time", args, console)
         elif name == "smollm2":
             prompt = ("<|im_start|>user\nWrite a long story about a lighthouse keeper and a storm.<|im_end|>\n"
                       "<|im_start|>assistant\n")
-            rows += bench_model("SmolLM2-135M", smollm2_path(), prompt, args, console)
+            rows += bench_model("SmolLM2-135M", smollm2_model(), prompt, args, console)
         else:
             ap.error(f"--models: unknown model {name!r} (stories, smollm2)")
 

@@ -26,9 +26,8 @@ from rich.console import Console
 from rich.table import Table
 
 from llama_preempt.demo import TOPICS
-from llama_preempt.models import smollm2_path
 from llama_preempt.server import LlamaServer, ServerConfig
-from results_io import RESULTS, display_path  # bench/ is on sys.path when run as a script
+from results_io import RESULTS, display_path, smollm2_model  # bench/ is on sys.path when run as a script
 
 
 
@@ -109,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=RESULTS)
     args = ap.parse_args(argv)
 
-    model = smollm2_path()
+    model = smollm2_model()
     console = Console()
     results = []
     for mode in args.modes.split(","):

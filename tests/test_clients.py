@@ -5,14 +5,13 @@ from __future__ import annotations
 import json
 import re
 import threading
-import time
 from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
 import requests
 
-from helpers import complete, long_prompt, open_raw_stream, run_concurrently, wait_for_parked
+from helpers import complete, long_prompt, open_raw_stream, run_concurrently, wait_for_parked, wait_for_slot, wait_until
 from llama_preempt.engine import Engine, RequestError
 from llama_preempt.metrics import parse_prometheus
 from llama_preempt.server import LlamaServer
@@ -89,7 +88,6 @@ def test_a_streamed_request_hears_of_each_park_and_resume_and_its_data_is_unchan
 def test_a_long_park_sends_keepalives_while_other_requests_produce_results(start_server, stories_model: Path) -> None:
     srv = start_server(stories_model, n_ctx=512, n_parallel=2, extra_args=["--preempt-keepalive", "1"])
     seen: list[str] = []
-    slot_id: dict[str, int] = {}
     parked = threading.Event()
     keepalive = threading.Event()
 
@@ -104,16 +102,19 @@ def test_a_long_park_sends_keepalives_while_other_requests_produce_results(start
 
     t = threading.Thread(target=reader)
     t.start()
-    while not slot_id:
-        busy = [s for s in srv.slots() if s["is_processing"]]
-        if busy:
-            slot_id["id"] = busy[0]["id"]
-    assert srv.post(f"/slots/{slot_id['id']}?action=park", {}).json()["is_preempted"]
+    sid = wait_for_slot(srv, "is_processing", 30)["id"]
+    assert srv.post(f"/slots/{sid}?action=park", {}).json()["is_preempted"]
     assert parked.wait(30)
-    # the other slot keeps producing results the whole time the first is parked
-    while not keepalive.is_set():
+
+    def keepalive_seen_or_serve() -> bool:
+        if keepalive.is_set():
+            return True
         assert complete(srv, "There was a dog", 24).status_code == 200
-    assert srv.post(f"/slots/{slot_id['id']}?action=unpark", {}).status_code == 200
+        return False
+
+    # the other slot keeps producing results the whole time the first is parked
+    wait_until(keepalive_seen_or_serve, 30, "a keepalive comment while the other slot served requests")
+    assert srv.post(f"/slots/{sid}?action=unpark", {}).status_code == 200
     t.join(60)
     assert alternate(comments(seen)) == ["preempted", "resumed"]
     assert "preempt-keepalive" in comments(seen)
@@ -162,9 +163,7 @@ def test_time_parked_is_not_generation_time(start_server, stories_model: Path) -
 
     t = threading.Thread(target=reader)
     t.start()
-    while not any(s["is_processing"] for s in srv.slots()):
-        pass
-    sid = next(s["id"] for s in srv.slots() if s["is_processing"])
+    sid = wait_for_slot(srv, "is_processing", 30)["id"]
     assert srv.post(f"/slots/{sid}?action=park", {}).status_code == 200
     assert keepalives.wait(30)  # parked for two keepalive intervals: over 1 s, more than t_max_predict_ms
     assert srv.post(f"/slots/{sid}?action=unpark", {}).status_code == 200
@@ -223,9 +222,7 @@ def test_park_and_unpark_round_trip_and_the_answer_is_still_complete_and_exact(s
 
     t = threading.Thread(target=client)
     t.start()
-    while not any(s["is_processing"] for s in srv.slots()):
-        pass
-    sid = next(s["id"] for s in srv.slots() if s["is_processing"])
+    sid = wait_for_slot(srv, "is_processing", 30)["id"]
     parked = srv.post(f"/slots/{sid}?action=park", {})
     assert parked.status_code == 200, parked.text
     assert parked.json()["preempt_mode"] == "swap"
@@ -257,18 +254,14 @@ def test_the_slot_actions_errors(start_server, stories_model: Path) -> None:
     done = threading.Event()
     t = threading.Thread(target=lambda: (complete(srv, "Once upon a time", 300, n_cmpl=2), done.set()))
     t.start()
-    while not any(s["is_processing"] for s in srv.slots()):
-        pass
-    sid = next(s["id"] for s in srv.slots() if s["is_processing"])
+    sid = wait_for_slot(srv, "is_processing", 30)["id"]
     error(act(sid, "park"), 400, "n_cmpl")
     t.join(60)
     # a slot the planner parked is not the API's to unpark
     held = start_server(stories_model, n_ctx=512, n_parallel=2,
                         env={**FORCED, "LLAMA_SERVER_PREEMPT_HOLD_MS": "600000"})
     with requests.post(held.url + "/completion", json={**BODIES["/completion"], "stream": True}, stream=True, timeout=60):
-        while not any(s["is_preempted"] for s in held.slots()):
-            pass
-        sid = next(s["id"] for s in held.slots() if s["is_preempted"])
+        sid = wait_for_parked(held, 30)["id"]
         assert next(s for s in held.slots() if s["id"] == sid)["parked_by"] == "forced"
         error(held.post(f"/slots/{sid}?action=unpark", {}), 400, "parked by the forced")
         error(held.post(f"/slots/{sid}?action=park", {}), 400, "already parked")
@@ -370,11 +363,10 @@ def test_the_time_parked_grows_while_the_slot_is_parked(start_server, stories_mo
     sock = open_raw_stream(srv, "Once upon a time", 400)
     try:
         first = wait_for_parked(srv)
-        deadline = time.monotonic() + 30
-        later = first
-        while later["t_preempted_ms"] <= first["t_preempted_ms"] + 50:  # the clock runs while it waits
-            assert time.monotonic() < deadline, later
-            later = next(s for s in srv.slots() if s["id"] == first["id"])
+        # the clock runs while it waits
+        later = wait_until(lambda: next((s for s in srv.slots() if s["id"] == first["id"] and
+                                         s["t_preempted_ms"] > first["t_preempted_ms"] + 50), None), 30,
+                           "the time parked to grow by 50 ms")
         assert later["is_preempted"] and later["n_preempt"] == 1  # still the same park
         # the operator's view shows it too
         con = Console(width=120, record=True)

@@ -1,6 +1,7 @@
 """SWAP under a host-RAM budget, RECOMPUTE above it (stories260K)."""
 from __future__ import annotations
 
+import re
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -8,7 +9,7 @@ from typing import Any
 import pytest
 
 from helpers import (complete, complete_all, long_prompt, n_tokens, open_raw_stream, sse_events, wait_for_parked,
-                     wait_until_nothing_held)
+                     wait_until, wait_until_nothing_held)
 
 FORCED = {"LLAMA_SERVER_PREEMPT_EVERY": "8"}
 
@@ -80,8 +81,14 @@ def test_a_budget_that_holds_one_sequence_but_not_two_parks_both_ways(
     ram_seen: list[float] = []
     with ThreadPoolExecutor(max_workers=3) as ex:
         futures = [ex.submit(complete, srv, p, 300) for p in prompts]
-        while not all(f.done() for f in futures):
+
+        def done_or_sample() -> bool:
+            if all(f.done() for f in futures):
+                return True
             ram_seen.append(srv.metrics()["preempt_ram_bytes"])
+            return False
+
+        wait_until(done_or_sample, 300, "the three requests to finish", interval_s=0)
         results = [f.result() for f in futures]
     for r in results:
         assert r.status_code == 200, r.text
@@ -143,13 +150,15 @@ def test_cancelling_a_parked_streaming_request_frees_its_host_ram(start_server, 
     assert complete(srv, "Once", 8).json()["tokens_predicted"] == 8
 
 
-@pytest.mark.parametrize("value", ["-2", "abc", "12MiB", ""])
+@pytest.mark.parametrize("value", ["-2", "abc", "lots", "1.5", "12MiB", "99999999999", ""])
 def test_an_invalid_preempt_ram_is_a_startup_error_naming_the_flag(
         start_server, stories_model: Path, value: str) -> None:
     from llama_preempt.server import ServerStartError
 
-    with pytest.raises(ServerStartError, match="--preempt-ram"):
-        start_server(stories_model, n_ctx=256, n_parallel=2, extra_args=["--preempt-ram", value], )
+    with pytest.raises(ServerStartError, match="--preempt-ram") as e:
+        start_server(stories_model, n_ctx=256, n_parallel=2, extra_args=["--preempt-ram", value])
+    # the binary exited (not "not ready after ...") with a failure status
+    assert re.match(r"llama-server exited with -?[1-9]", str(e.value)), e.value
 
 
 def test_preempt_ram_comes_from_the_environment(start_server, stories_model: Path) -> None:

