@@ -9,7 +9,6 @@ each configuration to bench/results/simulate_scale.{json,md}.
 """
 from __future__ import annotations
 
-import json
 import sys
 import time
 

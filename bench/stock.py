@@ -14,7 +14,6 @@ import os
 import shlex
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 from results_io import ROOT  # bench/ is on sys.path when run as a script

@@ -41,11 +41,11 @@ preempt_config make_preempt_config(const common_params & params, bool has_memory
 
     cfg.every              = env_int("LLAMA_SERVER_PREEMPT_EVERY");
     cfg.reactive           = env_int("LLAMA_SERVER_PREEMPT_REACTIVE") > 0;
-    cfg.hold_us            = (int64_t) env_int("LLAMA_SERVER_PREEMPT_HOLD_MS") * 1000;
+    cfg.min_parked_us            = (int64_t) env_int("LLAMA_SERVER_PREEMPT_HOLD_MS") * 1000;
     cfg.swap.fail_restore  = env_int("LLAMA_SERVER_PREEMPT_FAIL_RESTORE") > 0;
     cfg.swap.fail_alloc    = env_int("LLAMA_SERVER_PREEMPT_FAIL_ALLOC") > 0;
     cfg.swap.verify        = env_int("LLAMA_SERVER_PREEMPT_VERIFY") > 0;
-    cfg.swap.copy_hold_us  = (int64_t) env_int("LLAMA_SERVER_PREEMPT_COPY_HOLD_MS") * 1000;
+    cfg.swap.copy_in_flight_us  = (int64_t) env_int("LLAMA_SERVER_PREEMPT_COPY_HOLD_MS") * 1000;
 
     if (const char * env = getenv("LLAMA_SERVER_PREEMPT_COPY")) {
         const std::string v = env;
@@ -91,10 +91,10 @@ void log_preempt_config(const preempt_config & cfg, size_t n_slots, int32_t n_ct
     // the test knobs, each named once with what it does
     const struct { bool set; const char * what; } knobs[] = {
         { cfg.swap.verify,       "LLAMA_SERVER_PREEMPT_VERIFY compares every swap park with upstream's copy" },
-        { cfg.swap.copy_hold_us > 0, "LLAMA_SERVER_PREEMPT_COPY_HOLD_MS keeps each swap copy in flight for a while" },
+        { cfg.swap.copy_in_flight_us > 0, "LLAMA_SERVER_PREEMPT_COPY_HOLD_MS keeps each swap copy in flight for a while" },
         { cfg.swap.fail_restore, "LLAMA_SERVER_PREEMPT_FAIL_RESTORE makes every SWAP restore fail" },
         { cfg.swap.fail_alloc,   "LLAMA_SERVER_PREEMPT_FAIL_ALLOC makes every swap buffer allocation fail" },
-        { cfg.hold_us > 0,       "LLAMA_SERVER_PREEMPT_HOLD_MS keeps parked slots parked for a while" },
+        { cfg.min_parked_us > 0,       "LLAMA_SERVER_PREEMPT_HOLD_MS keeps parked slots parked for a while" },
         { cfg.reactive,          "LLAMA_SERVER_PREEMPT_REACTIVE leaves parking to the KV-full retry ladder" },
         { cfg.every > 0,         "LLAMA_SERVER_PREEMPT_EVERY parks every generating slot every few tokens" },
     };

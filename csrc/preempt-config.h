@@ -28,7 +28,7 @@ struct preempt_config {
     // test knobs of the loop
     int32_t every    = 0;      // LLAMA_SERVER_PREEMPT_EVERY=N: park generating slots every N tokens
     bool    reactive = false;  // LLAMA_SERVER_PREEMPT_REACTIVE: the planner never parks, only the retry ladder does
-    int64_t hold_us  = 0;      // LLAMA_SERVER_PREEMPT_HOLD_MS: a parked slot stays parked at least this long
+    int64_t min_parked_us  = 0;      // LLAMA_SERVER_PREEMPT_HOLD_MS: a parked slot stays parked at least this long
 
     // idle swap memory kept for reuse: a quarter of the budget, at most 512 MiB (none with the
     // per-slice route, which is the baseline: upstream's copy into fresh memory)

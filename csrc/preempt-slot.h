@@ -53,7 +53,7 @@ struct slot_preempt_state {
 
     park_reason reason      = park_reason::pool_full;  // why it was parked
     park_choice choice      = park_choice::no_state;   // why by SWAP or by RECOMPUTE
-    bool        held_by_api = false;  // parked through the API: the planner leaves it parked until unparked
+    bool        waits_for_unpark = false;  // parked through the API: the planner leaves it parked until unparked
 
     int32_t n_restore   = 0;  // cells needed to be back where it was
     int64_t t_parked_us = 0;

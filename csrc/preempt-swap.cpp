@@ -112,8 +112,8 @@ swap_result swap_out(swap_state & st, const seq_contexts & sc, const state_sizes
     r.t_us = ggml_time_us() - t0;
     host.rates.observe_park(n.total(), r.t_us);
 
-    st.copy_in_flight = r.report.in_flight || host.knobs.copy_hold_us > 0;
-    st.t_copy_hold_us = host.knobs.copy_hold_us > 0 ? ggml_time_us() + host.knobs.copy_hold_us : 0;
+    st.copy_in_flight = r.report.in_flight || host.knobs.copy_in_flight_us > 0;
+    st.t_copy_in_flight_until_us = host.knobs.copy_in_flight_us > 0 ? ggml_time_us() + host.knobs.copy_in_flight_us : 0;
     st.n_copy_ranges  = (int32_t) r.report.n_ranges;
     st.copied_by      = r.report.how();
     if (host.knobs.verify) {
@@ -153,7 +153,7 @@ void settle_copy(swap_state & st, seq_copier & copier) {
 }
 
 void settle_copy_if_due(swap_state & st, seq_copier & copier, int64_t now_us) {
-    if (st.copy_in_flight && now_us >= st.t_copy_hold_us) {
+    if (st.copy_in_flight && now_us >= st.t_copy_in_flight_until_us) {
         settle_copy(st, copier);
     }
 }

@@ -69,7 +69,7 @@ struct swap_knobs {
     bool    fail_alloc   = false;  // LLAMA_SERVER_PREEMPT_FAIL_ALLOC: every buffer allocation fails
     bool    fail_restore = false;  // LLAMA_SERVER_PREEMPT_FAIL_RESTORE: every restore fails
     bool    verify       = false;  // LLAMA_SERVER_PREEMPT_VERIFY: compare every park with upstream's copy
-    int64_t copy_hold_us = 0;      // LLAMA_SERVER_PREEMPT_COPY_HOLD_MS: a park's copy counts as in flight this long
+    int64_t copy_in_flight_us = 0;      // LLAMA_SERVER_PREEMPT_COPY_HOLD_MS: a park's copy counts as in flight this long
 };
 
 // the host side every slot's swaps share
@@ -85,7 +85,7 @@ struct swap_state {
     host_buffer  tgt;
     host_buffer  dft;
     bool         copy_in_flight = false;  // the transfer to host RAM may still be running
-    int64_t      t_copy_hold_us = 0;      // LLAMA_SERVER_PREEMPT_COPY_HOLD_MS: in flight until then
+    int64_t      t_copy_in_flight_until_us = 0;      // LLAMA_SERVER_PREEMPT_COPY_HOLD_MS: in flight until then
     int32_t      n_copy_ranges  = 0;      // cell ranges the state was copied from
     const char * copied_by      = "";     // how the park copied (copy_report::how())
 
@@ -117,7 +117,7 @@ swap_result swap_in(swap_state & st, const seq_contexts & sc, swap_host & host);
 
 // the transfer of a park is done: its buffer may be read or freed
 void settle_copy(swap_state & st, seq_copier & copier);
-// once per step: settle a transfer that has had a decode to overlap with (and its test hold ran out)
+// once per step: settle a transfer that has had a decode to overlap with (and its test delay, LLAMA_SERVER_PREEMPT_COPY_HOLD_MS, ran out)
 void settle_copy_if_due(swap_state & st, seq_copier & copier, int64_t now_us);
 
 // upload a swapped state to the device ahead of its restore, when its park's copy has settled

@@ -17,6 +17,7 @@
 #include "ggml-rpc.h"
 #include "log.h"
 #include "preempt-copy.h"
+#include "preempt-flags.h"
 #include "preempt-policy.h"
 #include "preempt-sim.h"
 #include "preempt-version.h"
@@ -105,6 +106,7 @@ PYBIND11_MODULE(_core, m) {
         .def_readwrite("n_restore",     &lp::slot_view::n_restore)
         .def_readwrite("t_parked_us",   &lp::slot_view::t_parked_us)
         .def_readwrite("can_resume",    &lp::slot_view::can_resume)
+        .def_readwrite("waits_for_unpark", &lp::slot_view::waits_for_unpark)
         .def_readwrite("priority",      &lp::slot_view::priority)
         .def_readwrite("n_preempt",     &lp::slot_view::n_preempt)
         .def_readwrite("in_family",     &lp::slot_view::in_family)
@@ -138,6 +140,7 @@ PYBIND11_MODULE(_core, m) {
         .def_readonly("hold",   &lp::plan::hold)
         .def_readonly("n_used", &lp::plan::n_used)
         .def_readonly("n_need", &lp::plan::n_need)
+        .def_readonly("restore_next", &lp::plan::restore_next)
         .def("has_action", &lp::plan::has_action)
         .def("__repr__", [](const lp::plan & pl) { return "<Plan " + lp::plan_to_string(pl) + ">"; });
 
@@ -191,6 +194,47 @@ PYBIND11_MODULE(_core, m) {
           },
           py::arg("mode"), py::arg("bytes"), py::arg("n_tokens"), py::arg("ram_left"), py::arg("rates"),
           "the server's choice for one victim: `bytes` of state (0: cannot swap), `n_tokens` to re-prefill");
+
+    // which slot may be parked, and what a parked slot needs to come back: the decisions the
+    // server's mechanics and the simulator both ask the policy for
+    m.def("park_blocker", [](const lp::slot_view & s) { return std::string(lp::park_block_reason(lp::park_blocker(s))); },
+          py::arg("slot"), "why the slot may never be parked, \"\" when it may");
+    m.def("may_park", &lp::may_park, py::arg("slot"));
+    py::enum_<lp::parked_from>(m, "ParkedFrom")
+        .value("NONE",       lp::parked_from::none)
+        .value("STARTED",    lp::parked_from::started)
+        .value("PROMPT",     lp::parked_from::prompt)
+        .value("GENERATING", lp::parked_from::generating);
+    py::class_<lp::park_input>(m, "ParkInput", "a victim at the moment it is parked")
+        .def(py::init([](lp::parked_from at, bool replaying, int32_t n_held, int32_t n_prompt, int32_t n_replay) {
+                 return lp::park_input{ at, replaying, n_held, n_prompt, n_replay };
+             }),
+             py::arg("at"), py::arg("replaying") = false, py::arg("n_held") = 0, py::arg("n_prompt") = 0, py::arg("n_replay") = 0)
+        .def_readwrite("at",        &lp::park_input::at)
+        .def_readwrite("replaying", &lp::park_input::replaying)
+        .def_readwrite("n_held",    &lp::park_input::n_held)
+        .def_readwrite("n_prompt",  &lp::park_input::n_prompt)
+        .def_readwrite("n_replay",  &lp::park_input::n_replay);
+    py::class_<lp::park_shape>(m, "ParkShape", "where a parked slot's resume re-enters and the cells it needs")
+        .def_readonly("from_", &lp::park_shape::from)
+        .def_readonly("n_restore", &lp::park_shape::n_restore)
+        .def_readonly("n_redo", &lp::park_shape::n_redo);
+    m.def("has_swap_state", &lp::has_swap_state, py::arg("victim"));
+    m.def("shape_park", &lp::shape_park, py::arg("victim"), py::arg("swap"), py::arg("n_batch"));
+    m.def("effective_mode", [](const std::string & mode, int64_t ram_mib) {
+              lp::preempt_mode pm;
+              if (!lp::parse_preempt_mode(mode, pm)) {
+                  throw py::value_error("mode must be auto, swap or recompute, got '" + mode + "'");
+              }
+              return std::string(lp::preempt_mode_name(lp::effective_mode(pm, lp::ram_budget_from_mib(ram_mib))));
+          }, py::arg("mode"), py::arg("preempt_ram_mib"), "the mode a victim is parked by, with this --preempt-ram");
+    m.def("ram_left", &lp::ram_left, py::arg("ram_budget"), py::arg("held"));
+    m.def("ram_budget_from_mib", &lp::ram_budget_from_mib, py::arg("mib"));
+    // the flags' own checks (preempt-flags.h): a ValueError with llama-server's words
+    m.def("parse_preempt_ram_mib", &lp::parse_preempt_ram_mib, py::arg("value"),
+          "--preempt-ram as llama-server parses it (-1, 0 or MiB); ValueError with its message otherwise");
+    m.def("parse_preempt_mode", &lp::parse_preempt_mode_name, py::arg("value"),
+          "--preempt-mode as llama-server parses it; ValueError with its message otherwise");
 
     // llama.cpp's log threshold for the process (0 errors off too ... 4 debug): a quiet Engine loads
     // at 1 (errors, which the load's exceptions point to) and serves at 0, where a failed request

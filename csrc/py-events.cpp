@@ -135,8 +135,6 @@ void register_events(py::module_ & m) {
         reasons.emplace_back(lp::park_reason_key(r));
     }
     m.attr("PARK_REASONS") = py::tuple(py::cast(reasons));
-    m.attr("PLAN_MARGIN") = lp::PREEMPT_MARGIN;
-    m.attr("N_STARVED")   = lp::PREEMPT_N_STARVED;
     m.attr("DEFAULT_PARK_BPS")    = lp::cost_rates::DEFAULT_PARK_BPS;
     m.attr("DEFAULT_RESTORE_BPS") = lp::cost_rates::DEFAULT_RESTORE_BPS;
     m.attr("DEFAULT_PREFILL_TPS") = lp::cost_rates::DEFAULT_PREFILL_TPS;

@@ -151,53 +151,19 @@ def test_a_new_request_is_admitted_into_an_empty_pool_even_if_its_chunk_is_large
 
 
 def test_the_policy_never_livelocks_every_step_makes_progress() -> None:
-    """Simulate the planner step by step on a tiny pool: every request finishes."""
-    n_pool, n_batch = 128, 16
-    # id -> [phase, cells, prompt_left, replay_left, gen_left, n_preempt, t_parked, n_restore, is_new]
-    state = {i: dict(phase="new", cells=0, left=20 + 10 * i, replay=0, gen=70, n_preempt=0,
-                     t=0, restore=0) for i in range(3)}
-    finished: set[int] = set()
-    for step in range(2000):
-        views = []
-        for i, s in state.items():
-            if i in finished:
-                views.append(idle(i, 0))
-            elif s["phase"] == "parked":
-                views.append(parked(i, s["restore"], s["t"], s["n_preempt"]))
-            elif s["phase"] in ("new", "prompt"):
-                views.append(prompt(i, s["cells"], s["left"], n_replay_left=s["replay"],
-                                    is_new=s["phase"] == "new", n_preempt=s["n_preempt"]))
-            else:
-                views.append(gen(i, s["cells"], n_preempt=s["n_preempt"]))
-        pl = _core.plan_step(views, _core.PlanParams(n_pool, n_batch=n_batch))
-        assert not pl.fail
-        for i in pl.park:
-            s = state[i]
-            s["restore"] = s["cells"] + (1 if s["phase"] == "gen" else s["left"])
-            s.update(phase="parked", cells=0, n_preempt=s["n_preempt"] + 1, t=step)
-        for i in pl.resume:
-            s = state[i]
-            s.update(phase="prompt", left=s["restore"], replay=s["restore"])
-        used = 0
-        for i, s in state.items():
-            if i in finished or s["phase"] == "parked" or i in pl.hold:
-                continue
-            if s["phase"] in ("new", "prompt"):
-                n = s["replay"] if s["replay"] else min(n_batch, s["left"])
-                s["cells"] += n
-                s["left"] -= n
-                s["replay"] = max(0, s["replay"] - n)
-                s["phase"] = "prompt" if s["left"] else "gen"
-            else:
-                s["cells"] += 1
-                s["gen"] -= 1
-                if s["gen"] == 0:
-                    finished.add(i)
-            used += s["cells"] if i not in finished else 0
-        assert used <= n_pool, f"step {step}: {used} cells used in a pool of {n_pool}"
-        if len(finished) == len(state):
-            break
-    assert finished == set(state), state
+    """The server's loop in simulation (the planner and the park mechanics the server calls) on a
+    tiny pool that three requests overflow together: every request finishes, the pool never
+    overflows, and it took parks to get there."""
+    p = _core.SimParams()
+    p.n_pool, p.n_slots, p.n_batch = 128, 3, 16
+    for ram in (-1, 0):  # by SWAP and by RECOMPUTE
+        p.ram_budget_bytes = ram
+        r = _core.simulate([0.0, 0.0, 0.0], [20, 30, 40], [70, 70, 70], p)
+        assert [q[0] for q in r.requests()] == [1, 1, 1], r.requests()  # all completed
+        assert not r.hit_step_limit
+        assert r.peak_cells <= p.n_pool
+        assert r.n_park_swap + r.n_park_recompute > 0
+        assert (r.n_park_recompute == 0) == (ram != 0)
 
 
 def test_a_new_requests_cache_is_reclaimed_for_a_parked_slot_that_waits() -> None:
@@ -341,3 +307,88 @@ def test_the_simulator_prices_victims_with_the_same_choice() -> None:
     forced = llama_preempt.simulate(wl, n_ctx=1024, n_parallel=4, preempt_mode="swap",
                                     costs=Costs(swap_out_gbps=0.0005, swap_in_gbps=0.0005))
     assert forced.parks_recompute == 0 and forced.parks_by_choice == {"swap_mode": forced.parks}
+
+
+# --- which slot may be parked, and what a parked slot needs to come back ---
+
+def test_family_multimodal_and_unreplayable_slots_may_not_be_parked_and_say_why() -> None:
+    assert _core.may_park(gen(0, 10)) and _core.park_blocker(gen(0, 10)) == ""
+    assert "n_cmpl" in _core.park_blocker(gen(0, 10, in_family=True))
+    assert "media" in _core.park_blocker(gen(0, 10, is_multimodal=True))
+    assert "replayed" in _core.park_blocker(gen(0, 10, can_park=False))
+    assert not _core.may_park(gen(0, 10, in_family=True))
+
+
+F = _core.ParkedFrom
+
+
+@pytest.mark.parametrize("at, replaying, held, swap, want_from, want_restore, want_redo", [
+    # by SWAP: back in place plus its next step (one token, or one prompt chunk of at most n_batch)
+    (F.GENERATING, False, 100, True, F.GENERATING, 101, 0),
+    (F.PROMPT, False, 100, True, F.PROMPT, 100 + 64, 0),
+    # by RECOMPUTE: a generating slot replays what it held plus the token it had sampled
+    (F.GENERATING, False, 100, False, F.GENERATING, 101, 0),
+    # mid-prompt: starts its prompt over and redoes what it had processed
+    (F.PROMPT, False, 100, False, F.PROMPT, 164, 100),
+    # mid-replay: the replay list is still whole
+    (F.PROMPT, True, 40, False, F.GENERATING, 77, 0),
+    # a new request that had not started: its first chunk
+    (F.STARTED, False, 0, False, F.STARTED, 64, 0),
+])
+def test_the_policy_shapes_every_park(at, replaying, held, swap, want_from, want_restore, want_redo) -> None:
+    victim = _core.ParkInput(at, replaying=replaying, n_held=held, n_prompt=500, n_replay=77)
+    shape = _core.shape_park(victim, swap, 64)
+    assert (shape.from_, shape.n_restore, shape.n_redo) == (want_from, want_restore, want_redo)
+
+
+def test_a_prompt_victims_swap_restore_needs_no_more_than_its_prompt() -> None:
+    shape = _core.shape_park(_core.ParkInput(F.PROMPT, n_held=480, n_prompt=500), True, 64)
+    assert shape.n_restore == 500
+
+
+def test_only_a_slot_holding_prompt_or_generated_cells_has_state_to_swap() -> None:
+    assert _core.has_swap_state(_core.ParkInput(F.GENERATING, n_held=10))
+    assert _core.has_swap_state(_core.ParkInput(F.PROMPT, n_held=10))
+    assert not _core.has_swap_state(_core.ParkInput(F.PROMPT, replaying=True, n_held=10))  # recompute it again
+    assert not _core.has_swap_state(_core.ParkInput(F.STARTED, n_held=10))  # only a cache
+    assert not _core.has_swap_state(_core.ParkInput(F.GENERATING, n_held=0))
+
+
+def test_a_zero_ram_budget_means_recompute_whatever_the_mode() -> None:
+    assert _core.effective_mode("swap", 0) == "recompute"
+    assert _core.effective_mode("auto", 0) == "recompute"
+    assert _core.effective_mode("swap", 1) == "swap"
+    assert _core.effective_mode("auto", -1) == "auto"
+    assert _core.ram_budget_from_mib(-1) == 2**64 - 1
+    assert _core.ram_left(_core.ram_budget_from_mib(1), 1 << 19) == 1 << 19
+    assert _core.ram_left(100, 300) == 0
+
+
+def test_restore_ahead_is_the_next_parked_slot_that_waits_for_room_not_for_unpark() -> None:
+    # the pool is full: nothing resumes this step, and the slot to come back first is named
+    slots = [gen(0, 900), parked(1, 200, t=2, n_preempt=1), parked(2, 200, t=1, n_preempt=1)]
+    pl = _core.plan_step(slots, _core.PlanParams(1000))
+    assert list(pl.resume) == [] and pl.restore_next == 2  # longest parked first
+    held = _core.SlotView(2, P.PARKED, n_restore=200, t_parked_us=1, n_preempt=1, waits_for_unpark=True)
+    pl = _core.plan_step([gen(0, 900), parked(1, 200, t=2), held], _core.PlanParams(1000))
+    assert pl.restore_next == 1  # a slot parked through the API waits for unpark: never uploaded ahead
+    # one that resumes this step is not uploaded ahead; the next one is
+    pl = _core.plan_step([gen(0, 10), parked(1, 200, t=2), parked(2, 200, t=1)], _core.PlanParams(1000))
+    assert list(pl.resume) == [2, 1] and pl.restore_next == -1
+
+
+def test_a_slot_parked_through_the_api_is_never_resumed_by_the_planner() -> None:
+    held = _core.SlotView(1, P.PARKED, n_restore=10, t_parked_us=1, n_preempt=1, waits_for_unpark=True)
+    pl = _core.plan_step([held], _core.PlanParams(1000))
+    assert list(pl.resume) == []
+
+
+def test_the_flag_checks_are_llama_servers_own() -> None:
+    assert _core.parse_preempt_ram_mib("-1") == -1 and _core.parse_preempt_ram_mib("4096") == 4096
+    for bad in ("-2", "lots", "1.5", "99999999999", ""):
+        with pytest.raises(ValueError, match="--preempt-ram expects"):
+            _core.parse_preempt_ram_mib(bad)
+    assert _core.parse_preempt_mode("swap") == "swap"
+    with pytest.raises(ValueError, match="--preempt-mode expects auto, swap or recompute"):
+        _core.parse_preempt_mode("fast")
+    assert tuple(_core.PREEMPT_MODES) == ("auto", "swap", "recompute")

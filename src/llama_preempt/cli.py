@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 from typing import Any, NoReturn, Sequence
 
-from . import __version__
+from . import __version__, _core
 from .stats import PREEMPT_MODES
 
 
@@ -94,8 +94,10 @@ def cmd_demo(args: argparse.Namespace) -> int:
                              ("--tokens", args.tokens, 1)):
         if value < low:
             raise CLIError(f"{flag} must be at least {low}, got {value}")
-    if args.preempt_ram < -1:
-        raise CLIError(f"--preempt-ram expects -1 (no limit), 0 (always recompute) or a size in MiB, got {args.preempt_ram}")
+    try:
+        _core.parse_preempt_ram_mib(str(args.preempt_ram))  # llama-server's own check and words
+    except ValueError as e:
+        raise CLIError(str(e)) from None
     cfg = DemoConfig(model=choice.path, n_ctx=args.ctx, n_parallel=args.parallel, n_chats=args.chats,
                      n_tokens=args.tokens, preempt_ram_mib=args.preempt_ram, preempt_mode=args.preempt_mode,
                      engine=args.engine,

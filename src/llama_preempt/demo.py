@@ -14,6 +14,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
+from . import _core
+
 TOPICS = ["the history of bread", "how rivers form", "a day in the life of a lighthouse keeper",
           "why the sky is blue", "the rules of chess", "how bees make honey", "the first trains",
           "a walk through a rainforest"]
@@ -89,7 +91,7 @@ def _bodies(cfg: DemoConfig) -> list[dict[str, Any]]:
 def check_config(cfg: DemoConfig, prompt_tokens: Iterable[int]) -> None:
     """The load must be the demo's point: each chat fits the pool alone, all of them do not."""
     sizes = [p + cfg.n_tokens for p in prompt_tokens]
-    if max(sizes) + 8 > cfg.n_ctx:
+    if max(sizes) + _core.PREEMPT_MARGIN > cfg.n_ctx:  # the planner keeps this many cells free
         raise DemoError(f"--tokens {cfg.n_tokens}: one chat needs {max(sizes)} cells, more than --ctx {cfg.n_ctx} "
                         f"holds; lower --tokens or raise --ctx")
     concurrent = sorted(sizes, reverse=True)[: min(cfg.n_parallel, cfg.n_chats)]
@@ -171,7 +173,7 @@ def _run_engine(cfg: DemoConfig, preempt: bool, label: str, chats: list[ChatStat
         peak_ram = 0
         last_draw = 0.0
         while True:
-            rep = eng.step()
+            rep = eng.tick(0.02)
             for req, chat in zip(reqs, chats):
                 if chat.state in ("done", "lost"):
                     continue
@@ -199,8 +201,6 @@ def _run_engine(cfg: DemoConfig, preempt: bool, label: str, chats: list[ChatStat
                 last_draw = now
             if all(c.state in ("done", "lost") for c in chats):
                 break
-            if rep.idle:
-                eng._core.wait(0.02)
         wall = time.perf_counter() - t0
         update(label, chats)
         st = eng.stats()

@@ -21,10 +21,10 @@ import shlex
 import threading
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence, Union
 
 from . import _core
+from .flags import server_flags
 from .metrics import MetricsSnapshot, parse_prometheus
 from .stats import PreemptStats
 
@@ -290,19 +290,9 @@ class Engine:
                  preempt_mode: str | None = None, n_threads: int | None = None, n_gpu_layers: int | None = None, seed: int | None = None,
                  n_batch: int | None = None, metrics: bool = True, slots: bool = True,
                  verbose: bool = False) -> None:
-        argv = ["-m", os.fspath(model)]
-        for flag, value in (("-c", n_ctx), ("-np", n_parallel), ("--preempt-ram", preempt_ram_mib),
-                            ("--preempt-mode", preempt_mode),
-                            ("-t", n_threads), ("-ngl", n_gpu_layers), ("--seed", seed), ("-b", n_batch)):
-            if value is not None:
-                argv += [flag, str(value)]
-        if kv_unified is not None:
-            argv.append("--kv-unified" if kv_unified else "--no-kv-unified")
-        if preempt is not None:
-            argv.append("--preempt" if preempt else "--no-preempt")
-        if metrics:
-            argv.append("--metrics")
-        argv.append("--slots" if slots else "--no-slots")
+        argv = server_flags(model, n_ctx=n_ctx, n_parallel=n_parallel, preempt_ram_mib=preempt_ram_mib,
+                            preempt_mode=preempt_mode, threads=n_threads, n_gpu_layers=n_gpu_layers, seed=seed,
+                            n_batch=n_batch, kv_unified=kv_unified, preempt=preempt, metrics=metrics, slots=slots)
         if isinstance(args, (str, bytes)):  # "-c 256 -fa on": split as a shell would
             args = shlex.split(args.decode() if isinstance(args, bytes) else args)
         argv += [str(a) for a in args]
@@ -425,6 +415,21 @@ class Engine:
     def _step_once(self) -> StepReport:
         return StepReport.from_core(self._core.step())
 
+    def tick(self, idle_wait: float = 0.05) -> StepReport:
+        """One step; when it did nothing, wait up to `idle_wait` s for work (a queued task or a
+        finished request) instead of spinning. The loop every driver of the Engine runs."""
+        self._check_open()
+        if self._thread is not None:
+            raise EngineBusyError("the background loop is running (start()): stop() it before stepping by hand")
+        return self._tick(idle_wait)
+
+    def _tick(self, idle_wait: float, done: Callable[[], bool] | None = None) -> StepReport:
+        with self._drive_lock:
+            rep = self._step_once()
+        if rep.idle and idle_wait > 0 and (done is None or not done()):
+            self._core.wait(idle_wait)
+        return rep
+
     def run(self, until: Until = None, *, timeout: float | None = None,
             on_step: Callable[[StepReport], None] | None = None) -> list[StepReport]:
         """Step until `until` holds: a callable, a Request or a list of them (all done), or, when
@@ -438,13 +443,10 @@ class Engine:
         while not pred():
             if deadline is not None and time.monotonic() > deadline:
                 raise TimeoutError(f"run(): not done within {timeout} s")
-            with self._drive_lock:
-                rep = self.step()
+            rep = self._tick(0.05, pred)
             reports.append(rep)
             if on_step is not None:
                 on_step(rep)
-            if rep.idle:
-                self._core.wait(0.05)
         return reports
 
     def generate(self, prompts: Sequence[Prompt], *, progress: Callable[[int, int, StepReport | None], None] | None = None,
@@ -519,12 +521,9 @@ class Engine:
     def _loop(self) -> None:
         try:
             while True:
-                with self._drive_lock:
-                    rep = self._step_once()
+                rep = self._tick(0.05, self._stop.is_set)
                 if self._stop.is_set() and self._core.n_pending() == 0 and rep.n_busy == 0:
                     return
-                if rep.idle:
-                    self._core.wait(0.05)
         except BaseException as e:  # surfaced to the threads that wait on the loop
             self._loop_error = e
 
@@ -556,12 +555,8 @@ class Engine:
             if self._loop_error is not None:
                 raise EngineError(f"the background loop ended with an error: {self._loop_error!r}") from self._loop_error
             if self._thread is None and self._drive_lock.acquire(blocking=False):
-                try:
-                    rep = self._step_once()
-                finally:
-                    self._drive_lock.release()
-                if rep.idle and not pred():
-                    self._core.wait(0.02 if left is None else max(0.0, min(0.02, left)))
+                self._drive_lock.release()  # nobody else drives: step here (a racing driver waits its turn)
+                self._tick(0.02 if left is None else max(0.0, min(0.02, left)), pred)
             else:
                 wait(0.05 if left is None else max(0.0, min(0.05, left)))
         return True

@@ -23,6 +23,7 @@ from typing import Any, Iterator
 import requests
 
 from .binary import server_binary
+from .flags import server_flags
 from .metrics import MetricsSnapshot, parse_preempt_stats, parse_prometheus
 from .stats import PreemptStats
 
@@ -150,26 +151,10 @@ class ServerConfig:
     env: dict[str, str] = field(default_factory=dict)
 
     def to_args(self) -> list[str]:
-        args = ["-m", str(self.model), "-c", str(self.n_ctx), "-np", str(self.n_parallel)]
-        if self.kv_unified is not None:
-            args.append("--kv-unified" if self.kv_unified else "--no-kv-unified")
-        if self.n_batch is not None:
-            args += ["-b", str(self.n_batch)]
-        if self.n_ubatch is not None:
-            args += ["-ub", str(self.n_ubatch)]
-        if self.preempt is not None:
-            args.append("--preempt" if self.preempt else "--no-preempt")
-        if self.n_predict is not None:
-            args += ["-n", str(self.n_predict)]
-        if self.seed is not None:
-            args += ["--seed", str(self.seed)]
-        if self.threads is not None:
-            args += ["-t", str(self.threads)]
-        if self.metrics:
-            args.append("--metrics")
-        args.append("--slots" if self.slots else "--no-slots")
-        if self.cache_ram_mib is not None:
-            args += ["--cache-ram", str(self.cache_ram_mib)]
+        args = server_flags(self.model, n_ctx=self.n_ctx, n_parallel=self.n_parallel, kv_unified=self.kv_unified,
+                            n_batch=self.n_batch, n_ubatch=self.n_ubatch, preempt=self.preempt, n_predict=self.n_predict,
+                            seed=self.seed, threads=self.threads, metrics=self.metrics or None, slots=self.slots,
+                            cache_ram_mib=self.cache_ram_mib)
         return args + list(self.extra_args)
 
 

@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 from . import _core
-from .stats import PREEMPT_MODES
 
 
 class WorkloadError(ValueError):
@@ -197,10 +196,11 @@ def sim_params(*, n_ctx: int, n_parallel: int, n_batch: int, preempt: bool, pree
         raise WorkloadError("--parallel must be at least 1")
     if n_batch < 1:
         raise WorkloadError("--batch must be at least 1")
-    if preempt_ram_mib < -1:
-        raise WorkloadError("--preempt-ram expects -1 (no limit), 0 (always recompute) or a size in MiB")
-    if preempt_mode not in PREEMPT_MODES:
-        raise WorkloadError(f"--preempt-mode expects auto, swap or recompute, got {preempt_mode!r}")
+    try:  # llama-server's own checks and words
+        _core.parse_preempt_ram_mib(str(preempt_ram_mib))
+        _core.parse_preempt_mode(preempt_mode)
+    except ValueError as e:
+        raise WorkloadError(str(e)) from None
     p = _core.SimParams()
     p.mode = preempt_mode
     p.n_pool, p.n_slots, p.n_batch, p.preempt = n_ctx, n_parallel, n_batch, preempt

@@ -8,19 +8,17 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-# the preemption series, named as in /metrics without the "llamacpp:" prefix
-COUNTERS = (
-    "n_preempt_total",
-    "n_preempt_swap_total",
-    "n_preempt_recompute_total",
-    "n_resume_total",
-    "n_recompute_tokens_total",
-    "n_swap_restore_fail_total",
-    "n_preempt_fail_total",
-)
-GAUGES = ("requests_preempted", "preempt_ram_bytes")
+from . import _core
+
+# the preemption series of /metrics (without the "llamacpp:" prefix), as the server reports them:
+# read from the compiled core, never re-listed here
+SERIES: tuple[tuple[str, str], ...] = tuple(_core.metric_names())  # (name, "counter" | "gauge")
+COUNTERS = tuple(n for n, kind in SERIES if kind == "counter")
+GAUGES = tuple(n for n, kind in SERIES if kind == "gauge")
 # --preempt-mode: how a victim is parked (auto: the cheaper of SWAP and RECOMPUTE by measured cost)
-PREEMPT_MODES = ("auto", "swap", "recompute")
+PREEMPT_MODES: tuple[str, ...] = tuple(_core.PREEMPT_MODES)
+# why a victim was parked by SWAP or RECOMPUTE: the `choice` labels of preempt_parks_by_choice_total
+PARK_CHOICES: tuple[str, ...] = tuple(_core.PARK_CHOICES)
 
 
 @dataclass(frozen=True)
@@ -82,28 +80,41 @@ class PreemptStats:
     n_resume_total: int = 0
     n_recompute_tokens_total: int = 0
     n_swap_restore_fail_total: int = 0
+    n_swap_restore_ahead_total: int = 0   # SWAP restores whose bytes were uploaded to the device ahead
     n_preempt_fail_total: int = 0
     requests_preempted: int = 0
     preempt_ram_bytes: int = 0
+    preempt_ram_pool_bytes: int = 0       # idle host RAM kept for the next swap buffers
+    preempt_copies_in_flight: int = 0     # SWAP parks whose copy to host RAM may still run
+    preempt_park_bytes_per_second: int = 0      # the rates SWAP or RECOMPUTE is chosen with now
+    preempt_restore_bytes_per_second: int = 0
+    preempt_prefill_tokens_per_second: int = 0
+    n_swap_verify_total: int = 0          # LLAMA_SERVER_PREEMPT_VERIFY: parks compared with upstream's copy
+    n_swap_verify_mismatch_total: int = 0  #   of those, not byte-identical
     slots: tuple[SlotStats, ...] = field(default_factory=tuple)
-    preempt_copies_in_flight: int = 0  # SWAP parks whose copy to host RAM may still run
-    park_bytes_per_second: float = 0.0     # the rates SWAP or RECOMPUTE is chosen with now
-    restore_bytes_per_second: float = 0.0
-    prefill_tokens_per_second: float = 0.0
     parks_by_choice: Mapping[str, int] = field(default_factory=dict)  # preempt_parks_by_choice_total: label -> parks
+
+    # the rates by their shorter names
+    @property
+    def park_bytes_per_second(self) -> int:
+        return self.preempt_park_bytes_per_second
+
+    @property
+    def restore_bytes_per_second(self) -> int:
+        return self.preempt_restore_bytes_per_second
+
+    @property
+    def prefill_tokens_per_second(self) -> int:
+        return self.preempt_prefill_tokens_per_second
 
     @classmethod
     def from_series(cls, values: Mapping[str, float], slots: list[Mapping[str, Any]],
                     parks_by_choice: Mapping[str, float] | None = None) -> "PreemptStats":
-        missing = [n for n in (*COUNTERS, *GAUGES) if n not in values]
+        """From the series by name (every one of SERIES), the slots and the parks by choice."""
+        missing = [n for n, _ in SERIES if n not in values]
         if missing:
             raise KeyError(f"preemption series missing: {', '.join(missing)} (is this llama-preempt's server?)")
-        kw = {n: int(values[n]) for n in (*COUNTERS, *GAUGES)}
-        return cls(**kw, slots=tuple(SlotStats.from_json(s) for s in slots),
-                   preempt_copies_in_flight=int(values.get("preempt_copies_in_flight", 0)),
-                   park_bytes_per_second=float(values.get("preempt_park_bytes_per_second", 0)),
-                   restore_bytes_per_second=float(values.get("preempt_restore_bytes_per_second", 0)),
-                   prefill_tokens_per_second=float(values.get("preempt_prefill_tokens_per_second", 0)),
+        return cls(**{n: int(values[n]) for n, _ in SERIES}, slots=tuple(SlotStats.from_json(s) for s in slots),
                    parks_by_choice={k: int(v) for k, v in (parks_by_choice or {}).items()})
 
     def parked(self) -> list[SlotStats]:
