@@ -1,7 +1,7 @@
 // llama-preempt: bulk copies of a sequence's state between its memory (KV cache, recurrent state)
 // and host RAM, for SWAP parks and restores.
 //
-// llama.cpp's serializer (llama_state_seq_get_data_cb / set_data_cb, patches/0008) lays out a
+// llama.cpp's serializer (llama_state_seq_get_data_cb / set_data_cb, patches/0006-state-seq-bulk-copy.patch) lays out a
 // sequence's state and hands us every tensor slice it would copy: one per cell range and layer,
 // and one per V element row when V is stored transposed (flash attention off). Copied one by one
 // these are thousands of small synchronous copies for a sequence whose cells are scattered through

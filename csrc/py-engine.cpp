@@ -2,11 +2,14 @@
 //
 // - The model is loaded by upstream's own argument parser and server_context::load_model(), so
 //   every llama-server flag works.
+// - The parameters are finalised by upstream's own server_prepare_params() (tools/server/server.cpp,
+//   made callable by patches/0005-engine.patch), as llama-server finalises them.
 // - Requests go through upstream's own route handlers (server_routes), each on its own thread as
 //   an HTTP request would be, with a JSON body and no socket: parameter parsing, chat templates,
-//   sampling and response shapes are the server's.
-// - step() runs one iteration of upstream's loop (server_context::step(), patch 0006) on the
-//   calling thread with the GIL released, and returns what happened in it as JSON.
+//   sampling and response shapes are the server's. The route table is upstream's, read from its
+//   server.cpp at build time, and each handler is wrapped in upstream's own ex_wrapper().
+// - step() runs one iteration of upstream's loop (server_context::step()) on the calling thread
+//   with the GIL released, and returns what happened in it as typed events (preempt-events.h).
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
@@ -59,6 +62,30 @@ struct engine_argument_error : std::invalid_argument {
 const char * const k_exiting_flags[] = {
     "-h", "--help", "--usage", "--version", "--completion-bash", "--list-devices", "-cl", "--cache-list",
 };
+
+// a JSON document as the Python objects it spells (dict, list, str, int, float, bool, None),
+// handed over without a string in between
+py::object to_python(const json & j) {
+    if (j.is_object()) {
+        py::dict d;
+        for (const auto & [k, v] : j.items()) {
+            d[py::str(k)] = to_python(v);
+        }
+        return std::move(d);
+    }
+    if (j.is_array()) {
+        py::list l;
+        for (size_t i = 0; i < j.size(); ++i) {
+            l.append(to_python(j.at(i)));
+        }
+        return std::move(l);
+    }
+    if (j.is_string())         return py::str(j.get<std::string>());
+    if (j.is_boolean())        return py::bool_(j.get<bool>());
+    if (j.is_number_integer()) return py::int_(j.get<long long>());
+    if (j.is_number_float())   return py::float_(j.get<double>());
+    return py::none();
+}
 
 server_http_res_ptr not_found(const std::string & method, const std::string & path) {
     auto res    = std::make_unique<server_http_res>();
@@ -225,7 +252,7 @@ public:
         }
     }
 
-    std::string stats() {
+    py::object stats() {
         check_open();
         json out;
         {
@@ -233,7 +260,7 @@ public:
             std::lock_guard<std::mutex> lk(mtx_step);  // between steps: the slots are not moving
             out = ctx->preempt_stats();
         }
-        return out.dump();
+        return to_python(out);
     }
 
     size_t n_queued() {
@@ -506,7 +533,8 @@ void register_engine(py::module_ & m) {
         .def("step", &engine::step, "one iteration of the server loop; what happened in it (a StepReportCore)")
         .def("wait", &engine::wait, py::arg("timeout_s"),
              "wait (GIL released) until a task is queued or a request finished; True if either happened")
-        .def("stats", &engine::stats, "preemption counters, gauges and per-slot state as JSON, read between steps")
+        .def("stats", &engine::stats, "preemption counters and gauges (every series of metric_names()), the parks by "
+             "choice and the slots (the fields /slots shows), as Python objects, read between steps")
         .def("n_pending", &engine::n_pending, "requests whose handler has not finished")
         .def("n_queued", &engine::n_queued, "tasks queued for the loop's next step")
         .def_property_readonly("closed", &engine::is_closed)

@@ -324,9 +324,10 @@ def test_stepping_from_two_threads_at_once_raises_and_the_engine_keeps_running(
     eng = make_engine(stories_model, n_ctx=512, n_parallel=2, kv_unified=True, n_batch=512)
     req = eng.submit(long_prompt(150), n_predict=250, temperature=0, ignore_eos=True)
     stop = threading.Event()
+    deadline = time.monotonic() + 120
 
     def driver() -> None:
-        while not stop.is_set() and not req.done:
+        while not stop.is_set() and not req.done and time.monotonic() < deadline:
             eng._core.step()
 
     t = threading.Thread(target=driver)
@@ -334,6 +335,7 @@ def test_stepping_from_two_threads_at_once_raises_and_the_engine_keeps_running(
     busy: EngineBusyError | None = None
     try:
         while busy is None and not req.done:
+            assert time.monotonic() < deadline, "neither a busy error nor the answer within 120 s"
             try:
                 eng._core.step()
             except EngineBusyError as e:

@@ -119,7 +119,7 @@ def test_an_overloaded_pool_over_rpc_parks_fragmented_sequences_and_every_reques
     # hundred and more cell ranges, then the others keep decoding while it is parked.
     # in-flight: no verification, so a park's transfer runs on across the next decode and its
     # staging buffer is freed a step later, between two runs of the same decode graph; the RPC
-    # server drops its stored graph on every free, and before patch 0010 the client still asked it
+    # server drops its stored graph on every free, and before patch 0007-rpc-graph-reuse-after-free the client still asked it
     # to rerun that graph: the server dropped the connection and llama-server aborted.
     srv = start_server(stories_model, n_ctx=512, n_parallel=4, env=VERIFY if verify else {},
                        extra_args=on_rpc(start_rpc()) + ["-fa", flash, "--preempt-mode", "swap"])

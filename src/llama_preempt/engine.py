@@ -399,7 +399,7 @@ class Engine:
     def stats(self) -> PreemptStats:
         """Preemption counters, gauges and the slots, read directly from the server's slots."""
         self._check_open()
-        d = json.loads(self._core.stats())
+        d = self._core.stats()
         return PreemptStats.from_series(d["metrics"], d["slots"], d.get("parks_by_choice"))
 
     # --- the loop ---
@@ -534,7 +534,7 @@ class Engine:
             def idle() -> bool:
                 if self._core.n_pending() > 0:
                     return False
-                return not any(s["is_processing"] for s in json.loads(self._core.stats())["slots"])
+                return not any(s["is_processing"] for s in self._core.stats()["slots"])
             return idle
         if isinstance(until, Request):
             return lambda: until.done
