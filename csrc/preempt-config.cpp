@@ -89,18 +89,20 @@ void log_preempt_config(const preempt_config & cfg, size_t n_slots, int32_t n_ct
                 cfg.rates.park_bps / 1e9, cfg.rates.restore_bps / 1e9, cfg.rates.prefill_tps);
     }
     // the test knobs, each named once with what it does
-    const struct { bool set; const char * what; } knobs[] = {
-        { cfg.swap.verify,       "LLAMA_SERVER_PREEMPT_VERIFY compares every swap park with upstream's copy" },
-        { cfg.swap.copy_in_flight_us > 0, "LLAMA_SERVER_PREEMPT_COPY_HOLD_MS keeps each swap copy in flight for a while" },
+    const struct { bool set; std::string what; } knobs[] = {
+        { cfg.swap.verify, "LLAMA_SERVER_PREEMPT_VERIFY compares every swap park with upstream's copy" },
+        { cfg.swap.copy_in_flight_us > 0, string_format("LLAMA_SERVER_PREEMPT_COPY_HOLD_MS keeps each swap copy in flight for %lld ms",
+                                                        (long long) (cfg.swap.copy_in_flight_us / 1000)) },
         { cfg.swap.fail_restore, "LLAMA_SERVER_PREEMPT_FAIL_RESTORE makes every SWAP restore fail" },
-        { cfg.swap.fail_alloc,   "LLAMA_SERVER_PREEMPT_FAIL_ALLOC makes every swap buffer allocation fail" },
-        { cfg.min_parked_us > 0,       "LLAMA_SERVER_PREEMPT_HOLD_MS keeps parked slots parked for a while" },
-        { cfg.reactive,          "LLAMA_SERVER_PREEMPT_REACTIVE leaves parking to the KV-full retry ladder" },
-        { cfg.every > 0,         "LLAMA_SERVER_PREEMPT_EVERY parks every generating slot every few tokens" },
+        { cfg.swap.fail_alloc, "LLAMA_SERVER_PREEMPT_FAIL_ALLOC makes every swap buffer allocation fail" },
+        { cfg.min_parked_us > 0, string_format("LLAMA_SERVER_PREEMPT_HOLD_MS keeps parked slots parked for %lld ms",
+                                               (long long) (cfg.min_parked_us / 1000)) },
+        { cfg.reactive, "LLAMA_SERVER_PREEMPT_REACTIVE leaves parking to the KV-full retry ladder" },
+        { cfg.every > 0, string_format("LLAMA_SERVER_PREEMPT_EVERY=%d parks every generating slot every %d tokens", cfg.every, cfg.every) },
     };
     for (const auto & k : knobs) {
         if (k.set) {
-            CFG_WRN("preemption: %s (testing only)\n", k.what);
+            CFG_WRN("preemption: %s (testing only)\n", k.what.c_str());
         }
     }
 }

@@ -47,4 +47,12 @@ inline int32_t check_preempt_keepalive(int value) {
     return value;
 }
 
+// --drain-timeout SEC; throws std::invalid_argument
+inline int32_t check_drain_timeout(int value) {
+    if (value < 0) {
+        throw std::invalid_argument("--drain-timeout expects seconds >= 0 (0 ends the requests in flight at once)");
+    }
+    return value;
+}
+
 } // namespace llama_preempt

@@ -21,6 +21,9 @@ std::vector<metric_item> metric_items(const preempt_counters & c, const preempt_
         { "preempt_park_bytes_per_second",    "gauge", "SWAP park bandwidth used to choose SWAP or RECOMPUTE (moving average of measured parks)",    (uint64_t) g.rates.park_bps },
         { "preempt_restore_bytes_per_second", "gauge", "SWAP restore bandwidth used to choose SWAP or RECOMPUTE (moving average of measured restores)", (uint64_t) g.rates.restore_bps },
         { "preempt_prefill_tokens_per_second", "gauge", "Prefill rate used to price a RECOMPUTE (moving average of measured prompt batches)",      (uint64_t) g.rates.prefill_tps },
+        { "kv_pool_cells",             "gauge",   "Cells in the KV pool the slots share (-c)",                              (uint64_t) g.n_pool_cells },
+        { "kv_pool_cells_used",        "gauge",   "Cells of the KV pool the slots hold now (parked slots hold none)",       (uint64_t) g.n_pool_cells_used },
+        { "server_draining",           "gauge",   "1 while the server drains on SIGTERM/SIGINT: it takes no new requests", (uint64_t) g.draining },
         { "n_swap_verify_total",          "counter", "SWAP parks compared byte for byte with upstream's copy (LLAMA_SERVER_PREEMPT_VERIFY only)", c.n_swap_verify_total },
         { "n_swap_verify_mismatch_total", "counter", "SWAP parks whose copy differed from upstream's (LLAMA_SERVER_PREEMPT_VERIFY only)",       c.n_swap_verify_mismatch_total },
     };

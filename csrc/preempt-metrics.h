@@ -48,6 +48,9 @@ struct preempt_gauges {
     int32_t  n_copies_in_flight   = 0;  // SWAP parks whose transfer to host RAM may still be running
     uint64_t pool_bytes           = 0;  // idle host RAM kept for the next swap buffers (warm memory)
     cost_rates rates;                   // the rates SWAP-or-RECOMPUTE is chosen with now
+    int32_t  n_pool_cells         = 0;  // cells in the KV pool (-c)
+    int32_t  n_pool_cells_used    = 0;  // cells the slots hold now (what a balancer weighs against the pool)
+    bool     draining             = false;  // SIGTERM/SIGINT: finishing what it has, taking nothing new
 };
 
 // One series: the same name, type and value reach /metrics and the in-process Engine's stats().

@@ -3,6 +3,7 @@
 #pragma once
 
 #include "common.h"
+#include "preempt-drain.h"
 #include "preempt-version.h"
 #include "server-common.h"
 #include "server-http.h"

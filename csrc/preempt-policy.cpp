@@ -360,13 +360,33 @@ plan plan_step(const std::vector<slot_view> & slots, const plan_params & p) {
         }
     }
 
-    // 6. the parked slot that comes back next: its state can travel to the device ahead of time
+    // 6. the parked slot that comes back next, once this step's plan is applied: its state can
+    //    travel to the device ahead of time. A slot parked in this step counts too, ranked as it
+    //    will be (one more park, parked last); a slot parked through the API waits for unpark.
+    const slot_view * next = nullptr;
+    auto ahead_of = [](const slot_view & a, int32_t a_preempt, const slot_view * b, int32_t b_preempt) {
+        if (a.priority != b->priority) {
+            return a.priority > b->priority;
+        }
+        return a_preempt > b_preempt;  // ties: the earlier parked, which `restore` and then `park` list first
+    };
+    int32_t next_preempt = 0;
     for (int32_t id : restore) {
-        if (!failed[id] && !find[id]->waits_for_unpark && !contains(pl.resume, id)) {
-            pl.restore_next = id;
-            break;
+        const slot_view * s = find[id];
+        if (!failed[id] && !s->waits_for_unpark && !contains(pl.resume, id) &&
+            (!next || ahead_of(*s, s->n_preempt, next, next_preempt))) {
+            next = s;
+            next_preempt = s->n_preempt;
         }
     }
+    for (int32_t id : pl.park) {
+        const slot_view * s = find[id];
+        if (!next || ahead_of(*s, s->n_preempt + 1, next, next_preempt)) {
+            next = s;
+            next_preempt = s->n_preempt + 1;
+        }
+    }
+    pl.restore_next = next ? next->id : -1;
 
     pl.n_used = used;
     pl.n_need = need;

@@ -5,6 +5,7 @@
 #pragma once
 
 #include "preempt-config.h"
+#include "preempt-drain.h"
 #include "preempt-events.h"
 #include "preempt-policy.h"
 #include "preempt-swap.h"

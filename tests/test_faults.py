@@ -65,7 +65,8 @@ def test_a_request_cancelled_while_it_replays_frees_everything(stories_model: Pa
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
 def test_a_signal_with_slots_parked_ends_the_server_cleanly(stories_model: Path, tmp_path: Path,
                                                             sig: signal.Signals) -> None:
-    cfg = ServerConfig(model=stories_model, n_ctx=512, n_parallel=2,
+    # parked for good: the drain runs out after a second and ends them with an error (test_drain.py)
+    cfg = ServerConfig(model=stories_model, n_ctx=512, n_parallel=2, extra_args=["--drain-timeout", "1"],
                        env={**FORCED, "LLAMA_SERVER_PREEMPT_HOLD_MS": "600000"})
     srv = LlamaServer(cfg, log_dir=tmp_path).start()
     try:

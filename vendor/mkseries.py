@@ -4,8 +4,8 @@
     python vendor/mkseries.py            # rewrite patches/*.patch from vendor/llama.cpp
     python vendor/mkseries.py --check    # only say whether patches/ matches vendor/llama.cpp
 
-Edit the fetched tree (vendor/llama.cpp), then run this: it diffs every file our series touches
-(and any file named with --file) against the pristine tree, sorts each hunk into its topic by the
+Edit the fetched tree (vendor/llama.cpp), then run this: it diffs every file of the tree that
+differs from the pristine one (a new file: name it with --file), sorts each hunk into its topic by the
 rules in TOPICS, and writes one patch per topic, each the diff from the tree with the earlier
 topics applied. The series applies in order to the pristine tree and ends at vendor/llama.cpp
 exactly. Hunks are independent (diff merges hunks whose context would overlap), so any hunk can
@@ -15,6 +15,7 @@ does not compile on its own, never as one that does not apply.
 from __future__ import annotations
 
 import argparse
+import json
 import re
 import shutil
 import subprocess
@@ -35,8 +36,20 @@ class Topic:
     takes: Callable[[str, str], bool]  # (file, hunk text) -> belongs here
 
 
+def _changed(hunk: str) -> str:
+    """The lines a hunk adds or removes (rules look at these, not at upstream's context)."""
+    return "\n".join(line for line in hunk.splitlines()[1:] if line[:1] in "+-")
+
+
 def _in(*words: str) -> Callable[[str], bool]:
-    return lambda text: any(w in text for w in words)
+    return lambda text: any(w in _changed(text) for w in words)
+
+
+def _only_includes(hunk: str) -> bool:
+    """A hunk that only adds #include lines: the headers go with the first server topic, so the
+    topics after it find them."""
+    changed = [line for line in _changed(hunk).splitlines() if line.strip("+- ")]
+    return bool(changed) and all(line.startswith("+#include") for line in changed)
 
 
 _CLIENT_WORDS = _in("preempt-notice.h", "notices", "keepalive", "preempt_slot_action", "SLOT_PARK", "SLOT_UNPARK",
@@ -54,7 +67,8 @@ TOPICS = [
           lambda f, t: f == "tools/server/server-queue.h" or (f == "tools/server/server-queue.cpp" and "deadline" not in t)),
     Topic("server-hooks", "the hooks of the park/resume mechanics (csrc/preempt-context.inc) in upstream's server loop",
           lambda f, t: f in ("tools/server/server-context.cpp", "tools/server/server-common.h", "tools/server/server-task.h",
-                             "tools/server/server-task.cpp") and not _CLIENT_WORDS(t) and not _ENGINE_WORDS(t)),
+                             "tools/server/server-task.cpp")
+          and (_only_includes(t) or (not _CLIENT_WORDS(t) and not _ENGINE_WORDS(t)))),
     Topic("client-surface", "what clients and operators see: notices, priority, the slot API, /props, errors, timings",
           lambda f, t: f.startswith("tools/server/") and not _ENGINE_WORDS(t)),
     Topic("engine", "what the in-process Engine calls instead of copying: step(), the parser, parameter finalisation",
@@ -94,12 +108,26 @@ def touched_files() -> list[str]:
     return sorted(files)
 
 
-def build(files: list[str]) -> dict[str, str]:
-    """topic name -> patch text"""
+def changed_files(pristine: Path) -> set[str]:
+    """Every file of the pristine tree that vendor/llama.cpp changed (new files: name them)."""
+    out: set[str] = set()
+    for a in pristine.rglob("*"):
+        if a.is_file():
+            rel = a.relative_to(pristine).as_posix()
+            b = fetch.TREE / rel
+            if not b.exists() or b.read_bytes() != a.read_bytes():
+                out.add(rel)
+    return out
+
+
+def build(named: list[str]) -> dict[str, str]:
+    """topic name -> patch text, for the files the series touches, the named ones and every file
+    of the tree that differs from the pristine one"""
     out: dict[str, str] = {}
     with tempfile.TemporaryDirectory() as tmp:
         tree = Path(tmp) / "tree"
         fetch.extract(fetch.find_sdist(), tree)
+        files = sorted(set(named) | changed_files(tree))
         # every hunk against pristine, sorted into topics
         by_topic: dict[str, list[tuple[str, str]]] = {t.name: [] for t in TOPICS}
         for rel in files:
@@ -142,8 +170,7 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--check", action="store_true", help="compare with patches/ and write nothing")
     ap.add_argument("--file", action="append", default=[], help="a file of the tree to add to the series")
     args = ap.parse_args(argv)
-    files = sorted(set(touched_files()) | set(args.file))
-    series = build(files)
+    series = build(sorted(set(touched_files()) | set(args.file)))
     names = {f"{i + 1:04d}-{name}.patch": text for i, (name, text) in enumerate(series.items())}
     if args.check:
         now = {p.name: p.read_text() for p in fetch.patch_files()}
@@ -152,6 +179,10 @@ def main(argv: list[str]) -> int:
             return 1
         print("mkseries: patches/ matches vendor/llama.cpp")
         return 0
+    if fetch.current_stamp() != fetch.wanted_stamp():
+        print("mkseries: vendor/llama.cpp was not made from patches/ as they are now (a patch was edited by hand, "
+              "or the tree is stale): run `python vendor/fetch.py --force`, redo the edits, then this", file=sys.stderr)
+        return 1
     for p in fetch.patch_files():
         p.unlink()
     total = 0
@@ -160,6 +191,8 @@ def main(argv: list[str]) -> int:
         total += changed_lines(text)
         print(f"mkseries: {name}: {changed_lines(text)} changed lines")
     print(f"mkseries: {len(names)} patches, {total} changed lines of upstream")
+    # the tree is exactly the new series applied (build() checked it): record that, as fetch.py does
+    fetch.STAMP.write_text(json.dumps(fetch.wanted_stamp(), indent=2) + "\n")
     return 0
 
 

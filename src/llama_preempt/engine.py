@@ -310,6 +310,7 @@ class Engine:
         self._stop = threading.Event()
         self._loop_error: BaseException | None = None
         self._closed = False
+        self._draining = False
 
     # --- lifetime ---
 
@@ -323,15 +324,40 @@ class Engine:
     def closed(self) -> bool:
         return self._closed
 
-    def close(self) -> None:
-        """Stop the background loop, cancel what is pending, free the model and context.
-        A second close does nothing."""
+    def close(self, *, drain: float = 0.0) -> None:
+        """Stop the background loop, cancel what is pending, free the model and context. With
+        `drain` (seconds), the pending requests may finish first, as llama-server's --drain-timeout
+        lets them on SIGTERM: no new request is taken meanwhile. A second close does nothing."""
         if self._closed:
             return
         if self._thread is not None:
-            self.stop()
+            self.stop(drain=drain)
+        elif drain > 0:
+            self._drain(drain)
         self._closed = True
         self._core.close()
+
+    def _pending(self) -> list[Request]:
+        with self._requests_lock:
+            return [r for r in self._requests if not r.done]
+
+    def _drain(self, seconds: float) -> None:
+        """Let the pending requests finish for up to `seconds` (stepping the loop when no background
+        thread does), taking no new ones; what is left is cancelled by the caller."""
+        self._draining = True
+        deadline = time.monotonic() + seconds
+        try:
+            pending = self._pending()
+            if self._thread is None:
+                try:
+                    self.run(pending, timeout=seconds)
+                except TimeoutError:
+                    pass
+            else:
+                for r in pending:
+                    r.wait(max(0.0, deadline - time.monotonic()))
+        finally:
+            self._draining = False
 
     def _check_open(self) -> None:
         if self._closed:
@@ -347,6 +373,8 @@ class Engine:
         (n_predict, temperature, priority, ...): `priority` (default 0) orders who is parked
         first (lowest) and resumed first (highest) when the pool is full."""
         self._check_open()
+        if self._draining:
+            raise EngineError("the Engine is draining (stop(drain=...) or close(drain=...)): it takes no new requests")
         payload: dict[str, Any] = dict(body or {})
         if messages is not None:
             payload["messages"] = list(messages)
@@ -423,9 +451,14 @@ class Engine:
             raise EngineBusyError("the background loop is running (start()): stop() it before stepping by hand")
         return self._tick(idle_wait)
 
-    def _tick(self, idle_wait: float, done: Callable[[], bool] | None = None) -> StepReport:
-        with self._drive_lock:
+    def _tick(self, idle_wait: float, done: Callable[[], bool] | None = None, *, locked: bool = False) -> StepReport:
+        """One step (under the drive lock, unless the caller holds it: `locked`), then, when it did
+        nothing and `done()` does not hold yet, wait up to `idle_wait` s for work."""
+        if locked:
             rep = self._step_once()
+        else:
+            with self._drive_lock:
+                rep = self._step_once()
         if rep.idle and idle_wait > 0 and (done is None or not done()):
             self._core.wait(idle_wait)
         return rep
@@ -496,11 +529,15 @@ class Engine:
         self._thread.start()
         return self
 
-    def stop(self, timeout: float = 30.0) -> None:
+    def stop(self, timeout: float = 30.0, *, drain: float = 0.0) -> None:
         """Cancel the pending requests (parked ones too), let the loop free their slots, and end the
-        background thread. The engine stays open for stepping by hand."""
+        background thread. With `drain` (seconds), the pending requests may finish first and only
+        those still running then are cancelled; no new request is taken meanwhile. The engine
+        stays open for stepping by hand."""
         if self._thread is None:
             return
+        if drain > 0:
+            self._drain(drain)
         with self._requests_lock:
             pending = [r for r in self._requests if not r.done]
         for r in pending:
@@ -521,7 +558,7 @@ class Engine:
     def _loop(self) -> None:
         try:
             while True:
-                rep = self._tick(0.05, self._stop.is_set)
+                rep = self._tick(0.05, lambda: self._stop.is_set() and self._core.n_pending() == 0)
                 if self._stop.is_set() and self._core.n_pending() == 0 and rep.n_busy == 0:
                     return
         except BaseException as e:  # surfaced to the threads that wait on the loop
@@ -555,8 +592,12 @@ class Engine:
             if self._loop_error is not None:
                 raise EngineError(f"the background loop ended with an error: {self._loop_error!r}") from self._loop_error
             if self._thread is None and self._drive_lock.acquire(blocking=False):
-                self._drive_lock.release()  # nobody else drives: step here (a racing driver waits its turn)
-                self._tick(0.02 if left is None else max(0.0, min(0.02, left)), pred)
+                try:  # nobody else drives: step here
+                    rep = self._tick(0.0, locked=True)
+                finally:
+                    self._drive_lock.release()
+                if rep.idle and not pred():
+                    self._core.wait(0.02 if left is None else max(0.0, min(0.02, left)))
             else:
                 wait(0.05 if left is None else max(0.0, min(0.05, left)))
         return True

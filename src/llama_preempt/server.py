@@ -92,11 +92,18 @@ class LoggedChild:
         return self
 
     def stop(self, timeout: float = 10.0) -> None:
+        """SIGTERM, then wait: llama-server drains (its requests finish, within --drain-timeout).
+        Past `timeout`, a second SIGTERM ends the drain (the requests left get an error), and a
+        child still there 5 s later is killed."""
         if self.proc is None or self.proc.poll() is not None:
             return
         self.proc.terminate()
         try:
-            self.proc.wait(timeout=timeout)
+            try:
+                self.proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.terminate()
+                self.proc.wait(timeout=5)
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()

@@ -89,6 +89,9 @@ class PreemptStats:
     preempt_park_bytes_per_second: int = 0      # the rates SWAP or RECOMPUTE is chosen with now
     preempt_restore_bytes_per_second: int = 0
     preempt_prefill_tokens_per_second: int = 0
+    kv_pool_cells: int = 0                # cells in the pool (-c)
+    kv_pool_cells_used: int = 0           # cells the slots hold now
+    server_draining: int = 0              # 1 while the server drains on SIGTERM/SIGINT
     n_swap_verify_total: int = 0          # LLAMA_SERVER_PREEMPT_VERIFY: parks compared with upstream's copy
     n_swap_verify_mismatch_total: int = 0  #   of those, not byte-identical
     slots: tuple[SlotStats, ...] = field(default_factory=tuple)
