@@ -179,6 +179,7 @@ class LlamaServer(LoggedChild):
         self.host = host
         self.port = port or free_port(host)
         self._log_dir = Path(log_dir) if log_dir else Path(tempfile.mkdtemp(prefix="llama-preempt-"))
+        self._log_dir.mkdir(parents=True, exist_ok=True)
         self.log_path = self._log_dir / f"llama-server-{self.port}.log"
         self.proc: subprocess.Popen[bytes] | None = None
         self.session = requests.Session()
