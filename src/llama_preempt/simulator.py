@@ -12,6 +12,7 @@ per-token costs (`Costs`): the defaults were measured on SmolLM2-135M Q4_1 on 2 
 from __future__ import annotations
 
 import json
+import math
 import random
 import statistics
 import threading
@@ -96,6 +97,29 @@ class Workload:
             ps.append(rng.randint(p_lo, p_hi))
             gs.append(rng.randint(g_lo, g_hi))
         return cls(tuple(ts), tuple(ps), tuple(gs))
+
+    @classmethod
+    def lognormal(cls, n_requests: int, *, rate: float, prompt_median: int, gen_median: int, sigma: float = 1.0,
+                  max_prompt: int = 4096, max_gen: int = 4096, seed: int = 0) -> "Workload":
+        """Chat and agent traffic: Poisson arrivals at `rate` requests/s, prompt and answer lengths
+        log-normal around their medians (sigma 1: most are short, a few are many times longer),
+        capped at max_prompt / max_gen."""
+        if n_requests < 1 or rate <= 0 or prompt_median < 1 or gen_median < 1 or sigma < 0:
+            raise WorkloadError("lognormal: needs n_requests >= 1, rate > 0, medians >= 1 and sigma >= 0")
+        rng = random.Random(seed)
+        t = 0.0
+        ts, ps, gs = [], [], []
+        for _ in range(n_requests):
+            t += rng.expovariate(rate)
+            ts.append(t)
+            ps.append(max(1, min(max_prompt, round(rng.lognormvariate(math.log(prompt_median), sigma)))))
+            gs.append(max(1, min(max_gen, round(rng.lognormvariate(math.log(gen_median), sigma)))))
+        return cls(tuple(ts), tuple(ps), tuple(gs))
+
+    def to_jsonl(self, path: Path) -> None:
+        """The workload in from_jsonl()'s format (`llama-preempt simulate --workload FILE` reads it)."""
+        Path(path).write_text("".join(json.dumps({"t": round(t, 4), "prompt_tokens": p, "max_tokens": g}) + "\n"
+                                      for t, p, g in zip(self.t_arrival, self.n_prompt, self.n_gen)))
 
     @classmethod
     def from_jsonl(cls, path: Path) -> "Workload":
