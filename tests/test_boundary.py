@@ -44,3 +44,19 @@ def test_the_step_events_are_the_cores_own_types() -> None:
                                                              _core.FailEvent)
     assert "choice" in ParkEvent._fields and "n_generated" in EndEvent._fields
     assert "parked" in _core.StepReportCore._fields
+
+
+def test_a_lognormal_workload_is_mostly_short_with_a_long_tail_and_round_trips_through_jsonl(tmp_path) -> None:
+    from llama_preempt.simulator import Workload
+
+    wl = Workload.lognormal(400, rate=5.0, prompt_median=64, gen_median=48, max_prompt=1000, max_gen=500, seed=3)
+    assert len(wl) == 400 and list(wl.t_arrival) == sorted(wl.t_arrival)
+    assert max(wl.n_prompt) <= 1000 and max(wl.n_gen) <= 500 and min(wl.n_prompt) >= 1
+    short = sum(p <= 128 for p in wl.n_prompt)
+    assert short > 250 and max(wl.n_prompt) > 5 * 64  # most short, a few many times the median
+    assert wl == Workload.lognormal(400, rate=5.0, prompt_median=64, gen_median=48, max_prompt=1000, max_gen=500, seed=3)
+    path = tmp_path / "w.jsonl"
+    wl.to_jsonl(path)
+    back = Workload.from_jsonl(path)
+    assert back.n_prompt == wl.n_prompt and back.n_gen == wl.n_gen
+    assert all(abs(a - b) < 1e-3 for a, b in zip(back.t_arrival, wl.t_arrival))
