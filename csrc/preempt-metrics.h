@@ -22,6 +22,9 @@ struct preempt_counters {
     uint64_t parks_by_choice[N_PARK_CHOICES] = {};  // parks by why SWAP or RECOMPUTE was taken (park_choice)
     uint64_t n_swap_verify_total          = 0;  // LLAMA_SERVER_PREEMPT_VERIFY: swap parks compared with upstream's copy
     uint64_t n_swap_verify_mismatch_total = 0;  //   of those, not byte-identical
+    // the pool's size, set once: kept here, with what /metrics keeps while the server sleeps
+    // (its model unloaded), so kv_pool_cells reads the same asleep and awake
+    int32_t  n_pool_cells = 0;
 
     // per finished request: how many times it was parked (a Prometheus histogram)
     static constexpr int    n_buckets = 8;
@@ -48,8 +51,7 @@ struct preempt_gauges {
     int32_t  n_copies_in_flight   = 0;  // SWAP parks whose transfer to host RAM may still be running
     uint64_t pool_bytes           = 0;  // idle host RAM kept for the next swap buffers (warm memory)
     cost_rates rates;                   // the rates SWAP-or-RECOMPUTE is chosen with now
-    int32_t  n_pool_cells         = 0;  // cells in the KV pool (-c)
-    int32_t  n_pool_cells_used    = 0;  // cells the slots hold now (what a balancer weighs against the pool)
+    int32_t  n_pool_cells_used    = 0;  // cells the requests in flight hold now (idle caches are reclaimable: not counted)
     bool     draining             = false;  // SIGTERM/SIGINT: finishing what it has, taking nothing new
 };
 
