@@ -172,6 +172,19 @@ def test_sigterm_on_an_idle_server_exits_at_once(tmp_path: Path, stories_model: 
         srv.stop()
 
 
+def test_sigterm_on_a_sleeping_server_exits_at_once(tmp_path: Path, stories_model: Path) -> None:
+    cfg = ServerConfig(model=stories_model, n_ctx=512, n_parallel=2, extra_args=["--sleep-idle-seconds", "1"])
+    srv = LlamaServer(cfg, log_dir=tmp_path).start()
+    try:
+        wait_until(lambda: srv.props().get("is_sleeping"), 30, "the server to fall asleep", interval_s=0.1)
+        assert srv.proc is not None
+        t0 = time.monotonic()
+        srv.proc.send_signal(signal.SIGTERM)
+        assert srv.proc.wait(timeout=30) == 0 and time.monotonic() - t0 < 10, srv.log_tail()
+    finally:
+        srv.stop()
+
+
 @pytest.mark.parametrize("value", ["-1", "soon"])
 def test_a_bad_drain_timeout_names_the_flag(tmp_path: Path, stories_model: Path, value: str) -> None:
     srv = LlamaServer(ServerConfig(model=stories_model, extra_args=["--drain-timeout", value]), log_dir=tmp_path)
