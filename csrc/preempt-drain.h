@@ -28,11 +28,13 @@ bool drain_take_signal();
 int drain_level();
 int32_t drain_timeout_s();
 
-// "" to let a request through, else the JSON body of its 503: while draining every POST (new
-// work) and the health checks are refused; reads (/metrics, /slots, /props, ...) still answer
+// "" to let a request through, else the JSON body of its 503: while draining, POSTs that start new
+// work and the health checks are refused; reads (/metrics, /slots, /props, ...), the slot actions,
+// steering a completion in flight and finding a stream still answer
 std::string drain_refusal(const std::string & method, const std::string & path);
 
-// Polls the drain level (20 ms) and calls `wake` once for each change, from its own thread.
+// Polls the drain level every 20 ms and, while a drain runs, calls `tick` from its own thread
+// (`changed`: the level moved since the last tick).
 class drain_watcher {
 public:
     drain_watcher() = default;
@@ -40,7 +42,7 @@ public:
     drain_watcher & operator=(const drain_watcher &) = delete;
     ~drain_watcher() { stop(); }
 
-    void start(std::function<void()> wake);
+    void start(std::function<void(bool changed)> tick);
     void stop();
 
 private:

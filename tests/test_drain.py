@@ -161,6 +161,46 @@ def test_sigterm_after_a_parked_streams_client_went_away_exits_at_once(tmp_path:
         srv.stop()
 
 
+def test_a_slot_parked_through_the_api_finishes_in_the_drain(tmp_path: Path, stories_model: Path) -> None:
+    srv = start(tmp_path, stories_model, drain=120, env={})
+    try:
+        client = Client(srv, "Once upon a time", 300, stream=False)
+        running(srv, 1)
+        slot = next(s["id"] for s in srv.slots() if s["is_processing"])
+        assert srv.post(f"/slots/{slot}?action=park", {}).status_code == 200  # waits for an unpark
+        running(srv, 1, parked=1)
+        assert srv.proc is not None
+        srv.proc.send_signal(signal.SIGTERM)
+        # the slot API still answers while draining (an unpark starts no new work)
+        wait_until(lambda: requests.get(srv.url + "/health", timeout=10).status_code == 503, 30, "the drain")
+        r = requests.post(srv.url + f"/slots/{slot}?action=unpark", json={}, timeout=10)
+        assert r.status_code in (200, 400), r.text  # 400: the drain had already resumed it
+        assert srv.proc.wait(timeout=60) == 0, srv.log_tail()
+        client.join(30)
+        assert client.status == 200 and client.n_generated == 300
+    finally:
+        srv.stop()
+
+
+def test_a_scrape_at_the_end_of_a_drain_is_answered_and_the_server_exits(tmp_path: Path, stories_model: Path) -> None:
+    srv = start(tmp_path, stories_model, drain=60, env=FORCED)
+    try:
+        clients = [Client(srv, "Once upon a time", 200, stream=False), Client(srv, "There was a dog", 200, stream=True)]
+        running(srv, 2)
+        assert srv.proc is not None
+        srv.proc.send_signal(signal.SIGTERM)
+        answered = 0
+        while srv.proc.poll() is None:  # scrape as fast as a busy Prometheus would, until it exits
+            try:
+                answered += requests.get(srv.url + "/metrics", timeout=10).status_code == 200
+            except requests.RequestException:
+                break  # the listener closed
+        assert srv.proc.wait(timeout=60) == 0 and answered > 0, srv.log_tail()
+        assert all(c.join(30).status == 200 for c in clients)
+    finally:
+        srv.stop()
+
+
 def test_sigterm_on_an_idle_server_exits_at_once(tmp_path: Path, stories_model: Path) -> None:
     srv = start(tmp_path, stories_model, drain=60, env={})
     try:
@@ -198,8 +238,8 @@ def test_a_bad_drain_timeout_names_the_flag(tmp_path: Path, stories_model: Path,
 def test_the_engine_drains_its_requests_and_takes_no_new_ones(stories_model: Path) -> None:
     with Engine(stories_model, n_ctx=512, n_parallel=2, kv_unified=True) as eng:
         eng.start()
-        reqs = [eng.submit("Once upon a time", n_predict=200, temperature=0, ignore_eos=True),
-                eng.submit("There was a dog", n_predict=200, temperature=0, ignore_eos=True)]
+        reqs = [eng.submit("Once upon a time", n_predict=400, temperature=0, ignore_eos=True),
+                eng.submit("There was a dog", n_predict=400, temperature=0, ignore_eos=True)]
         refused: list[BaseException] = []
 
         def late() -> None:
@@ -213,7 +253,7 @@ def test_the_engine_drains_its_requests_and_takes_no_new_ones(stories_model: Pat
         t.start()
         eng.stop(drain=120)
         t.join(30)
-        assert [r.completion().n_generated for r in reqs] == [200, 200]
+        assert [r.completion().n_generated for r in reqs] == [400, 400]
         assert refused and "draining" in str(refused[0])
 
 

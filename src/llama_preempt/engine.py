@@ -330,12 +330,15 @@ class Engine:
         lets them on SIGTERM: no new request is taken meanwhile. A second close does nothing."""
         if self._closed:
             return
-        if self._thread is not None:
-            self.stop(drain=drain)
-        elif drain > 0:
-            self._drain(drain)
-        self._closed = True
-        self._core.close()
+        try:
+            if self._thread is not None:
+                self.stop(drain=drain)
+            elif drain > 0:
+                self._drain(drain)
+        finally:
+            self._closed = True
+            self._draining = False
+            self._core.close()
 
     def _pending(self) -> list[Request]:
         with self._requests_lock:
@@ -344,20 +347,17 @@ class Engine:
     def _drain(self, seconds: float) -> None:
         """Let the pending requests finish for up to `seconds` (stepping the loop when no background
         thread does), taking no new ones; what is left is cancelled by the caller."""
-        self._draining = True
+        self._draining = True  # reset by the caller, once what is left has been cancelled
         deadline = time.monotonic() + seconds
+        pending = self._pending()
         try:
-            pending = self._pending()
             if self._thread is None:
-                try:
-                    self.run(pending, timeout=seconds)
-                except TimeoutError:
-                    pass
+                self.run(pending, timeout=seconds)
             else:
                 for r in pending:
                     r.wait(max(0.0, deadline - time.monotonic()))
-        finally:
-            self._draining = False
+        except (TimeoutError, EngineError):
+            pass  # out of time, or the loop failed: the caller cancels what is left either way
 
     def _check_open(self) -> None:
         if self._closed:
@@ -538,14 +538,15 @@ class Engine:
             return
         if drain > 0:
             self._drain(drain)
-        with self._requests_lock:
-            pending = [r for r in self._requests if not r.done]
-        for r in pending:
-            r.cancel()
-        self._stop.set()
-        self._thread.join(timeout)
-        if self._thread.is_alive():
-            raise EngineError(f"the background loop did not stop within {timeout} s")
+        try:
+            for r in self._pending():
+                r.cancel()
+            self._stop.set()
+            self._thread.join(timeout)
+            if self._thread.is_alive():
+                raise EngineError(f"the background loop did not stop within {timeout} s")
+        finally:
+            self._draining = False
         self._thread = None
         if self._loop_error is not None:
             err, self._loop_error = self._loop_error, None
