@@ -7,7 +7,7 @@ import signal
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Dict, Iterator
 
 import pytest
 import requests
@@ -66,9 +66,35 @@ class Client:
         return sum(1 for e in self.events if e.get("content") is not None and not e.get("stop"))
 
 
-def start(tmp_path: Path, stories_model: Path, drain: int, env: dict[str, str]) -> LlamaServer:
-    cfg = ServerConfig(model=stories_model, n_ctx=512, n_parallel=4, extra_args=["--drain-timeout", str(drain)], env=env)
-    return LlamaServer(cfg, log_dir=tmp_path).start()
+Serve = Callable[[int, Dict[str, str]], LlamaServer]
+
+
+@pytest.fixture
+def serve(tmp_path: Path, stories_model: Path) -> Iterator[Serve]:
+    """serve(drain_timeout_s, env): a llama-server with 4 slots over 512 cells; stopped afterwards."""
+    started: list[LlamaServer] = []
+
+    def make(drain: int, env: dict[str, str]) -> LlamaServer:
+        cfg = ServerConfig(model=stories_model, n_ctx=512, n_parallel=4, extra_args=["--drain-timeout", str(drain)],
+                           env=env)
+        started.append(LlamaServer(cfg, log_dir=tmp_path).start())
+        return started[-1]
+
+    yield make
+    for srv in started:
+        srv.stop()
+
+
+def plain_and_stream(srv: LlamaServer, n_predict: int) -> list[Client]:
+    """A non-streamed and a streamed request, started on their threads."""
+    return [Client(srv, "Once upon a time", n_predict, stream=False), Client(srv, "There was a dog", n_predict, stream=True)]
+
+
+def sigterm(srv: LlamaServer) -> float:
+    """SIGTERM the server; when it was sent."""
+    assert srv.proc is not None
+    srv.proc.send_signal(signal.SIGTERM)
+    return time.monotonic()
 
 
 def running(srv: LlamaServer, n: int, parked: int = 0) -> None:
@@ -76,140 +102,116 @@ def running(srv: LlamaServer, n: int, parked: int = 0) -> None:
                and sum(s["is_preempted"] for s in srv.slots()) >= parked, 60, f"{n} requests running, {parked} parked")
 
 
-def test_sigterm_lets_the_requests_in_flight_finish_refuses_new_ones_and_exits_0(
-        tmp_path: Path, stories_model: Path) -> None:
-    srv = start(tmp_path, stories_model, drain=120, env=FORCED)
-    try:
-        clients = [Client(srv, "Once upon a time", 400, stream=False), Client(srv, "There was a dog", 400, stream=False),
-                   Client(srv, "Lily went to", 400, stream=True), Client(srv, "The sun was", 400, stream=True)]
-        running(srv, 4, parked=1)
-        assert srv.proc is not None
-        srv.proc.send_signal(signal.SIGTERM)
-        wait_until(lambda: "draining:" in srv.log_text(), 30, "the drain to begin")
-        # while it drains: a balancer sees 503 on /health, new work is refused, reads still answer
-        h = requests.get(srv.url + "/health", timeout=10)
-        assert h.status_code == 503 and h.json()["status"] == "draining"
-        r = requests.post(srv.url + "/completion", json={"prompt": "late", "n_predict": 4}, timeout=10)
-        assert r.status_code == 503 and "shutting down" in r.json()["error"]["message"]
-        m = requests.get(srv.url + "/metrics", timeout=10)
-        assert m.status_code == 200 and "llamacpp:server_draining 1" in m.text
-        for c in clients:
-            c.join(120)
-        rc = srv.proc.wait(timeout=60)
-        assert rc == 0, srv.log_tail()
-        for c in clients:  # every answer whole
-            assert c.status == 200 and c.error is None
-            assert c.n_generated == 400, (c.body, len(c.events))
-        assert all(c.ended and c.events[-1].get("stop") for c in clients if c.events)
-        assert "drained in" in srv.log_text() and "4 requests finished with their answer, 0 ended" in srv.log_text()
-    finally:
-        srv.stop()
+def test_sigterm_lets_the_requests_in_flight_finish_refuses_new_ones_and_exits_0(serve: Serve) -> None:
+    srv = serve(120, FORCED)
+    clients = [Client(srv, "Once upon a time", 400, stream=False), Client(srv, "There was a dog", 400, stream=False),
+               Client(srv, "Lily went to", 400, stream=True), Client(srv, "The sun was", 400, stream=True)]
+    running(srv, 4, parked=1)
+    assert srv.proc is not None
+    srv.proc.send_signal(signal.SIGTERM)
+    wait_until(lambda: "draining:" in srv.log_text(), 30, "the drain to begin")
+    # while it drains: a balancer sees 503 on /health, new work is refused, reads still answer
+    h = requests.get(srv.url + "/health", timeout=10)
+    assert h.status_code == 503 and h.json()["status"] == "draining"
+    r = requests.post(srv.url + "/completion", json={"prompt": "late", "n_predict": 4}, timeout=10)
+    assert r.status_code == 503 and "shutting down" in r.json()["error"]["message"]
+    m = requests.get(srv.url + "/metrics", timeout=10)
+    assert m.status_code == 200 and "llamacpp:server_draining 1" in m.text
+    for c in clients:
+        c.join(120)
+    rc = srv.proc.wait(timeout=60)
+    assert rc == 0, srv.log_tail()
+    for c in clients:  # every answer whole
+        assert c.status == 200 and c.error is None
+        assert c.n_generated == 400, (c.body, len(c.events))
+    assert all(c.ended and c.events[-1].get("stop") for c in clients if c.events)
+    assert "drained in" in srv.log_text() and "4 requests finished with their answer, 0 ended" in srv.log_text()
 
 
-def test_a_drain_that_runs_out_ends_each_request_with_an_error_and_exits_0(tmp_path: Path, stories_model: Path) -> None:
-    srv = start(tmp_path, stories_model, drain=1, env=HELD)  # parked until the drain runs out
-    try:
-        clients = [Client(srv, "Once upon a time", 300, stream=False), Client(srv, "There was a dog", 300, stream=True)]
-        running(srv, 2, parked=2)
-        assert srv.proc is not None
-        t0 = time.monotonic()
-        srv.proc.send_signal(signal.SIGTERM)
-        rc = srv.proc.wait(timeout=30)
-        assert rc == 0, srv.log_tail()
-        assert time.monotonic() - t0 < 15
-        plain, stream = (c.join(30) for c in clients)
-        assert plain.status == 503 and "did not finish within --drain-timeout 1 s" in plain.body["error"]["message"]
-        assert stream.status == 200 and stream.ended  # the stream's error event, then its end
-        assert stream.error is not None and "--drain-timeout" in stream.error["message"]
-        assert "0 requests finished with their answer, 2 ended with an error" in srv.log_text()
-    finally:
-        srv.stop()
+def test_a_drain_that_runs_out_ends_each_request_with_an_error_and_exits_0(serve: Serve) -> None:
+    srv = serve(1, HELD)  # parked until the drain runs out
+    clients = plain_and_stream(srv, 300)
+    running(srv, 2, parked=2)
+    t0 = sigterm(srv)
+    assert srv.proc is not None
+    rc = srv.proc.wait(timeout=30)
+    assert rc == 0, srv.log_tail()
+    assert time.monotonic() - t0 < 15
+    plain, stream = (c.join(30) for c in clients)
+    assert plain.status == 503 and "did not finish within --drain-timeout 1 s" in plain.body["error"]["message"]
+    assert stream.status == 200 and stream.ended  # the stream's error event, then its end
+    assert stream.error is not None and "--drain-timeout" in stream.error["message"]
+    assert "0 requests finished with their answer, 2 ended with an error" in srv.log_text()
 
 
-def test_a_second_signal_ends_the_drain_at_once_with_the_requests_answered(tmp_path: Path, stories_model: Path) -> None:
-    srv = start(tmp_path, stories_model, drain=600, env=HELD)
-    try:
-        clients = [Client(srv, "Once upon a time", 300, stream=False), Client(srv, "There was a dog", 300, stream=True)]
-        running(srv, 2, parked=2)
-        assert srv.proc is not None
-        srv.proc.send_signal(signal.SIGTERM)
-        wait_until(lambda: requests.get(srv.url + "/health", timeout=10).status_code == 503, 30, "/health to say draining")
-        t0 = time.monotonic()
-        srv.proc.send_signal(signal.SIGINT)
-        rc = srv.proc.wait(timeout=30)
-        assert rc == 0 and time.monotonic() - t0 < 15, srv.log_tail()
-        plain, stream = (c.join(30) for c in clients)
-        assert plain.status == 503 and "a second signal ended the drain" in plain.body["error"]["message"]
-        assert stream.ended and stream.error is not None and "second signal" in stream.error["message"]
-    finally:
-        srv.stop()
+def test_a_second_signal_ends_the_drain_at_once_with_the_requests_answered(serve: Serve) -> None:
+    srv = serve(600, HELD)
+    clients = plain_and_stream(srv, 300)
+    running(srv, 2, parked=2)
+    sigterm(srv)
+    wait_until(lambda: requests.get(srv.url + "/health", timeout=10).status_code == 503, 30, "/health to say draining")
+    t0 = time.monotonic()
+    srv.proc.send_signal(signal.SIGINT)
+    rc = srv.proc.wait(timeout=30)
+    assert rc == 0 and time.monotonic() - t0 < 15, srv.log_tail()
+    plain, stream = (c.join(30) for c in clients)
+    assert plain.status == 503 and "a second signal ended the drain" in plain.body["error"]["message"]
+    assert stream.ended and stream.error is not None and "second signal" in stream.error["message"]
 
 
-def test_sigterm_after_a_parked_streams_client_went_away_exits_at_once(tmp_path: Path, stories_model: Path) -> None:
-    srv = start(tmp_path, stories_model, drain=60, env=HELD)
-    try:
-        sock = open_raw_stream(srv, "Once upon a time", 300)
-        running(srv, 1, parked=1)
-        sock.close()  # the client goes away while its request is parked
-        assert srv.proc is not None
-        t0 = time.monotonic()
-        srv.proc.send_signal(signal.SIGTERM)
-        rc = srv.proc.wait(timeout=90)
-        # the gone client's request was cancelled, so nothing was left to wait for
-        assert rc == 0 and time.monotonic() - t0 < 20, srv.log_tail()
-    finally:
-        srv.stop()
+def test_sigterm_after_a_parked_streams_client_went_away_exits_at_once(serve: Serve) -> None:
+    srv = serve(60, HELD)
+    sock = open_raw_stream(srv, "Once upon a time", 300)
+    running(srv, 1, parked=1)
+    sock.close()  # the client goes away while its request is parked
+    assert srv.proc is not None
+    t0 = time.monotonic()
+    srv.proc.send_signal(signal.SIGTERM)
+    rc = srv.proc.wait(timeout=90)
+    # the gone client's request was cancelled, so nothing was left to wait for
+    assert rc == 0 and time.monotonic() - t0 < 20, srv.log_tail()
 
 
-def test_a_slot_parked_through_the_api_finishes_in_the_drain(tmp_path: Path, stories_model: Path) -> None:
-    srv = start(tmp_path, stories_model, drain=120, env={})
-    try:
-        client = Client(srv, "Once upon a time", 300, stream=False)
-        running(srv, 1)
-        slot = next(s["id"] for s in srv.slots() if s["is_processing"])
-        assert srv.post(f"/slots/{slot}?action=park", {}).status_code == 200  # waits for an unpark
-        running(srv, 1, parked=1)
-        assert srv.proc is not None
-        srv.proc.send_signal(signal.SIGTERM)
-        # the slot API still answers while draining (an unpark starts no new work)
-        wait_until(lambda: requests.get(srv.url + "/health", timeout=10).status_code == 503, 30, "the drain")
-        r = requests.post(srv.url + f"/slots/{slot}?action=unpark", json={}, timeout=10)
-        assert r.status_code in (200, 400), r.text  # 400: the drain had already resumed it
-        assert srv.proc.wait(timeout=60) == 0, srv.log_tail()
-        client.join(30)
-        assert client.status == 200 and client.n_generated == 300
-    finally:
-        srv.stop()
+def test_a_slot_parked_through_the_api_finishes_in_the_drain(serve: Serve) -> None:
+    srv = serve(120, {})
+    client = Client(srv, "Once upon a time", 300, stream=False)
+    running(srv, 1)
+    slot = next(s["id"] for s in srv.slots() if s["is_processing"])
+    assert srv.post(f"/slots/{slot}?action=park", {}).status_code == 200  # waits for an unpark
+    running(srv, 1, parked=1)
+    assert srv.proc is not None
+    srv.proc.send_signal(signal.SIGTERM)
+    # the slot API still answers while draining (an unpark starts no new work)
+    wait_until(lambda: requests.get(srv.url + "/health", timeout=10).status_code == 503, 30, "the drain")
+    r = requests.post(srv.url + f"/slots/{slot}?action=unpark", json={}, timeout=10)
+    assert r.status_code in (200, 400), r.text  # 400: the drain had already resumed it
+    assert srv.proc.wait(timeout=60) == 0, srv.log_tail()
+    client.join(30)
+    assert client.status == 200 and client.n_generated == 300
 
 
-def test_a_scrape_at_the_end_of_a_drain_is_answered_and_the_server_exits(tmp_path: Path, stories_model: Path) -> None:
-    srv = start(tmp_path, stories_model, drain=60, env=FORCED)
-    try:
-        clients = [Client(srv, "Once upon a time", 200, stream=False), Client(srv, "There was a dog", 200, stream=True)]
-        running(srv, 2)
-        assert srv.proc is not None
-        srv.proc.send_signal(signal.SIGTERM)
-        answered = 0
-        while srv.proc.poll() is None:  # scrape as fast as a busy Prometheus would, until it exits
-            try:
-                answered += requests.get(srv.url + "/metrics", timeout=10).status_code == 200
-            except requests.RequestException:
-                break  # the listener closed
-        assert srv.proc.wait(timeout=60) == 0 and answered > 0, srv.log_tail()
-        assert all(c.join(30).status == 200 for c in clients)
-    finally:
-        srv.stop()
+def test_a_scrape_at_the_end_of_a_drain_is_answered_and_the_server_exits(serve: Serve) -> None:
+    srv = serve(60, FORCED)
+    clients = plain_and_stream(srv, 200)
+    running(srv, 2)
+    sigterm(srv)
+    assert srv.proc is not None
+    answered = 0
+    while srv.proc.poll() is None:  # scrape as fast as a busy Prometheus would, until it exits
+        try:
+            answered += requests.get(srv.url + "/metrics", timeout=10).status_code == 200
+        except requests.RequestException:
+            break  # the listener closed
+    assert srv.proc.wait(timeout=60) == 0 and answered > 0, srv.log_tail()
+    assert all(c.join(30).status == 200 for c in clients)
 
 
-def test_sigterm_on_an_idle_server_exits_at_once(tmp_path: Path, stories_model: Path) -> None:
-    srv = start(tmp_path, stories_model, drain=60, env={})
-    try:
-        assert srv.proc is not None
-        t0 = time.monotonic()
-        srv.proc.send_signal(signal.SIGTERM)
-        assert srv.proc.wait(timeout=30) == 0 and time.monotonic() - t0 < 10
-    finally:
-        srv.stop()
+def test_sigterm_on_an_idle_server_exits_at_once(serve: Serve) -> None:
+    srv = serve(60, {})
+    assert srv.proc is not None
+    t0 = time.monotonic()
+    srv.proc.send_signal(signal.SIGTERM)
+    assert srv.proc.wait(timeout=30) == 0 and time.monotonic() - t0 < 10
 
 
 def test_sigterm_on_a_sleeping_server_exits_at_once(tmp_path: Path, stories_model: Path) -> None:
