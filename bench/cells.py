@@ -121,6 +121,7 @@ class ChatResult:
     gaps: list[float] = field(default_factory=list)  # inter-token latencies, seconds
     preempted_ms: float = 0.0
     text: str = ""
+    lost: bool = False             # the connection failed: no answer at all, not even an error
 
 
 @dataclass
@@ -188,6 +189,7 @@ def stream_chat(url: str, prompt: str, n_predict: int) -> ChatResult:
                         res.error = f"stopped at {d.get('tokens_predicted')} tokens ({d.get('stop_type')})"
     except requests.RequestException as e:
         res.error = f"{e.__class__.__name__}"
+        res.lost = True
     return res
 
 

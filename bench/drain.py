@@ -13,7 +13,6 @@ or with an error.
 from __future__ import annotations
 
 import argparse
-import json
 import signal
 import sys
 import threading
@@ -24,6 +23,7 @@ from typing import Any
 import requests
 
 from llama_preempt.server import LlamaServer, ServerConfig
+from cells import stream_chat
 from results_io import display_path, md_table, smollm2_model, write_results
 
 FORCED = {"LLAMA_SERVER_PREEMPT_EVERY": "8"}
@@ -31,23 +31,15 @@ HELD = {**FORCED, "LLAMA_SERVER_PREEMPT_HOLD_MS": "600000"}
 
 
 def request(url: str, i: int, n: int, stream: bool, out: list[str]) -> None:
-    body = {"prompt": f"Story {i}: once upon a time", "n_predict": n, "temperature": 0, "ignore_eos": True,
-            "stream": stream}
+    prompt = f"Story {i}: once upon a time"
+    if stream:  # the cells' streamed client: an error event, or the stream cut, is not a full answer
+        res = stream_chat(url, prompt, n)
+        out[i] = "full" if res.ok else "lost" if res.lost else f"error {res.error}"
+        return
     try:
-        with requests.post(url + "/completion", json=body, stream=stream, timeout=300) as r:
-            if not stream:
-                out[i] = "full" if r.status_code == 200 and r.json()["tokens_predicted"] == n else f"error {r.status_code}"
-                return
-            got, err = 0, None
-            for raw in r.iter_lines():
-                line = raw.decode()
-                if line.startswith("data: ") and line != "data: [DONE]":
-                    ev = json.loads(line[6:])
-                    if "error" in ev:
-                        err = ev["error"]["code"]
-                    elif ev.get("content") is not None and not ev.get("stop"):
-                        got += 1
-            out[i] = "full" if got == n and err is None else f"error {err}"
+        r = requests.post(url + "/completion", json={"prompt": prompt, "n_predict": n, "temperature": 0,
+                                                     "ignore_eos": True}, timeout=300)
+        out[i] = "full" if r.status_code == 200 and r.json()["tokens_predicted"] == n else f"error {r.status_code}"
     except requests.RequestException as e:
         out[i] = f"lost ({e.__class__.__name__})"
 

@@ -21,20 +21,19 @@ costs calibrated against the live server, for the static split and auto, next to
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import threading
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-import requests
 from rich.console import Console
 
 from llama_preempt.server import LlamaServer, ServerConfig
 from llama_preempt.simulator import Workload, calibrate, simulate
+from cells import ChatResult, pct, stream_chat
 from results_io import RESULTS, display_path, md_table, smollm2_model, stories_model, write_results
 from stock import stock_server
 
@@ -42,53 +41,21 @@ WORDS = ("once upon a time there was a little girl named lily she loved to play 
          "she saw a big red ball and her mom said be careful").split()
 
 
-@dataclass
-class Outcome:
-    status: int = 0
-    n_generated: int = 0
-    t_first: float = -1.0  # seconds after its arrival
-    t_done: float = -1.0
-
-
 def prompt_of(n_words: int, i: int) -> str:
     return f"{i}: " + " ".join(WORDS[(i + k) % len(WORDS)] for k in range(n_words))
 
 
-def pct(values: list[float], q: float) -> float | None:
-    if not values:
-        return None
-    s = sorted(values)
-    return round(s[min(len(s) - 1, max(0, round(q / 100 * (len(s) - 1))))], 3)
-
-
-def run_load(srv: LlamaServer, prompts: list[str], wl: Workload) -> tuple[list[Outcome], float]:
-    """Every request at its arrival time, streamed; (outcomes, wall seconds)."""
-    out = [Outcome() for _ in prompts]
+def run_load(srv: LlamaServer, prompts: list[str], wl: Workload) -> tuple[list[tuple[ChatResult, float]], float]:
+    """Every request at its arrival time, streamed (the cells' client); ((result, end-to-end s) per
+    request, wall seconds)."""
+    out: list[tuple[ChatResult, float]] = [(ChatResult(False, None, 0, None), 0.0)] * len(prompts)
     t0 = time.monotonic()
 
     def one(i: int) -> None:
         time.sleep(max(0.0, t0 + wl.t_arrival[i] - time.monotonic()))
         start = time.monotonic()
-        body = {"prompt": prompts[i], "n_predict": wl.n_gen[i], "temperature": 0, "ignore_eos": True,
-                "stream": True, "cache_prompt": False}
-        o = out[i]
-        try:
-            with requests.post(srv.url + "/completion", json=body, stream=True, timeout=900) as r:
-                o.status = r.status_code
-                for raw in r.iter_lines():
-                    line = raw.decode()
-                    if not line.startswith("data: ") or line == "data: [DONE]":
-                        continue
-                    ev = json.loads(line[6:])
-                    if "error" in ev:
-                        o.status = int(ev["error"].get("code", 500))
-                    elif ev.get("content") is not None and not ev.get("stop"):
-                        o.n_generated += 1
-                        if o.t_first < 0:
-                            o.t_first = time.monotonic() - start
-        except requests.RequestException:
-            o.status = -1
-        o.t_done = time.monotonic() - start
+        res = stream_chat(srv.url, prompts[i], wl.n_gen[i])
+        out[i] = (res, time.monotonic() - start)
 
     threads = [threading.Thread(target=one, args=(i,)) for i in range(len(prompts))]
     for t in threads:
@@ -98,16 +65,19 @@ def run_load(srv: LlamaServer, prompts: list[str], wl: Workload) -> tuple[list[O
     return out, time.monotonic() - t0
 
 
-def summarize(name: str, out: list[Outcome], wall: float, wl: Workload, parks: int) -> dict[str, Any]:
-    for i, o in enumerate(out):  # a 200 with fewer tokens than asked (a failure mid-stream) is not a completion
-        if o.status == 200 and o.n_generated != wl.n_gen[i]:
-            o.status = 0
-    ok = [o for o in out if o.status == 200]
+def r3(v: float | None) -> float | None:
+    return None if v is None else round(v, 3)
+
+
+def summarize(name: str, out: list[tuple[ChatResult, float]], wall: float, parks: int) -> dict[str, Any]:
+    ok = [(res, e2e) for res, e2e in out if res.ok]  # ok: every token asked for arrived
+    ttft = [res.t_first for res, _ in ok if res.t_first is not None]
+    e2e = [t for _, t in ok]
     return {
         "cell": name, "completed": f"{len(ok)}/{len(out)}",
-        "tok_s": round(sum(o.n_generated for o in ok) / wall, 1),
-        "ttft_p50_s": pct([o.t_first for o in ok], 50), "ttft_p99_s": pct([o.t_first for o in ok], 99),
-        "e2e_p50_s": pct([o.t_done for o in ok], 50), "e2e_p99_s": pct([o.t_done for o in ok], 99),
+        "tok_s": round(sum(res.tokens for res, _ in ok) / wall, 1),
+        "ttft_p50_s": r3(pct(ttft, 50)), "ttft_p99_s": r3(pct(ttft, 99)),
+        "e2e_p50_s": r3(pct(e2e, 50)), "e2e_p99_s": r3(pct(e2e, 99)),
         "parks": parks, "wall_s": round(wall, 1),
     }
 
@@ -160,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
         with srv:
             out, wall = run_load(srv, prompts, wl)
             parks = int(srv.metrics().get("n_preempt_total", 0)) if "stock" not in cell_name else 0
-        rows.append(summarize(cell_name, out, wall, wl, parks))
+        rows.append(summarize(cell_name, out, wall, parks))
         console.print(rows[-1])
 
     sims = []
@@ -171,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
         sims.append({"cell": f"simulated {label}", "completed": f"{rep.completed}/{rep.requests}",
                      "tok_s": round(rep.tokens_generated / rep.makespan_s, 1) if rep.makespan_s else None,
                      "ttft_p50_s": round(rep.ttft_p50_s, 3), "ttft_p99_s": round(rep.ttft_p99_s, 3),
-                     "e2e_p50_s": pct(e2e, 50), "e2e_p99_s": pct(e2e, 99), "parks": rep.parks, "wall_s": round(rep.makespan_s, 1)})
+                     "e2e_p50_s": r3(pct(e2e, 50)), "e2e_p99_s": r3(pct(e2e, 99)), "parks": rep.parks, "wall_s": round(rep.makespan_s, 1)})
         console.print(sims[-1])
 
     headers = ["cell", "completed", "tok/s", "TTFT p50 s", "TTFT p99 s", "end-to-end p50 s", "end-to-end p99 s",

@@ -160,7 +160,7 @@ class ServerConfig:
     def to_args(self) -> list[str]:
         args = server_flags(self.model, n_ctx=self.n_ctx, n_parallel=self.n_parallel, kv_unified=self.kv_unified,
                             n_batch=self.n_batch, n_ubatch=self.n_ubatch, preempt=self.preempt, n_predict=self.n_predict,
-                            seed=self.seed, threads=self.threads, metrics=self.metrics or None, slots=self.slots,
+                            seed=self.seed, threads=self.threads, metrics=self.metrics, slots=self.slots,
                             cache_ram_mib=self.cache_ram_mib)
         return args + list(self.extra_args)
 
