@@ -68,6 +68,19 @@ inline std::string invalid_sizes(const common_params & params) {
     return "";
 }
 
+// --deterministic needs flash attention (only it visits a sequence's cells in a given order); with
+// -fa auto it is turned on, -fa off is refused. "" when fine.
+inline std::string deterministic_conflict(common_params & params) {
+    if (!params.batch_invariant) {
+        return "";
+    }
+    if (params.flash_attn_type == LLAMA_FLASH_ATTN_TYPE_DISABLED) {
+        return "--deterministic needs flash attention: drop -fa/--flash-attn off (--deterministic turns it on)";
+    }
+    params.flash_attn_type = LLAMA_FLASH_ATTN_TYPE_ENABLED;
+    return "";
+}
+
 // a -m path that is not a file (and nothing to download it from): one line, before llama.cpp's
 // sixteen of model-loading log; "" otherwise
 inline std::string missing_model_file(const common_params & params) {
@@ -84,9 +97,13 @@ inline std::string missing_model_file(const common_params & params) {
 }
 
 // what a server's parameters must pass once -np's default is settled: "" or one message naming the flag
-inline std::string server_params_error(const common_params & params) {
-    std::string why = invalid_sizes(params);
-    return why.empty() ? missing_model_file(params) : why;
+inline std::string server_params_error(common_params & params) {
+    for (const std::string & why : { invalid_sizes(params), deterministic_conflict(params), missing_model_file(params) }) {
+        if (!why.empty()) {
+            return why;
+        }
+    }
+    return "";
 }
 
 // our part of the server's parameter finalisation (server_prepare_params() in server.cpp, patched):
@@ -110,6 +127,7 @@ inline json props_json(const common_params & params) {
         { "kv_unified",              params.kv_unified },
         { "preempt_ram_mib",         params.preempt_ram_mib },
         { "preempt_mode",            params.preempt_mode },
+        { "deterministic",           params.batch_invariant },
         { "ui",                      ui_embedded() },
     };
 }

@@ -62,7 +62,7 @@ _ENGINE_WORDS = _in("preempt-engine.inc", "preempt_note_error", "common_params_p
 # in order: each hunk goes to the first topic that takes it
 TOPICS = [
     Topic("flags", "our flags in upstream's parser (csrc/preempt-args.inc) and their fields in common_params",
-          lambda f, t: f.startswith("common/") and not _ENGINE_WORDS(t)),
+          lambda f, t: f.startswith("common/") and not _ENGINE_WORDS(t) and not _in("batch_invariant")(t)),
     Topic("loop-split", "server_queue::start_loop() split into its parts, so a host can run one iteration at a time",
           lambda f, t: f == "tools/server/server-queue.h" or (f == "tools/server/server-queue.cpp" and "deadline" not in t)),
     Topic("server-hooks", "the hooks of the park/resume mechanics (csrc/preempt-context.inc) in upstream's server loop",
@@ -72,11 +72,14 @@ TOPICS = [
     Topic("client-surface", "what clients and operators see: notices, priority, the slot API, /props, errors, timings",
           lambda f, t: f.startswith("tools/server/") and not _ENGINE_WORDS(t)),
     Topic("engine", "what the in-process Engine calls instead of copying: step(), the parser, parameter finalisation",
-          lambda f, t: f.startswith("tools/server/") or f.startswith("common/")),
+          lambda f, t: f.startswith("tools/server/") or (f.startswith("common/") and not _in("batch_invariant")(t))),
     Topic("state-seq-bulk-copy", "libllama: a sequence state's slices handed to a callback in bulk (could go upstream alone)",
-          lambda f, t: f.startswith("include/") or f.startswith("src/")),
+          lambda f, t: (f.startswith("include/") or f.startswith("src/")) and not _in("batch_invariant", "kv_order")(t)),
     Topic("rpc-graph-reuse-after-free", "ggml-rpc: the client sends its graph again after a buffer free (fixes a crash)",
-          lambda f, t: f.startswith("ggml/")),
+          lambda f, t: f == "ggml/src/ggml-rpc/ggml-rpc.cpp"),
+    Topic("batch-invariant", "ggml-cpu and libllama: batch-invariant kernels and a KV visiting order, so a sequence's "
+          "logits do not depend on its batch or neighbours (could go upstream alone)",
+          lambda f, t: f.startswith("ggml/") or _in("batch_invariant", "kv_order")(t)),
 ]
 
 

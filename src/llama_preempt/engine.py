@@ -289,10 +289,11 @@ class Engine:
                  preempt: bool | None = None, preempt_ram_mib: int | None = None,
                  preempt_mode: str | None = None, n_threads: int | None = None, n_gpu_layers: int | None = None, seed: int | None = None,
                  n_batch: int | None = None, metrics: bool = True, slots: bool = True,
-                 verbose: bool = False) -> None:
+                 deterministic: bool = False, verbose: bool = False) -> None:
         argv = server_flags(model, n_ctx=n_ctx, n_parallel=n_parallel, preempt_ram_mib=preempt_ram_mib,
                             preempt_mode=preempt_mode, threads=n_threads, n_gpu_layers=n_gpu_layers, seed=seed,
-                            n_batch=n_batch, kv_unified=kv_unified, preempt=preempt, metrics=metrics, slots=slots)
+                            n_batch=n_batch, kv_unified=kv_unified, preempt=preempt, metrics=metrics, slots=slots,
+                            deterministic=deterministic)
         if isinstance(args, (str, bytes)):  # "-c 256 -fa on": split as a shell would
             args = shlex.split(args.decode() if isinstance(args, bytes) else args)
         argv += [str(a) for a in args]

@@ -17,6 +17,7 @@ _SWITCHES = (
     ("preempt", "--preempt", "--no-preempt"),
     ("metrics", "--metrics", None),
     ("slots", "--slots", "--no-slots"),
+    ("deterministic", "--deterministic", None),
 )
 
 Value = Union[int, str, bool, None]

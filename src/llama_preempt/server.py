@@ -154,6 +154,7 @@ class ServerConfig:
     metrics: bool = True
     slots: bool = True
     cache_ram_mib: int | None = None
+    deterministic: bool = False          # --deterministic: the same tokens whatever runs beside a request
     extra_args: list[str] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)
 
@@ -161,7 +162,7 @@ class ServerConfig:
         args = server_flags(self.model, n_ctx=self.n_ctx, n_parallel=self.n_parallel, kv_unified=self.kv_unified,
                             n_batch=self.n_batch, n_ubatch=self.n_ubatch, preempt=self.preempt, n_predict=self.n_predict,
                             seed=self.seed, threads=self.threads, metrics=self.metrics, slots=self.slots,
-                            cache_ram_mib=self.cache_ram_mib)
+                            cache_ram_mib=self.cache_ram_mib, deterministic=self.deterministic)
         return args + list(self.extra_args)
 
 
