@@ -146,11 +146,15 @@ def exactness(spec: ModelSpec, flag: bool, console: Console) -> list[Row]:
         return go
 
     def small_batches() -> list[tuple[Ask, list[int]]]:
-        with on(("-b", "7", "-ub", "7")) as srv:
+        with on(("-ub", "7")) as srv:
             return beside(srv, target, together)
 
     def split_pool() -> list[tuple[Ask, list[int]]]:
         with on(unified=False) as srv:
+            return beside(srv, target, together)
+
+    def one_thread() -> list[tuple[Ask, list[int]]]:
+        with on(("-t", "1", "-tb", "1")) as srv:
             return beside(srv, target, together)
 
     def cache_hit() -> list[tuple[Ask, list[int]]]:
@@ -185,8 +189,9 @@ def exactness(spec: ModelSpec, flag: bool, console: Console) -> list[Row]:
     run("SWAP park every 40 tokens", forced("swap", 40))
     run(f"overloaded pool ({spec.overload_ctx} cells), auto: all 4 answers", overloaded("auto"))
     run(f"overloaded pool ({spec.overload_ctx} cells), RECOMPUTE: all 4 answers", overloaded("recompute"))
-    run("-b 7 -ub 7, beside 3 others", small_batches)
+    run("-ub 7 (not 512), beside 3 others", small_batches)
     run("split pool (--no-kv-unified), beside 3 others", split_pool)
+    run("one thread (-t 1), beside 3 others", one_thread)
     run("prompt cache hit (cache_prompt, shared prefix)", cache_hit)
     run("host prompt cache (--cache-ram, -np 1): miss, then restored", host_cache)
     run("in-process Engine, beside 3 others", engine_together)
@@ -224,7 +229,7 @@ def cost(spec: ModelSpec, flag: bool, repeats: int, console: Console) -> dict[st
             out["decode_4_tok_s"] = median_of(repeats, decode_four)
             out["prefill_tok_s"] = median_of(repeats, prefill)
             out["prefill_tokens"] = len(srv.post("/tokenize", {"content": long_prompt}).json()["tokens"])
-    load = cells.Load(model=spec.path, n_chats=4, prompt_words=200, n_predict=spec.n_predict,
+    load = cells.Load(model=spec.path, n_chats=4, prompt_words=200, n_predict=min(spec.n_predict, 200),
                       pools=(1024, 1024), ample=4096, split_slot=512, tight_mib=1, threads=2,
                       server_args=tuple(spec.args) + (("--deterministic",) if flag else ()))
     for name, args in (("recompute", ("--preempt-mode", "recompute")), ("auto", ())):
@@ -317,7 +322,7 @@ def main(argv: list[str] | None = None) -> int:
           "same request run alone on an idle `-c 4096 -np 4` unified pool, without and with the flag.", ""]
     md += md_table(["model", "case", "default", "--deterministic"], matrix)
     if cost_rows:
-        md += ["", "## Cost (medians of %d runs; overloaded cells: 4 chats of 200-word prompts, pool 1024)" % args.repeats, ""]
+        md += ["", "## Cost (medians of %d runs; overloaded cells: 4 chats of 200-word prompts and 200-token answers, pool 1024)" % args.repeats, ""]
         md += md_table(["model", "figure", "default", "--deterministic", "on/off"], cost_rows)
     write_results("deterministic", {"command": cmd.strip(), "rows": [asdict(r) for r in rows], "cost": costs,
                                     "models": {s.name: display_path(s.path) for s in specs}}, md, args.out)

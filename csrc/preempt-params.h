@@ -113,7 +113,12 @@ inline std::string prepare_server_params(common_params & params) {
         SRV_INF("preemption: the %d slots share one unified KV pool (--no-kv-unified splits it per slot, as upstream "
                 "does without preemption)\n", params.n_parallel);
     }
-    return server_params_error(params);
+    const std::string why = server_params_error(params);
+    if (why.empty() && params.batch_invariant) {
+        SRV_INF("%s", "deterministic: batch-invariant kernels and flash attention on; a request's tokens do not "
+                "depend on what runs beside it or how it is parked (CPU kernels; no repacked weights)\n");
+    }
+    return why;
 }
 
 // the "llama_preempt" object of /props: configured, and active or why not

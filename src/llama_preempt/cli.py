@@ -79,7 +79,7 @@ def _summary_table(runs: list[Any]) -> Any:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from .demo import DemoConfig, run_scenario
+    from .demo import DemoConfig, answers_alone, n_identical, run_scenario
     from .models import ModelChoice, default_model
 
     err = _console(stderr=True)
@@ -100,8 +100,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
         raise CLIError(str(e)) from None
     cfg = DemoConfig(model=choice.path, n_ctx=args.ctx, n_parallel=args.parallel, n_chats=args.chats,
                      n_tokens=args.tokens, preempt_ram_mib=args.preempt_ram, preempt_mode=args.preempt_mode,
-                     engine=args.engine,
-                     threads=args.threads, verbose=args.verbose)
+                     engine=args.engine, threads=args.threads, deterministic=args.deterministic,
+                     verbose=args.verbose)
 
     out = _console()
     if not args.json:
@@ -118,17 +118,31 @@ def cmd_demo(args: argparse.Namespace) -> int:
         with Live(console=out, refresh_per_second=10, transient=False) as live:
             runs.append(run_scenario(cfg, preempt, lambda label, chats: live.update(_chat_table(label, chats, cfg.n_tokens))))
         out.print()
+    identical = None
+    if cfg.deterministic:
+        if args.json:
+            alone = answers_alone(cfg)
+        else:
+            with out.status("--deterministic: the same chats, one at a time, without pressure"):
+                alone = answers_alone(cfg)
+        identical = n_identical(runs[1], alone)
     if args.json:
         print(json.dumps({"model": {"path": str(choice.path), "name": choice.name, "source": choice.how},
                           "config": {"ctx": cfg.n_ctx, "parallel": cfg.n_parallel, "chats": cfg.n_chats,
                                      "tokens": cfg.n_tokens, "preempt_ram_mib": cfg.preempt_ram_mib,
-                                     "preempt_mode": cfg.preempt_mode, "engine": cfg.engine},
-                          "runs": [r.to_json() for r in runs]}, indent=2))
+                                     "preempt_mode": cfg.preempt_mode, "engine": cfg.engine,
+                                     "deterministic": cfg.deterministic},
+                          "runs": [{k: v for k, v in r.to_json().items() if k != "answers"} for r in runs],
+                          **({"identical_to_alone": identical} if identical is not None else {})}, indent=2))
         return 0
     out.print(_summary_table(runs))
     stock, ours = runs
     out.print(f"upstream lost [bold red]{stock.lost} of {stock.chats}[/] chats; llama-preempt completed "
               f"[bold green]{ours.completed} of {ours.chats}[/] ({ours.parks_swap + ours.parks_recompute} parks).")
+    if identical is not None:
+        style = "bold green" if identical == ours.chats else "bold red"
+        out.print(f"--deterministic: [{style}]{identical} of {ours.chats}[/] answers are identical to the same chats "
+                  f"run one at a time without pressure.")
     return 0
 
 
@@ -374,6 +388,8 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--engine", choices=("engine", "server"), default="engine",
                    help="engine: the in-process Engine (default); server: the drop-in llama-server over HTTP")
     d.add_argument("--threads", type=int, default=None, help="CPU threads (default: llama.cpp's choice)")
+    d.add_argument("--deterministic", action="store_true",
+                   help="run with --deterministic and count the answers identical to the same chats run one at a time")
     d.add_argument("--json", action="store_true", help="print the summary as JSON (no live view)")
     d.add_argument("--verbose", action="store_true", help="keep llama.cpp's log")
     d.set_defaults(fn=cmd_demo)

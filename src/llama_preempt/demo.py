@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable
 
 from . import _core
+from .engine import stream_text
 
 TOPICS = ["the history of bread", "how rivers form", "a day in the life of a lighthouse keeper",
           "why the sky is blue", "the rules of chess", "how bees make honey", "the first trains",
@@ -37,6 +38,7 @@ class DemoConfig:
     engine: str = "engine"        # "engine" (in process) or "server" (the drop-in binary over HTTP)
     threads: int | None = None
     seed: int = 1234
+    deterministic: bool = False   # --deterministic: and compare each answer with the chat run alone
     verbose: bool = False
 
     def chats(self) -> list[list[dict[str, str]]]:
@@ -56,6 +58,7 @@ class ChatState:
     modes: list[str] = field(default_factory=list)  # how each park was done
     error: str | None = None
     id_cmpl: str | None = None  # the "id" of its responses: finds its slot in /slots
+    text: str = ""              # the answer so far
 
 
 @dataclass
@@ -75,6 +78,7 @@ class RunSummary:
     recomputed_tokens: int
     peak_ram_bytes: int
     errors: list[str] = field(default_factory=list)
+    answers: list[str] = field(default_factory=list, repr=False)  # each chat's text, in order
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -103,6 +107,7 @@ def check_config(cfg: DemoConfig, prompt_tokens: Iterable[int]) -> None:
 def _on_chunk(chat: ChatState, chunk: dict[str, Any], n_tokens: int) -> None:
     """One /v1/chat/completions stream chunk (with timings_per_token) for this chat."""
     chat.id_cmpl = chunk.get("id", chat.id_cmpl)
+    chat.text += stream_text(chunk)
     timings = chunk.get("timings") or {}
     if "predicted_n" in timings:
         chat.tokens = max(chat.tokens, int(timings["predicted_n"]))
@@ -153,7 +158,38 @@ def _summary(cfg: DemoConfig, preempt: bool, label: str, chats: list[ChatState],
         tokens=tokens, wall_s=round(wall, 3), tok_s=round(tokens / wall, 1) if wall > 0 else 0.0,
         parks_swap=int(counters["n_preempt_swap_total"]), parks_recompute=int(counters["n_preempt_recompute_total"]),
         resumes=int(counters["n_resume_total"]), recomputed_tokens=int(counters["n_recompute_tokens_total"]),
-        peak_ram_bytes=int(peak_ram), errors=sorted({c.error for c in chats if c.error}))
+        peak_ram_bytes=int(peak_ram), errors=sorted({c.error for c in chats if c.error}),
+        answers=[c.text for c in chats])
+
+
+def answers_alone(cfg: DemoConfig) -> list[str]:
+    """The same chats run one at a time on the same pool, so none is ever under pressure: the
+    answers a --deterministic run must give under load."""
+    bodies = [{k: v for k, v in b.items() if k not in ("stream", "timings_per_token")} for b in _bodies(cfg)]
+    if cfg.engine == "engine":
+        from .engine import Engine
+
+        args = [] if cfg.verbose else ["--log-disable"]
+        with Engine(cfg.model, args, n_ctx=cfg.n_ctx, n_parallel=cfg.n_parallel, kv_unified=True,
+                    n_threads=cfg.threads, seed=cfg.seed, deterministic=cfg.deterministic, verbose=cfg.verbose) as eng:
+            return [eng.submit(path="/v1/chat/completions", body=b).completion().text for b in bodies]
+    from .engine import Completion
+    from .server import LlamaServer, ServerConfig
+
+    sc = ServerConfig(model=cfg.model, n_ctx=cfg.n_ctx, n_parallel=cfg.n_parallel, kv_unified=True, seed=cfg.seed,
+                      threads=cfg.threads, deterministic=cfg.deterministic)
+    with LlamaServer(sc) as srv:
+        out = []
+        for b in bodies:
+            r = srv.post("/v1/chat/completions", b, timeout=3600)
+            r.raise_for_status()
+            out.append(Completion.from_response(r.json()).text)
+        return out
+
+
+def n_identical(run: RunSummary, alone: list[str]) -> int:
+    """How many of a run's answers are the ones the chats give alone."""
+    return sum(a == b for a, b in zip(run.answers, alone))
 
 
 def _run_engine(cfg: DemoConfig, preempt: bool, label: str, chats: list[ChatState], update: Update,
@@ -162,7 +198,8 @@ def _run_engine(cfg: DemoConfig, preempt: bool, label: str, chats: list[ChatStat
 
     args = [] if cfg.verbose else ["--log-disable"]
     with Engine(cfg.model, args, n_ctx=cfg.n_ctx, n_parallel=cfg.n_parallel, kv_unified=True, preempt=preempt,
-                preempt_ram_mib=cfg.preempt_ram_mib, preempt_mode=cfg.preempt_mode, n_threads=cfg.threads, seed=cfg.seed, verbose=cfg.verbose) as eng:
+                preempt_ram_mib=cfg.preempt_ram_mib, preempt_mode=cfg.preempt_mode, n_threads=cfg.threads, seed=cfg.seed,
+                deterministic=cfg.deterministic, verbose=cfg.verbose) as eng:
         bodies = _bodies(cfg)
         check_config(cfg, (len(eng.tokenize(eng.request("POST", "/apply-template", {"messages": b["messages"]})["prompt"]))
                            for b in bodies))
@@ -220,7 +257,7 @@ def _run_server(cfg: DemoConfig, preempt: bool, label: str, chats: list[ChatStat
 
     sc = ServerConfig(model=cfg.model, n_ctx=cfg.n_ctx, n_parallel=cfg.n_parallel, kv_unified=True, preempt=preempt,
                       extra_args=["--preempt-ram", str(cfg.preempt_ram_mib), "--preempt-mode", cfg.preempt_mode],
-                      seed=cfg.seed, threads=cfg.threads)
+                      seed=cfg.seed, threads=cfg.threads, deterministic=cfg.deterministic)
     with LlamaServer(sc) as srv:
         bodies = _bodies(cfg)
         check_config(cfg, (len(srv.post("/tokenize", {"content": srv.post("/apply-template", {"messages": b["messages"]})

@@ -1,0 +1,220 @@
+"""--deterministic: a request's generated token ids are the ones it gets alone on an idle server,
+whatever runs beside it, however it is parked, wherever its prompt comes from, over HTTP and in the
+Engine. Each test compares token ids exactly, on stories260K, the hybrid MTP model and SmolLM2
+(the last two where present)."""
+from __future__ import annotations
+
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from llama_preempt import models
+from llama_preempt.binary import server_binary
+from llama_preempt.exactness import Ask, first_difference, one_at_a_time, staggered, together
+from llama_preempt.rpc import RpcServer
+from llama_preempt.server import LlamaServer, ServerConfig, free_port
+
+from conftest import ServerFactory
+
+TARGET = "Once upon a time, in a small village by the sea, there lived"
+NEIGHBOURS = ["The quick brown fox jumps over the lazy dog and then", "Tell me a story about a dragon who",
+              "In the year 3000, humans had finally"]
+
+
+@dataclass(frozen=True)
+class Det:
+    """A model and how to serve it for these tests."""
+    path: Path
+    args: tuple[str, ...]
+    n_predict: int
+
+    def target(self, **kw: Any) -> Ask:
+        return Ask(TARGET, self.n_predict, **kw)
+
+    def neighbours(self) -> list[Ask]:
+        n = self.n_predict
+        return [Ask(NEIGHBOURS[0], max(8, n // 4)), Ask(NEIGHBOURS[1], n + n // 4), Ask(NEIGHBOURS[2], n // 2)]
+
+
+@pytest.fixture(scope="module", params=["stories260K", "qwen35-mtp", "smollm2"])
+def det(request: pytest.FixtureRequest, stories_model: Path) -> Det:
+    if request.param == "stories260K":
+        return Det(stories_model, (), 200)
+    if request.param == "qwen35-mtp":
+        mtp = request.getfixturevalue("qwen35_mtp_model")
+        return Det(mtp, ("--spec-type", "draft-mtp", "--spec-draft-n-max", "2"), 120)
+    try:
+        smol = models.local_smollm2(lambda msg: None).path
+    except models.ModelNotInstalled as e:
+        pytest.skip(f"SmolLM2 is not here ({e})")
+    return Det(smol, (), 160)
+
+
+def serve(start_server: ServerFactory, det: Det, *extra: str, n_ctx: int = 2048, n_parallel: int = 4,
+          kv_unified: bool = True, env: dict[str, str] | None = None, cache_ram: bool = False) -> LlamaServer:
+    args = [*det.args, *([] if cache_ram else ["--cache-ram", "0"]), *extra]
+    return start_server(det.path, n_ctx=n_ctx, n_parallel=n_parallel, kv_unified=kv_unified, deterministic=True,
+                        extra_args=args, env=env or {}, seed=1234)
+
+
+@pytest.fixture(scope="module")
+def alone(det: Det, tmp_path_factory: pytest.TempPathFactory) -> dict[Ask, list[int]]:
+    """The reference, once per model: each ask of these tests run one at a time on an idle server."""
+    asks = [det.target(), det.target(temperature=0.8, seed=7), *det.neighbours(),
+            *[Ask(p, det.n_predict) for p in NEIGHBOURS]]
+    cfg = ServerConfig(model=det.path, n_ctx=2048, n_parallel=4, kv_unified=True, deterministic=True, seed=1234,
+                       extra_args=[*det.args, "--cache-ram", "0"])
+    with LlamaServer(cfg, log_dir=tmp_path_factory.mktemp("alone")) as srv:
+        return dict(zip(asks, one_at_a_time(srv, asks)))
+
+
+def assert_same(ref: list[int], got: list[int], what: str) -> None:
+    at = first_difference(ref, got)
+    assert at is None, f"{what}: token {at} differs ({ref[max(0, at - 3):at + 3]} alone, {got[max(0, at - 3):at + 3]} here)"
+
+
+def test_deterministic_is_off_by_default_and_shows_in_props(start_server: ServerFactory, stories_model: Path) -> None:
+    default = start_server(stories_model, n_ctx=256, n_parallel=2)
+    assert default.props()["llama_preempt"]["deterministic"] is False
+    flag = start_server(stories_model, n_ctx=256, n_parallel=2, deterministic=True)
+    assert flag.props()["llama_preempt"]["deterministic"] is True
+    env = start_server(stories_model, n_ctx=256, n_parallel=2, env={"LLAMA_ARG_DETERMINISTIC": "1"})
+    assert env.props()["llama_preempt"]["deterministic"] is True
+    assert "deterministic: batch-invariant kernels" in flag.log_text()
+    assert "deterministic:" not in default.log_text()
+
+
+def test_deterministic_with_flash_attention_off_is_refused_naming_the_flags(stories_model: Path) -> None:
+    p = subprocess.run([str(server_binary()), "-m", str(stories_model), "--deterministic", "-fa", "off",
+                        "--port", str(free_port())], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 1, p.stderr[-2000:]
+    assert "error: --deterministic needs flash attention: drop -fa/--flash-attn off" in p.stderr
+    code = ("import sys\nfrom llama_preempt.engine import Engine, EngineArgumentError\n"
+            "try:\n    Engine(sys.argv[1], '-fa off', deterministic=True)\nexcept EngineArgumentError as e:\n"
+            "    print('refused:', e)\nprint('alive')\n")
+    p = subprocess.run([sys.executable, "-c", code, str(stories_model)], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert "refused:" in p.stdout and "--deterministic needs flash attention" in p.stdout, p.stdout
+
+
+def test_a_request_beside_three_others_gives_its_alone_tokens(start_server: ServerFactory, det: Det,
+                                                              alone: dict[Ask, list[int]]) -> None:
+    srv = serve(start_server, det)
+    target, neighbours = det.target(), det.neighbours()
+    got = together(srv, [target, *neighbours])
+    for ask, ids in zip([target, *neighbours], got):
+        assert_same(alone[ask], ids, f"started together: {ask.prompt[:20]!r}")
+    # staggered: a long one first, the target while it decodes, then a short one whose freed cells
+    # the others reuse out of position order
+    order = [neighbours[1], target, neighbours[0], neighbours[2]]
+    got = staggered(srv, order)
+    for ask, ids in zip(order, got):
+        assert_same(alone[ask], ids, f"staggered: {ask.prompt[:20]!r}")
+
+
+def test_a_sampled_request_with_a_seed_gives_its_alone_tokens_beside_others(
+        start_server: ServerFactory, det: Det, alone: dict[Ask, list[int]]) -> None:
+    srv = serve(start_server, det)
+    sampled = det.target(temperature=0.8, seed=7)
+    got = together(srv, [sampled, *det.neighbours()])[0]
+    assert_same(alone[sampled], got, "temperature 0.8, seed 7, beside three others")
+
+
+@pytest.mark.parametrize("every", [3, 17, 40])
+def test_forced_recompute_parks_give_the_unparked_tokens(start_server: ServerFactory, det: Det,
+                                                         alone: dict[Ask, list[int]], every: int) -> None:
+    srv = serve(start_server, det, "--preempt-mode", "recompute", env={"LLAMA_SERVER_PREEMPT_EVERY": str(every)})
+    got = one_at_a_time(srv, [det.target()])[0]
+    m = srv.metrics()
+    assert m["n_preempt_recompute_total"] >= det.n_predict // every - 1 and m["n_preempt_swap_total"] == 0
+    assert_same(alone[det.target()], got, f"RECOMPUTE park every {every} tokens")
+
+
+def test_forced_swap_parks_give_the_unparked_tokens(start_server: ServerFactory, det: Det,
+                                                    alone: dict[Ask, list[int]]) -> None:
+    srv = serve(start_server, det, "--preempt-mode", "swap", env={"LLAMA_SERVER_PREEMPT_EVERY": "11"})
+    got = one_at_a_time(srv, [det.target()])[0]
+    assert srv.metrics()["n_preempt_swap_total"] >= det.n_predict // 11 - 1
+    assert_same(alone[det.target()], got, "SWAP park every 11 tokens")
+
+
+@pytest.mark.parametrize("mode", ["auto", "recompute"])
+def test_an_overloaded_pool_gives_every_request_its_alone_tokens(start_server: ServerFactory, det: Det,
+                                                                 alone: dict[Ask, list[int]], mode: str) -> None:
+    asks = [Ask(p, det.n_predict) for p in NEIGHBOURS] + [det.target()]
+    pool = 256 * -(-(det.n_predict + 64) // 256)  # one fits alone, four overflow it
+    srv = serve(start_server, det, "--preempt-mode", mode, n_ctx=pool)
+    got = together(srv, asks)
+    assert srv.metrics()["n_preempt_total"] > 0, "the pool never filled: nothing was parked"
+    for ask, ids in zip(asks, got):
+        assert_same(alone[ask], ids, f"overloaded pool ({mode}): {ask.prompt[:20]!r}")
+
+
+def test_a_prompt_cache_hit_gives_the_tokens_of_a_miss(start_server: ServerFactory, det: Det,
+                                                       alone: dict[Ask, list[int]]) -> None:
+    cached = det.target(cache_prompt=True)
+    srv = serve(start_server, det)
+    one_at_a_time(srv, [Ask(TARGET + " a baker", 8, cache_prompt=True)])  # leaves the shared prefix in a slot
+    got = one_at_a_time(srv, [cached])[0]
+    assert_same(alone[det.target()], got, "a prompt partly from the slot's cache")
+    # --cache-ram: the slot's state goes to host RAM when another prompt takes the only slot, and
+    # comes back from there for the same prompt
+    host = serve(start_server, det, "--cache-ram", "64", "--no-preempt", n_parallel=1, cache_ram=True)
+    first = one_at_a_time(host, [cached])[0]
+    one_at_a_time(host, [Ask(NEIGHBOURS[1], 8, cache_prompt=True)])
+    again = one_at_a_time(host, [cached])[0]
+    assert_same(alone[det.target()], first, "--cache-ram, a miss")
+    assert_same(alone[det.target()], again, "--cache-ram, restored from host RAM")
+
+
+def test_small_batches_give_the_tokens_of_large_ones(start_server: ServerFactory, det: Det,
+                                                     alone: dict[Ask, list[int]]) -> None:
+    srv = serve(start_server, det, "-ub", "7")
+    got = together(srv, [det.target(), *det.neighbours()])[0]
+    assert_same(alone[det.target()], got, "-ub 7 (the reference: -ub 512)")
+
+
+def test_a_split_pool_gives_the_tokens_of_a_unified_one(start_server: ServerFactory, det: Det,
+                                                        alone: dict[Ask, list[int]]) -> None:
+    srv = serve(start_server, det, n_ctx=4096, kv_unified=False)
+    got = together(srv, [det.target(), *det.neighbours()])[0]
+    assert_same(alone[det.target()], got, "--no-kv-unified, beside three others")
+
+
+def test_the_engine_gives_the_tokens_of_http(det: Det, alone: dict[Ask, list[int]]) -> None:
+    from llama_preempt.engine import Engine
+
+    asks = [det.target(), *det.neighbours()]
+    with Engine(det.path, [*det.args, "--cache-ram", "0"], n_ctx=2048, n_parallel=4, kv_unified=True, seed=1234,
+                deterministic=True) as eng:
+        assert eng.request("GET", "/props")["llama_preempt"]["deterministic"] is True
+        reqs = [eng.submit(path="/completion", body=a.body()) for a in asks]
+        got = [[int(t) for t in r.completion().response["tokens"]] for r in reqs]
+    for ask, ids in zip(asks, got):
+        assert_same(alone[ask], ids, f"the Engine, four together: {ask.prompt[:20]!r}")
+
+
+def test_one_thread_gives_the_tokens_of_two(start_server: ServerFactory, det: Det,
+                                            alone: dict[Ask, list[int]]) -> None:
+    srv = serve(start_server, det, "-t", "1", "-tb", "1")  # the reference runs on two
+    got = together(srv, [det.target(), *det.neighbours()])[0]
+    assert_same(alone[det.target()], got, "one thread, beside three others")
+
+
+def test_on_an_rpc_device_a_request_beside_others_gives_its_alone_tokens(
+        start_server: ServerFactory, stories_model: Path, tmp_path: Path) -> None:
+    # the layers and the KV cache on a ggml-rpc-server: its CPU backend takes the switch from its
+    # environment, and the visiting order travels in the graph
+    det = Det(stories_model, (), 200)
+    with RpcServer(threads=2, log_dir=tmp_path, env={"GGML_CPU_BATCH_INVARIANT": "1"}) as rpc:
+        rpc_args = ("--rpc", rpc.endpoint, "-ngl", "99")
+        srv = serve(start_server, det, *rpc_args)
+        alone_ids = one_at_a_time(srv, [det.target()])[0]
+        got = together(srv, [det.target(), *det.neighbours()])[0]
+        assert "Accepted client connection" in rpc.log_text()
+        assert_same(alone_ids, got, "on an RPC device, beside three others")
+        srv.stop()
