@@ -8,6 +8,7 @@ staggered (each next one once the ones before it are generating), and give back 
 from __future__ import annotations
 
 import threading
+import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Sequence
 
@@ -56,25 +57,33 @@ def one_at_a_time(srv: "LlamaServer", asks: Sequence[Ask]) -> list[list[int]]:
     return [token_ids(srv, a) for a in asks]
 
 
-def together(srv: "LlamaServer", asks: Sequence[Ask]) -> list[list[int]]:
-    """Every ask sent at once, each from its own thread; the ids in the asks' order."""
-    out: list[Any] = [None] * len(asks)
-
-    def send(i: int) -> None:
+def _sender(srv: "LlamaServer", asks: Sequence[Ask], out: list[Any], i: int) -> threading.Thread:
+    """A started thread that puts ask i's ids, or the exception it met, in out[i]."""
+    def send() -> None:
         try:
             out[i] = token_ids(srv, asks[i])
-        except Exception as e:  # noqa: BLE001 - handed to the caller below
+        except Exception as e:  # noqa: BLE001 - handed to the caller by _collect()
             out[i] = e
 
-    threads = [threading.Thread(target=send, args=(i,)) for i in range(len(asks))]
-    for t in threads:
-        t.start()
+    t = threading.Thread(target=send)
+    t.start()
+    return t
+
+
+def _collect(threads: list[threading.Thread], out: list[Any], how: str) -> list[list[int]]:
     for t in threads:
         t.join()
     for x in out:
         if isinstance(x, Exception):
-            raise AskFailed(f"a request sent together with others failed: {x}") from x
+            raise AskFailed(f"a request sent {how} failed: {x}") from x
     return out
+
+
+def together(srv: "LlamaServer", asks: Sequence[Ask]) -> list[list[int]]:
+    """Every ask sent at once, each from its own thread; the ids in the asks' order."""
+    out: list[Any] = [None] * len(asks)
+    threads = [_sender(srv, asks, out, i) for i in range(len(asks))]
+    return _collect(threads, out, "together with others")
 
 
 def _generating(srv: "LlamaServer", at_least: int) -> int:
@@ -91,21 +100,10 @@ def staggered(srv: "LlamaServer", asks: Sequence[Ask], after_tokens: int = 8, ti
     """The asks sent one by one: each next one once every one before it has generated
     `after_tokens` tokens (or finished), so prompts are processed beside running decodes and cells
     freed by short answers are reused by the others."""
-    import time
-
     out: list[Any] = [None] * len(asks)
     threads: list[threading.Thread] = []
-
-    def send(i: int) -> None:
-        try:
-            out[i] = token_ids(srv, asks[i])
-        except Exception as e:  # noqa: BLE001 - handed to the caller below
-            out[i] = e
-
     for i in range(len(asks)):
-        t = threading.Thread(target=send, args=(i,))
-        t.start()
-        threads.append(t)
+        threads.append(_sender(srv, asks, out, i))
         if i + 1 == len(asks):
             break
         deadline = time.monotonic() + timeout
@@ -116,9 +114,4 @@ def staggered(srv: "LlamaServer", asks: Sequence[Ask], after_tokens: int = 8, ti
             if time.monotonic() > deadline:
                 raise AskFailed(f"staggered: request {i} did not generate {after_tokens} tokens in {timeout} s")
             time.sleep(0.005)
-    for t in threads:
-        t.join()
-    for x in out:
-        if isinstance(x, Exception):
-            raise AskFailed(f"a staggered request failed: {x}") from x
-    return out
+    return _collect(threads, out, "staggered")
