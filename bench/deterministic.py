@@ -41,6 +41,7 @@ TARGET = "Once upon a time, in a small village by the sea, there lived"
 NEIGHBOURS = ["The quick brown fox jumps over the lazy dog and then",
               "Tell me a story about a dragon who",
               "In the year 3000, humans had finally"]
+LATECOMER = "Lily and Ben went to the park"
 
 
 @dataclass
@@ -109,8 +110,12 @@ def exactness(spec: ModelSpec, flag: bool, console: Console) -> list[Row]:
         with console.status(f"{spec.name}, flag {'on' if flag else 'off'}: {case}"):
             row(case, fn())
 
+    # staggered: a long one, the target while it decodes, a short one that ends at once, then two more: the
+    # last takes the short one's slot and frees its cells, which the running ones fill out of position order
+    late = [neighbours[1], None, Ask(NEIGHBOURS[0], 8), neighbours[2], Ask(LATECOMER, spec.n_predict // 2)]
+
     def beside(srv: LlamaServer, first: Ask, how: Callable[..., list[list[int]]]) -> list[tuple[Ask, list[int]]]:
-        order = [first, *neighbours] if how is together else [neighbours[1], first, neighbours[0], neighbours[2]]
+        order = [first, *neighbours] if how is together else [first if a is None else a for a in late]
         ids = how(srv, order)
         return [(first, ids[order.index(first)])]
 
@@ -182,7 +187,7 @@ def exactness(spec: ModelSpec, flag: bool, console: Console) -> list[Row]:
             return [(target, [int(t) for t in reqs[0].completion().response["tokens"]])]
 
     run("beside 3 others, started together", beside_together)
-    run("beside 3 others, staggered", beside_staggered)
+    run("staggered, a slot reused mid-run (cells out of order)", beside_staggered)
     run("sampled (temperature 0.8, seed 7), beside 3 others", sampled_beside)
     for every in (8, 40):
         run(f"RECOMPUTE park every {every} tokens", forced("recompute", every))

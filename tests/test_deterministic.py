@@ -23,6 +23,7 @@ from conftest import ServerFactory
 TARGET = "Once upon a time, in a small village by the sea, there lived"
 NEIGHBOURS = ["The quick brown fox jumps over the lazy dog and then", "Tell me a story about a dragon who",
               "In the year 3000, humans had finally"]
+LATECOMER = "Lily and Ben went to the park"
 
 
 @dataclass(frozen=True)
@@ -38,6 +39,14 @@ class Det:
     def neighbours(self) -> list[Ask]:
         n = self.n_predict
         return [Ask(NEIGHBOURS[0], max(8, n // 4)), Ask(NEIGHBOURS[1], n + n // 4), Ask(NEIGHBOURS[2], n // 2)]
+
+    def staggered(self) -> list[Ask]:
+        """A long one, the target while it decodes, a short one that ends at once, then two more:
+        the last takes the short one's slot and frees its cells, which the running requests then
+        fill out of position order (the sort in the visiting order runs)."""
+        n = self.n_predict
+        return [Ask(NEIGHBOURS[1], n + n // 4), self.target(), Ask(NEIGHBOURS[0], 8), Ask(NEIGHBOURS[2], n // 2),
+                Ask(LATECOMER, n // 2)]
 
 
 @pytest.fixture(scope="module", params=["stories260K", "qwen35-mtp", "smollm2"])
@@ -64,8 +73,9 @@ def serve(start_server: ServerFactory, det: Det, *extra: str, n_ctx: int = 2048,
 @pytest.fixture(scope="module")
 def alone(det: Det, tmp_path_factory: pytest.TempPathFactory) -> dict[Ask, list[int]]:
     """The reference, once per model: each ask of these tests run one at a time on an idle server."""
-    asks = [det.target(), det.target(temperature=0.8, seed=7), *det.neighbours(),
+    asks = [det.target(), det.target(temperature=0.8, seed=7), *det.neighbours(), *det.staggered(),
             *[Ask(p, det.n_predict) for p in NEIGHBOURS]]
+    asks = list(dict.fromkeys(asks))
     cfg = ServerConfig(model=det.path, n_ctx=2048, n_parallel=4, kv_unified=True, deterministic=True, seed=1234,
                        extra_args=[*det.args, "--cache-ram", "0"])
     with LlamaServer(cfg, log_dir=tmp_path_factory.mktemp("alone")) as srv:
@@ -108,9 +118,7 @@ def test_a_request_beside_three_others_gives_its_alone_tokens(start_server: Serv
     got = together(srv, [target, *neighbours])
     for ask, ids in zip([target, *neighbours], got):
         assert_same(alone[ask], ids, f"started together: {ask.prompt[:20]!r}")
-    # staggered: a long one first, the target while it decodes, then a short one whose freed cells
-    # the others reuse out of position order
-    order = [neighbours[1], target, neighbours[0], neighbours[2]]
+    order = det.staggered()
     got = staggered(srv, order)
     for ask, ids in zip(order, got):
         assert_same(alone[ask], ids, f"staggered: {ask.prompt[:20]!r}")
