@@ -79,6 +79,21 @@ def test_demo_preempt_mode_recompute_parks_every_chat_by_recompute(stories_model
     assert ours["completed"] == 4 and ours["parks_recompute"] >= 1 and ours["parks_swap"] == 0
 
 
+@pytest.mark.parametrize("engine", ["engine", "server"])
+def test_demo_deterministic_counts_the_answers_identical_to_the_chats_run_alone(stories_model: Path,
+                                                                                engine: str) -> None:
+    p = cli(*DEMO, "--model", str(stories_model), "--engine", engine, "--deterministic", "--json")
+    assert p.returncode == 0, p.stderr
+    out = json.loads(p.stdout)
+    assert out["config"]["deterministic"] is True
+    ours = out["runs"][1]
+    assert ours["completed"] == 4 and ours["parks_swap"] + ours["parks_recompute"] >= 1
+    assert out["identical_to_alone"] == 4
+    p = cli(*DEMO, "--model", str(stories_model), "--engine", engine, "--deterministic")
+    assert p.returncode == 0, p.stderr
+    assert "--deterministic: 4 of 4 answers are identical to the same chats run one at a time" in p.stdout
+
+
 def test_the_demo_summary_says_what_was_lost_and_saved(stories_model: Path) -> None:
     p = cli(*DEMO, "--model", str(stories_model), "--preempt-ram", "0")
     assert p.returncode == 0, p.stderr
