@@ -7,6 +7,7 @@
 #include "preempt-version.h"
 #include "server-common.h"
 #include "server-http.h"
+#include "speculative.h"
 
 #include <cstdio>
 #include <string>
@@ -64,6 +65,15 @@ inline std::string invalid_sizes(const common_params & params) {
     }
     if (params.n_ubatch < 0) {
         return "-ub/--ubatch-size must not be negative, got " + std::to_string(params.n_ubatch);
+    }
+    // with speculative decoding a step puts each slot's sampled token and its drafts in one batch, and
+    // llama.cpp asserts when they do not fit ("batch must be large enough to hold the sampled and draft tokens")
+    const int32_t n_draft = common_speculative_n_max(&params.speculative);
+    if (n_draft > 0 && params.n_parallel > 0 && params.n_batch < params.n_parallel * (1 + n_draft)) {
+        return "-b/--batch-size (" + std::to_string(params.n_batch) + ") must be at least -np/--parallel (" +
+               std::to_string(params.n_parallel) + ") x (1 + " + std::to_string(n_draft) + " drafted tokens) = " +
+               std::to_string(params.n_parallel * (1 + n_draft)) +
+               " with speculative decoding: every step decodes each slot's token and its drafts in one batch";
     }
     return "";
 }

@@ -71,6 +71,8 @@ BAD_SIZES = [
     (["-c", "1"], "-c/--ctx-size must be 0"),
     (["-b", "0"], "-b/--batch-size must be at least 2 tokens, got 0"),
     (["-b", "3", "-np", "4"], "-b/--batch-size (3) must be at least -np/--parallel (4)"),
+    (["-b", "10", "-np", "2", "--spec-type", "ngram-cache"],
+     "-b/--batch-size (10) must be at least -np/--parallel (2) x (1 + 8 drafted tokens) = 18 with speculative decoding"),
 ]
 
 
