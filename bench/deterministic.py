@@ -83,9 +83,8 @@ def asks(spec: ModelSpec) -> tuple[Ask, list[Ask]]:
 
 def server(spec: ModelSpec, flag: bool, *, n_ctx: int = 4096, n_parallel: int = 4, unified: bool = True,
            extra: tuple[str, ...] = (), env: dict[str, str] | None = None) -> LlamaServer:
-    args = list(spec.args) + ["--cache-ram", "0"] + list(extra) + (["--deterministic"] if flag else [])
-    if "--cache-ram" in extra:  # the row sets its own
-        args = list(spec.args) + list(extra) + (["--deterministic"] if flag else [])
+    no_cache = [] if "--cache-ram" in extra else ["--cache-ram", "0"]  # a row may set its own
+    args = list(spec.args) + no_cache + list(extra) + (["--deterministic"] if flag else [])
     return LlamaServer(ServerConfig(model=spec.path, n_ctx=n_ctx, n_parallel=n_parallel, kv_unified=unified,
                                     extra_args=args, env=env or {}, seed=1234, threads=2))
 

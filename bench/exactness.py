@@ -23,6 +23,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from llama_preempt.exactness import first_difference
 from llama_preempt.server import LlamaServer, ServerConfig
 from results_io import RESULTS, display_path, smollm2_model, stories_model  # bench/ is on sys.path when run as a script
 
@@ -65,13 +66,6 @@ def token_offsets(answer: dict[str, Any]) -> list[int]:
     return offs
 
 
-def first_divergence(a: str, b: str) -> int | None:
-    for i, (x, y) in enumerate(zip(a, b)):
-        if x != y:
-            return i
-    return None if len(a) == len(b) else min(len(a), len(b))
-
-
 def bench_model(name: str, model: Path, prompt: str, args: argparse.Namespace, console: Console) -> list[Row]:
     rows: list[Row] = []
     with console.status(f"{name}: stock"):
@@ -88,7 +82,7 @@ def bench_model(name: str, model: Path, prompt: str, args: argparse.Namespace, c
         with console.status(f"{name}: {path} every {every}"):
             got, m = run_one(model, prompt, args.n_predict, args.n_ctx, extra, env, preempt=True)
         text = got["content"]
-        div = first_divergence(ref_text, text)
+        div = first_difference(ref_text, text)  # by character
         tok = None
         park = None
         if div is not None:
