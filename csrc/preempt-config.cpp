@@ -37,7 +37,10 @@ preempt_config make_preempt_config(const common_params & params, bool has_memory
     if (!parse_preempt_mode(params.preempt_mode, cfg.mode)) {
         throw std::invalid_argument("--preempt-mode expects auto, swap or recompute, got '" + params.preempt_mode + "'");
     }
-    cfg.mode = effective_mode(cfg.mode, cfg.ram_budget);
+    cfg.disk_dir    = params.preempt_disk_dir;
+    cfg.disk_mib    = params.preempt_disk_mib;
+    cfg.disk_budget = cfg.disk_dir.empty() ? 0 : ram_budget_from_mib(cfg.disk_mib);
+    cfg.mode = effective_mode(cfg.mode, cfg.ram_budget, cfg.disk_budget);
 
     cfg.every              = env_int("LLAMA_SERVER_PREEMPT_EVERY");
     cfg.reactive           = env_int("LLAMA_SERVER_PREEMPT_REACTIVE") > 0;
@@ -47,21 +50,35 @@ preempt_config make_preempt_config(const common_params & params, bool has_memory
     cfg.swap.verify        = env_int("LLAMA_SERVER_PREEMPT_VERIFY") > 0;
     cfg.swap.copy_in_flight_us  = (int64_t) env_int("LLAMA_SERVER_PREEMPT_COPY_HOLD_MS") * 1000;
 
+    cfg.disk.hold_us = (int64_t) env_int("LLAMA_SERVER_PREEMPT_DISK_HOLD_MS") * 1000;
+    cfg.disk_always  = env_int("LLAMA_SERVER_PREEMPT_DISK_ALWAYS") > 0;
+    if (const char * env = getenv("LLAMA_SERVER_PREEMPT_DISK_FAIL")) {
+        if (!parse_disk_fault(env, cfg.disk.fault)) {
+            CFG_WRN("preemption: ignoring LLAMA_SERVER_PREEMPT_DISK_FAIL='%s' (want write, read, remove, corrupt or full)\n", env);
+        }
+    }
+
     if (const char * env = getenv("LLAMA_SERVER_PREEMPT_COPY")) {
         const std::string v = env;
         cfg.route = v == "graph" ? copy_route::graph : v == "slice" ? copy_route::per_slice : copy_route::bulk;
     }
 
-    // LLAMA_SERVER_PREEMPT_RATES=PARK_GBPS,RESTORE_GBPS,PREFILL_TPS: fixed rates for the choice (tests)
+    // LLAMA_SERVER_PREEMPT_RATES=PARK_GBPS,RESTORE_GBPS,PREFILL_TPS[,DISK_WRITE_GBPS,DISK_READ_GBPS]:
+    // fixed rates for the choice (tests)
     if (const char * env = getenv("LLAMA_SERVER_PREEMPT_RATES")) {
-        double park = 0, restore = 0, prefill = 0;
-        if (sscanf(env, "%lf,%lf,%lf", &park, &restore, &prefill) == 3 && park > 0 && restore > 0 && prefill > 0) {
+        double park = 0, restore = 0, prefill = 0, disk_write = 0, disk_read = 0;
+        const int n = sscanf(env, "%lf,%lf,%lf,%lf,%lf", &park, &restore, &prefill, &disk_write, &disk_read);
+        if ((n == 3 || (n == 5 && disk_write > 0 && disk_read > 0)) && park > 0 && restore > 0 && prefill > 0) {
             cfg.rates.park_bps    = park * 1e9;
             cfg.rates.restore_bps = restore * 1e9;
             cfg.rates.prefill_tps = prefill;
-            cfg.rates.fixed       = true;
+            if (n == 5) {
+                cfg.rates.disk_write_bps = disk_write * 1e9;
+                cfg.rates.disk_read_bps  = disk_read * 1e9;
+            }
+            cfg.rates.fixed = true;
         } else {
-            CFG_WRN("preemption: ignoring LLAMA_SERVER_PREEMPT_RATES='%s' (want PARK_GBPS,RESTORE_GBPS,PREFILL_TPS)\n", env);
+            CFG_WRN("preemption: ignoring LLAMA_SERVER_PREEMPT_RATES='%s' (want PARK_GBPS,RESTORE_GBPS,PREFILL_TPS[,DISK_WRITE_GBPS,DISK_READ_GBPS])\n", env);
         }
     }
     return cfg;
@@ -72,12 +89,19 @@ void log_preempt_config(const preempt_config & cfg, size_t n_slots, int32_t n_ct
         CFG_INF("preemption: off, %s\n", cfg.off_why.c_str());
         return;
     }
-    const int32_t mib = cfg.ram_mib;
-    const char * choose = cfg.mode == preempt_mode::automatic ? "SWAP or RECOMPUTE by measured cost" : "SWAP";
-    const std::string how = mib == 0 ? "RECOMPUTE only (--preempt-ram 0)"
-                          : cfg.mode == preempt_mode::recompute ? "RECOMPUTE only (--preempt-mode recompute)"
+    const int32_t mib  = cfg.ram_mib;
+    const bool    disk = cfg.disk_budget > 0;
+    const char * choose = cfg.mode == preempt_mode::automatic ? (disk ? "SWAP to RAM or disk, or RECOMPUTE, by measured cost"
+                                                                      : "SWAP or RECOMPUTE by measured cost")
+                                                              : "SWAP";
+    const std::string disk_mib = cfg.disk_mib < 0 ? std::string("the disk's free space") : string_format("%d MiB", cfg.disk_mib);
+    const std::string above = disk ? string_format("disk (%s) above it", disk_mib.c_str()) : std::string("RECOMPUTE above it");
+    const std::string how = cfg.mode == preempt_mode::recompute
+                              ? (mib == 0 ? "RECOMPUTE only (--preempt-ram 0)" : "RECOMPUTE only (--preempt-mode recompute)")
+                          : mib == 0 ? string_format("SWAP to disk (%s)%s, no RAM parks (--preempt-ram 0)", disk_mib.c_str(),
+                                                     cfg.mode == preempt_mode::automatic ? " or RECOMPUTE by measured cost" : "")
                           : mib < 0 ? string_format("%s, host RAM with no limit", choose)
-                          : string_format("%s within %d MiB of host RAM, RECOMPUTE above it", choose, mib);
+                          : string_format("%s within %d MiB of host RAM, %s", choose, mib, above.c_str());
     CFG_INF("preemption: on (%s), %zu slots share a pool of %d cells; a slot is parked "
             "instead of failing every request when the pool fills\n", how.c_str(), n_slots, n_ctx);
     if (cfg.route != copy_route::bulk) {
@@ -91,6 +115,11 @@ void log_preempt_config(const preempt_config & cfg, size_t n_slots, int32_t n_ct
     // the test knobs, each named once with what it does
     const struct { bool set; std::string what; } knobs[] = {
         { cfg.swap.verify, "LLAMA_SERVER_PREEMPT_VERIFY compares every swap park with upstream's copy" },
+        { cfg.disk.fault != disk_fault::none, string_format("LLAMA_SERVER_PREEMPT_DISK_FAIL=%s makes every disk park meet that failure",
+                                                            disk_fault_name(cfg.disk.fault)) },
+        { cfg.disk.hold_us > 0, string_format("LLAMA_SERVER_PREEMPT_DISK_HOLD_MS keeps each disk write in flight for %lld ms",
+                                              (long long) (cfg.disk.hold_us / 1000)) },
+        { cfg.disk_always, "LLAMA_SERVER_PREEMPT_DISK_ALWAYS sends every SWAP park to disk" },
         { cfg.swap.copy_in_flight_us > 0, string_format("LLAMA_SERVER_PREEMPT_COPY_HOLD_MS keeps each swap copy in flight for %lld ms",
                                                         (long long) (cfg.swap.copy_in_flight_us / 1000)) },
         { cfg.swap.fail_restore, "LLAMA_SERVER_PREEMPT_FAIL_RESTORE makes every SWAP restore fail" },

@@ -4,6 +4,7 @@
 #pragma once
 
 #include "preempt-copy.h"
+#include "preempt-disk.h"
 #include "preempt-policy.h"
 #include "preempt-swap.h"
 
@@ -20,8 +21,13 @@ struct preempt_config {
     std::string  off_why;                    // why preemption is off (for the slot actions' errors)
     int32_t      ram_mib    = 0;             // --preempt-ram as given
     size_t       ram_budget = 0;             // bytes parked slots may hold at once (SIZE_MAX: no limit)
-    preempt_mode mode       = preempt_mode::automatic;  // effective: RECOMPUTE with --preempt-ram 0
+    preempt_mode mode       = preempt_mode::automatic;  // effective: RECOMPUTE with --preempt-ram 0 and no disk tier
     copy_route   route      = copy_route::bulk;         // LLAMA_SERVER_PREEMPT_COPY=graph|slice (tests, bench)
+    std::string  disk_dir;                   // --preempt-disk ("" : no disk tier)
+    int32_t      disk_mib    = -1;           // --preempt-disk-mib as given
+    size_t       disk_budget = 0;            // bytes parked files may take at once (SIZE_MAX: the disk's free space; 0: no disk tier)
+    disk_knobs   disk;                       // LLAMA_SERVER_PREEMPT_DISK_FAIL, LLAMA_SERVER_PREEMPT_DISK_HOLD_MS
+    bool         disk_always = false;        // LLAMA_SERVER_PREEMPT_DISK_ALWAYS: every SWAP park goes to disk where it fits
     cost_rates   rates;                      // LLAMA_SERVER_PREEMPT_RATES fixes them (tests)
     swap_knobs   swap;                       // knobs that reach into a swap
 

@@ -15,13 +15,15 @@ struct park_event {
     int32_t     slot     = -1;
     int32_t     task     = -1;
     std::string mode;              // "swap" or "recompute"
+    std::string tier;              // where its state waits: "ram", "disk" or "recompute"
     int32_t     n_tokens = 0;      // tokens the slot held
-    size_t      bytes    = 0;      // host RAM its state took (swap)
+    size_t      bytes    = 0;      // bytes of its state copied out (swap, to RAM or disk)
     std::string reason;            // park_reason_name()
     double      ms       = 0;      // time the park took
     int32_t     priority = 0;      // the request's priority
     std::string choice;            // park_choice_name(): why SWAP or RECOMPUTE
-    double      swap_ms_predicted      = 0;  // what the policy priced a swap at (park + restore)
+    double      swap_ms_predicted      = 0;  // what the policy priced a swap to RAM at (park + restore)
+    double      disk_ms_predicted      = 0;  // a disk park (0: no disk tier)
     double      recompute_ms_predicted = 0;  // and a recompute (re-prefill of the tokens held)
 };
 
@@ -29,7 +31,8 @@ struct resume_event {
     int32_t     slot       = -1;
     int32_t     task       = -1;
     std::string mode;              // how it came back: "swap" (restored) or "recompute" (replays)
-    bool        fallback   = false; // a swap restore failed and it recomputes instead
+    std::string tier;              // from where: "ram", "disk" (its file read back) or "recompute"
+    bool        fallback   = false; // a swap restore (from RAM or disk) failed and it recomputes instead
     double      parked_ms  = 0;
     double      restore_ms = 0;
     int32_t     n_replay   = 0;    // tokens to re-prefill (recompute)

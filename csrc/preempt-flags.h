@@ -29,6 +29,31 @@ inline int32_t parse_preempt_ram_mib(const std::string & value) {
     return (int32_t) mib;
 }
 
+// --preempt-disk-mib N: -1 (the disk's free space) or a size in MiB of at least 1; throws std::invalid_argument
+inline int32_t parse_preempt_disk_mib(const std::string & value) {
+    size_t    n_read = 0;
+    long long mib    = 0;
+    try {
+        mib = std::stoll(value, &n_read);
+    } catch (const std::exception &) {
+        n_read = 0;
+    }
+    if (n_read == 0 || n_read != value.size() || mib < -1 || mib == 0 || mib > INT32_MAX) {
+        throw std::invalid_argument("--preempt-disk-mib expects -1 (the disk's free space) or a size in MiB of at least 1, got '" +
+                                    value + "' (leave out --preempt-disk for no disk tier)");
+    }
+    return (int32_t) mib;
+}
+
+// --preempt-disk DIR: a path (that it is a writable directory is checked before the model loads,
+// preempt-params.h); throws std::invalid_argument
+inline std::string check_preempt_disk_dir(const std::string & value) {
+    if (value.empty()) {
+        throw std::invalid_argument("--preempt-disk expects a directory, got an empty path");
+    }
+    return value;
+}
+
 // --preempt-mode NAME; throws std::invalid_argument
 inline std::string parse_preempt_mode_name(const std::string & value) {
     for (const char * name : PREEMPT_MODE_NAMES) {

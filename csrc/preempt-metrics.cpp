@@ -21,12 +21,38 @@ std::vector<metric_item> metric_items(const preempt_counters & c, const preempt_
         { "preempt_park_bytes_per_second",    "gauge", "SWAP park bandwidth used to choose SWAP or RECOMPUTE (moving average of measured parks)",    (uint64_t) g.rates.park_bps },
         { "preempt_restore_bytes_per_second", "gauge", "SWAP restore bandwidth used to choose SWAP or RECOMPUTE (moving average of measured restores)", (uint64_t) g.rates.restore_bps },
         { "preempt_prefill_tokens_per_second", "gauge", "Prefill rate used to price a RECOMPUTE (moving average of measured prompt batches)",      (uint64_t) g.rates.prefill_tps },
+        { "preempt_disk_write_bytes_per_second", "gauge", "Disk write rate used to price a disk park (moving average of the disk tier's measured writes)", (uint64_t) g.rates.disk_write_bps },
+        { "preempt_disk_read_bytes_per_second",  "gauge", "Disk read rate used to price a disk park (moving average of the disk tier's measured reads)",   (uint64_t) g.rates.disk_read_bps },
+        { "preempt_disk_bytes",        "gauge",   "Bytes of parked slots' state in the disk tier's files now (--preempt-disk)", g.disk_bytes },
+        { "preempt_disk_writes_in_flight", "gauge", "Disk parks whose file is still being written (their host copy counts against --preempt-ram)", (uint64_t) g.n_disk_writes_in_flight },
+        { "n_disk_write_bytes_total",  "counter", "Bytes written to the disk tier's files",                                  c.n_disk_write_bytes_total },
+        { "n_disk_read_bytes_total",   "counter", "Bytes read back from the disk tier's files",                             c.n_disk_read_bytes_total },
+        { "n_disk_read_ahead_total",   "counter", "Disk parks whose file was read back ahead of their resume",              c.n_disk_read_ahead_total },
+        { "n_disk_restore_from_memory_total", "counter", "Disk parks resumed while their file was still being written (restored from the host copy)", c.n_disk_restore_from_memory_total },
         { "kv_pool_cells",             "gauge",   "Cells in the KV pool the slots share (-c)",                              (uint64_t) c.n_pool_cells },
         { "kv_pool_cells_used",        "gauge",   "Cells of the KV pool the requests in flight hold now (not idle caches, not parked slots)", (uint64_t) g.n_pool_cells_used },
         { "server_draining",           "gauge",   "1 while the server drains on SIGTERM/SIGINT: it takes no new requests", (uint64_t) g.draining },
         { "n_swap_verify_total",          "counter", "SWAP parks compared byte for byte with upstream's copy (LLAMA_SERVER_PREEMPT_VERIFY only)", c.n_swap_verify_total },
         { "n_swap_verify_mismatch_total", "counter", "SWAP parks whose copy differed from upstream's (LLAMA_SERVER_PREEMPT_VERIFY only)",       c.n_swap_verify_mismatch_total },
     };
+}
+
+std::vector<labeled_metric> labeled_items(const preempt_counters & c) {
+    labeled_metric by_choice { "preempt_parks_by_choice_total", "choice", "Parks by why SWAP (to RAM or disk) or RECOMPUTE was taken", {} };
+    for (int i = 0; i < N_PARK_CHOICES; ++i) {
+        by_choice.values.emplace_back(park_choice_name((park_choice) i), c.parks_by_choice[i]);
+    }
+    labeled_metric parks { "preempt_parks_by_tier_total", "tier", "Parks by where the state went: host RAM, disk, or nowhere (recompute)", {} };
+    labeled_metric restores { "preempt_restores_by_tier_total", "tier", "Resumes by where the state came back from (a failed swap restore counts as recompute)", {} };
+    for (int i = 0; i < N_PARK_TIERS; ++i) {
+        parks.values.emplace_back(park_tier_name((park_tier) i), c.parks_by_tier[i]);
+        restores.values.emplace_back(park_tier_name((park_tier) i), c.restores_by_tier[i]);
+    }
+    labeled_metric failures { "preempt_disk_failures_total", "kind", "Disk parks that fell back to RECOMPUTE, by what failed", {} };
+    for (int i = 1; i < N_DISK_ERRORS; ++i) {
+        failures.values.emplace_back(disk_error_name((disk_error) i), c.disk_failures[i]);
+    }
+    return { by_choice, parks, restores, failures };
 }
 
 std::string to_prometheus(const preempt_counters & c, const preempt_gauges & g) {
@@ -36,11 +62,12 @@ std::string to_prometheus(const preempt_counters & c, const preempt_gauges & g) 
             << "# TYPE llamacpp:" << it.name << " " << it.type << "\n"
             << "llamacpp:"        << it.name << " " << it.value << "\n";
     }
-    out << "# HELP llamacpp:preempt_parks_by_choice_total Parks by why SWAP or RECOMPUTE was taken\n"
-        << "# TYPE llamacpp:preempt_parks_by_choice_total counter\n";
-    for (int i = 0; i < N_PARK_CHOICES; ++i) {
-        out << "llamacpp:preempt_parks_by_choice_total{choice=\"" << park_choice_name((park_choice) i) << "\"} "
-            << c.parks_by_choice[i] << "\n";
+    for (const auto & it : labeled_items(c)) {
+        out << "# HELP llamacpp:" << it.name << " " << it.help << "\n"
+            << "# TYPE llamacpp:" << it.name << " counter\n";
+        for (const auto & [value, n] : it.values) {
+            out << "llamacpp:" << it.name << "{" << it.label << "=\"" << value << "\"} " << n << "\n";
+        }
     }
     out << "# HELP llamacpp:request_preemptions Times each finished request was parked\n"
         << "# TYPE llamacpp:request_preemptions histogram\n";

@@ -1,6 +1,7 @@
 // Preemption counters: one place that every front end (/metrics, /slots, the Python layer) reads.
 #pragma once
 
+#include "preempt-disk.h"
 #include "preempt-policy.h"
 
 #include <cstdint>
@@ -20,6 +21,13 @@ struct preempt_counters {
     uint64_t n_restore_ahead_total     = 0;  // SWAP restores whose bytes were uploaded to the device ahead
     uint64_t n_fail_total              = 0;  // parked requests ended because they no longer fit the pool
     uint64_t parks_by_choice[N_PARK_CHOICES] = {};  // parks by why SWAP or RECOMPUTE was taken (park_choice)
+    uint64_t parks_by_tier[N_PARK_TIERS]     = {};  // parks by where the state went: RAM, disk, nowhere (park_tier)
+    uint64_t restores_by_tier[N_PARK_TIERS]  = {};  // resumes by where the state came from (a failed swap restore: recompute)
+    uint64_t disk_failures[N_DISK_ERRORS]    = {};  // disk parks that fell back to RECOMPUTE, by what failed (disk_error)
+    uint64_t n_disk_write_bytes_total  = 0;  // bytes written to the disk tier's files
+    uint64_t n_disk_read_bytes_total   = 0;  // bytes read back from them
+    uint64_t n_disk_read_ahead_total   = 0;  // files read back ahead of their resume
+    uint64_t n_disk_restore_from_memory_total = 0;  // disk parks resumed while their file was still being written (from the host copy)
     uint64_t n_swap_verify_total          = 0;  // LLAMA_SERVER_PREEMPT_VERIFY: swap parks compared with upstream's copy
     uint64_t n_swap_verify_mismatch_total = 0;  //   of those, not byte-identical
     // the pool's size, set once: kept here, with what /metrics keeps while the server sleeps
@@ -51,6 +59,8 @@ struct preempt_gauges {
     int32_t  n_copies_in_flight   = 0;  // SWAP parks whose transfer to host RAM may still be running
     uint64_t pool_bytes           = 0;  // idle host RAM kept for the next swap buffers (warm memory)
     cost_rates rates;                   // the rates SWAP-or-RECOMPUTE is chosen with now
+    uint64_t disk_bytes           = 0;  // bytes in the disk tier's files now (written or being written)
+    int32_t  n_disk_writes_in_flight = 0;  // disk parks whose file is still being written (their host copy held)
     int32_t  n_pool_cells_used    = 0;  // cells the requests in flight hold now (idle caches are reclaimable: not counted)
     bool     draining             = false;  // SIGTERM/SIGINT: finishing what it has, taking nothing new
 };
@@ -64,6 +74,16 @@ struct metric_item {
 };
 
 std::vector<metric_item> metric_items(const preempt_counters & c, const preempt_gauges & g);
+
+// One counter with one label: NAME{LABEL="value"} per value, for /metrics and the Engine's stats().
+struct labeled_metric {
+    const char * name;   // without the "llamacpp:" prefix
+    const char * label;
+    const char * help;
+    std::vector<std::pair<std::string, uint64_t>> values;  // label value -> count, every value listed
+};
+
+std::vector<labeled_metric> labeled_items(const preempt_counters & c);
 
 // Prometheus text in upstream's "# HELP llamacpp:<name> ... / # TYPE ... / llamacpp:<name> <v>" form.
 std::string to_prometheus(const preempt_counters & c, const preempt_gauges & g);

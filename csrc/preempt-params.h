@@ -9,8 +9,13 @@
 #include "server-http.h"
 #include "speculative.h"
 
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <string>
+
+#include <sys/stat.h>
+#include <unistd.h>
 
 namespace llama_preempt {
 
@@ -106,14 +111,41 @@ inline std::string missing_model_file(const common_params & params) {
     return "";
 }
 
-// what a server's parameters must pass once -np's default is settled: "" or one message naming the flag
-inline std::string server_params_error(common_params & params) {
-    for (const std::string & why : { invalid_sizes(params), deterministic_conflict(params), missing_model_file(params) }) {
-        if (!why.empty()) {
-            return why;
-        }
+// --preempt-disk DIR must be a directory this server can write in: checked before the model loads
+// (the server's own subdirectory in it is made once the slots exist, preempt-disk.h); "" otherwise
+inline std::string preempt_disk_error(const common_params & params) {
+    const std::string & dir = params.preempt_disk_dir;
+    if (dir.empty()) {
+        return "";
+    }
+    struct stat st;
+    if (stat(dir.c_str(), &st) != 0) {
+        return "--preempt-disk: no directory at '" + dir + "' (create it first)";
+    }
+    if (!S_ISDIR(st.st_mode)) {
+        return "--preempt-disk: '" + dir + "' is not a directory";
+    }
+    if (access(dir.c_str(), W_OK | X_OK) != 0) {
+        return "--preempt-disk: cannot write to '" + dir + "': " + std::string(strerror(errno));
     }
     return "";
+}
+
+// what a server's parameters must pass once -np's default is settled: "" or one message naming the
+// flag; each check runs only when the ones before it passed (the model file is not opened for a
+// refused size)
+inline std::string server_params_error(common_params & params) {
+    std::string why = invalid_sizes(params);
+    if (why.empty()) {
+        why = deterministic_conflict(params);
+    }
+    if (why.empty()) {
+        why = preempt_disk_error(params);
+    }
+    if (why.empty()) {
+        why = missing_model_file(params);
+    }
+    return why;
 }
 
 // our part of the server's parameter finalisation (server_prepare_params() in server.cpp, patched):
@@ -142,6 +174,8 @@ inline json props_json(const common_params & params) {
         { "kv_unified",              params.kv_unified },
         { "preempt_ram_mib",         params.preempt_ram_mib },
         { "preempt_mode",            params.preempt_mode },
+        { "preempt_disk",            params.preempt_disk_dir.empty() ? json(nullptr) : json(params.preempt_disk_dir) },
+        { "preempt_disk_mib",        params.preempt_disk_dir.empty() ? json(nullptr) : json(params.preempt_disk_mib) },
         { "deterministic",           params.batch_invariant },
         { "ui",                      ui_embedded() },
     };

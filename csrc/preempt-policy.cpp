@@ -1,4 +1,5 @@
-// The preemption policy, read top to bottom: plan_step() is the whole of it.
+// The preemption policy, read top to bottom: plan_step() is the whole of it. How a victim is parked
+// (RAM, disk or RECOMPUTE, by measured cost) is preempt-choice.cpp.
 #include "preempt-policy.h"
 
 #include <algorithm>
@@ -406,100 +407,6 @@ std::string plan_to_string(const plan & pl) {
            " park=" + ids_to_string(pl.park) + " resume=" + ids_to_string(pl.resume) +
            " hold=" + ids_to_string(pl.hold) + " used=" + std::to_string(pl.n_used) +
            " need=" + std::to_string(pl.n_need);
-}
-
-// ---- SWAP or RECOMPUTE ----
-
-bool parse_preempt_mode(const std::string & name, preempt_mode & mode) {
-    if (name == "auto")      { mode = preempt_mode::automatic; return true; }
-    if (name == "swap")      { mode = preempt_mode::swap;      return true; }
-    if (name == "recompute") { mode = preempt_mode::recompute; return true; }
-    return false;
-}
-
-const char * preempt_mode_name(preempt_mode mode) {
-    switch (mode) {
-        case preempt_mode::automatic: return "auto";
-        case preempt_mode::swap:      return "swap";
-        case preempt_mode::recompute: return "recompute";
-    }
-    return "?";
-}
-
-const char * park_choice_name(park_choice c) {
-    switch (c) {
-        case park_choice::swap_cheaper:      return "swap_cheaper";
-        case park_choice::recompute_cheaper: return "recompute_cheaper";
-        case park_choice::swap_mode:         return "swap_mode";
-        case park_choice::recompute_mode:    return "recompute_mode";
-        case park_choice::over_budget:       return "over_budget";
-        case park_choice::no_state:          return "no_state";
-        case park_choice::swap_failed:       return "swap_failed";
-    }
-    return "?";
-}
-
-static void ema(double & avg, int64_t & n, double sample) {
-    avg = n == 0 ? sample : (1 - cost_rates::ALPHA) * avg + cost_rates::ALPHA * sample;
-    n++;
-}
-
-void cost_rates::observe_park(size_t bytes, int64_t t_us) {
-    if (!fixed && bytes >= MIN_COPY_BYTES && t_us > 0) {
-        ema(park_bps, n_park_samples, bytes * 1e6 / t_us);
-    }
-}
-
-void cost_rates::observe_restore(size_t bytes, int64_t t_us) {
-    if (!fixed && bytes >= MIN_COPY_BYTES && t_us > 0) {
-        ema(restore_bps, n_restore_samples, bytes * 1e6 / t_us);
-    }
-}
-
-void cost_rates::observe_prefill(int64_t n_tokens, int64_t t_us) {
-    if (!fixed && n_tokens >= MIN_PREFILL_TOKENS && t_us > 0) {
-        ema(prefill_tps, n_prefill_samples, n_tokens * 1e6 / t_us);
-    }
-}
-
-preempt_mode effective_mode(preempt_mode mode, size_t ram_budget) {
-    return ram_budget == 0 ? preempt_mode::recompute : mode;
-}
-
-size_t ram_budget_from_mib(int64_t mib) {
-    return mib < 0 ? SIZE_MAX : (size_t) mib * 1024 * 1024;
-}
-
-size_t ram_left(size_t ram_budget, size_t held) {
-    return ram_budget - std::min(held, ram_budget);
-}
-
-park_decision choose_park(preempt_mode mode, size_t bytes, int64_t n_tokens, size_t ram_left, const cost_rates & rates) {
-    park_decision d;
-    d.swap_ms      = bytes > 0 ? 1e3 * bytes / rates.park_bps + 1e3 * bytes / rates.restore_bps : 0;
-    d.recompute_ms = 1e3 * n_tokens / rates.prefill_tps;
-
-    if (mode == preempt_mode::recompute) {
-        d.why = park_choice::recompute_mode;
-        return d;
-    }
-    if (bytes == 0) {
-        d.why = park_choice::no_state;
-        return d;
-    }
-    if (bytes > ram_left) {
-        d.why = park_choice::over_budget;
-        return d;
-    }
-    if (mode == preempt_mode::swap) {
-        d.swap = true;
-        d.why  = park_choice::swap_mode;
-        return d;
-    }
-    // both directions of the copy against one re-prefill of what the slot holds
-    d.swap = d.swap_ms < d.recompute_ms;
-    d.why  = d.swap ? park_choice::swap_cheaper : park_choice::recompute_cheaper;
-    return d;
 }
 
 } // namespace llama_preempt

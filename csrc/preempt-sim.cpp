@@ -110,7 +110,8 @@ void sim_server::finish(sim_slot & s, sim_outcome outcome) {
     r.outcome = outcome;
     r.t_done  = t;
     if (s.phase == slot_phase::parked) {
-        parked_bytes -= s.bytes;
+        parked_bytes -= s.ram;
+        disk_bytes   -= s.on_disk ? s.bytes : 0;
     }
     if (outcome == sim_outcome::failed) {
         s.cells = 0;  // upstream clears a failed slot's cells
@@ -145,6 +146,10 @@ void sim_server::admit() {
     }
 }
 
+size_t sim_server::ram_budget() const {
+    return p.ram_budget_bytes < 0 ? SIZE_MAX : (size_t) p.ram_budget_bytes;
+}
+
 void sim_server::park(sim_slot & s) {
     // the server's own decisions (preempt-policy.h), priced with the simulated costs
     park_input in;
@@ -155,28 +160,56 @@ void sim_server::park(sim_slot & s) {
     in.n_replay  = s.replay_total;
     const double bytes = in.n_held * p.bytes_per_cell;
     cost_rates rates;
-    rates.park_bps    = p.swap_out_bps;
-    rates.restore_bps = p.swap_in_bps;
-    rates.prefill_tps = 1.0 / p.prefill_token_s;
-    const size_t budget = p.ram_budget_bytes < 0 ? SIZE_MAX : (size_t) p.ram_budget_bytes;
-    const park_decision how = choose_park(effective_mode(p.mode, budget), has_swap_state(in) ? (size_t) bytes : 0,
-                                          in.n_held, ram_left(budget, (size_t) parked_bytes), rates);
+    rates.park_bps       = p.swap_out_bps;
+    rates.restore_bps    = p.swap_in_bps;
+    rates.prefill_tps    = 1.0 / p.prefill_token_s;
+    rates.disk_write_bps = p.disk_write_bps;
+    rates.disk_read_bps  = p.disk_read_bps;
+    const size_t disk_budget = p.disk_budget_bytes < 0 ? SIZE_MAX : (size_t) p.disk_budget_bytes;
+    park_options o;
+    o.bytes        = has_swap_state(in) ? (size_t) bytes : 0;
+    o.n_tokens     = in.n_held;
+    o.ram_left     = ram_left(ram_budget(), (size_t) parked_bytes);
+    o.disk_left    = p.disk_budget_bytes == 0 ? 0 : ram_left(disk_budget, (size_t) disk_bytes);
+    o.waits_behind = o.disk_left > 0 && waits_behind_parked(views(), s.id);
+    const park_decision how = choose_park(effective_mode(p.mode, ram_budget(), p.disk_budget_bytes == 0 ? 0 : disk_budget), o, rates);
     const park_shape shape = shape_park(in, how.swap, p.n_batch);
     res.parks_by_choice[(int) how.why]++;
 
     s.held      = in.n_held;
     s.from_gen  = shape.from == parked_from::generating;
     s.n_restore = shape.n_restore;
+    s.reading   = false;
     if (how.swap) {
         s.swapped = true;
         s.bytes   = bytes;
-        parked_bytes += bytes;
-        res.peak_parked_bytes = std::max(res.peak_parked_bytes, parked_bytes);
+        s.on_disk = how.disk;
         t += bytes / p.swap_out_bps;
+        if (how.disk) {
+            disk_bytes += bytes;
+            res.peak_disk_bytes = std::max(res.peak_disk_bytes, disk_bytes);
+            res.n_park_disk++;
+            const double t_write = bytes / p.disk_write_bps;
+            if (o.bytes <= o.ram_left) {
+                // written in the background from the host copy, which is held until then
+                t_io_free   = std::max(t_io_free, t) + t_write;
+                s.t_io_done = t_io_free;
+                s.ram       = bytes;
+            } else {
+                t += t_write;  // the loop waits for the write: the host copy does not fit the RAM left
+                s.ram = 0;
+            }
+        } else {
+            s.ram = bytes;
+        }
+        parked_bytes += s.ram;
+        res.peak_parked_bytes = std::max(res.peak_parked_bytes, parked_bytes);
         res.n_park_swap++;
     } else {
         s.swapped = false;
+        s.on_disk = false;
         s.bytes   = 0;
+        s.ram     = 0;
         if (s.from_gen && !in.replaying) {
             s.replay_total = shape.n_restore;  // what it held plus the token it had sampled
         }
@@ -194,14 +227,46 @@ void sim_server::park(sim_slot & s) {
     res.requests[s.req].n_preempt += 1;
 }
 
+void sim_server::settle_disk() {
+    for (auto & s : slots) {
+        if (s.phase == slot_phase::parked && s.on_disk && !s.reading && s.ram > 0 && t >= s.t_io_done) {
+            parked_bytes -= s.ram;  // written: the state is only on disk now
+            s.ram = 0;
+        }
+    }
+}
+
+void sim_server::read_ahead(sim_slot & s) {
+    if (s.phase != slot_phase::parked || !s.on_disk || s.ram > 0 || s.bytes > ram_left(ram_budget(), (size_t) parked_bytes)) {
+        return;
+    }
+    t_io_free   = std::max(t_io_free, t) + s.bytes / p.disk_read_bps;
+    s.t_io_done = t_io_free;
+    s.reading   = true;
+    s.ram       = s.bytes;
+    parked_bytes += s.ram;
+    res.peak_parked_bytes = std::max(res.peak_parked_bytes, parked_bytes);
+}
+
 void sim_server::resume(sim_slot & s) {
     res.requests[s.req].t_parked_s += t - s.t_parked;
     res.n_resume++;
     if (s.swapped) {
+        if (s.on_disk) {
+            if (s.reading) {
+                t = std::max(t, s.t_io_done);  // the read ahead lands
+            } else if (s.ram == 0) {
+                t += s.bytes / p.disk_read_bps;  // read now, on the loop
+            }  // else its write is still running: restored from the host copy
+            disk_bytes -= s.bytes;
+        }
         t += s.bytes / p.swap_in_bps;
-        parked_bytes -= s.bytes;
+        parked_bytes -= s.ram;
         s.cells   = s.held;
         s.bytes   = 0;
+        s.ram     = 0;
+        s.on_disk = false;
+        s.reading = false;
         s.swapped = false;
         s.phase   = s.from_gen ? slot_phase::generating : slot_phase::prompt;
         return;
@@ -251,6 +316,7 @@ bool sim_server::step(double t_next) {
 
     std::vector<uint8_t> hold(slots.size(), 0);
     if (p.preempt) {
+        settle_disk();
         const plan pl = plan_step(views(), pp);
         for (int32_t id : pl.purge) {
             slots[id].cells = 0;
@@ -266,6 +332,9 @@ bool sim_server::step(double t_next) {
         }
         for (int32_t id : pl.hold) {
             hold[id] = 1;
+        }
+        if (pl.restore_next >= 0) {
+            read_ahead(slots[pl.restore_next]);
         }
     }
 

@@ -41,6 +41,11 @@ struct sim_params {
     double swap_out_bps    = 9.5e9;   // park copy bandwidth, bytes/s (bench/swap_bandwidth.py, CPU)
     double swap_in_bps     = 15.0e9;  // restore copy bandwidth, bytes/s
 
+    // the disk tier (--preempt-disk): bytes its files may take (0: none, -1: no limit) and its rates
+    int64_t disk_budget_bytes = 0;
+    double  disk_write_bps = cost_rates::DEFAULT_DISK_WRITE_BPS;
+    double  disk_read_bps  = cost_rates::DEFAULT_DISK_READ_BPS;
+
     int64_t max_steps = 50000000;     // a guard against a workload that cannot finish (per server)
 };
 
@@ -60,11 +65,13 @@ struct sim_result {
     int64_t n_steps              = 0;
     int64_t n_park_swap          = 0;
     int64_t n_park_recompute     = 0;
+    int64_t n_park_disk          = 0;  // of the swap parks, those to the disk tier
     int64_t parks_by_choice[N_PARK_CHOICES] = {};  // as the server's preempt_parks_by_choice_total
     int64_t n_resume             = 0;
     int64_t n_recompute_tokens   = 0;
     int64_t n_tokens_generated   = 0;
-    double  peak_parked_bytes    = 0;
+    double  peak_parked_bytes    = 0;  // host RAM (RAM parks, disk writes in flight, reads ahead)
+    double  peak_disk_bytes      = 0;
     int32_t peak_cells           = 0;
     double  makespan_s           = 0;
     bool    hit_step_limit       = false;
@@ -87,7 +94,11 @@ struct sim_slot {
     int32_t held         = 0;      // cells it held when parked
     int32_t n_restore    = 0;      // cells it needs to be back where it was
     double  t_parked     = 0;
-    double  bytes        = 0;      // host RAM its swapped state takes
+    double  bytes        = 0;      // its swapped state
+    bool    on_disk      = false;  // a disk park: its state in a file (and in RAM until t_io_done)
+    double  ram          = 0;      // host RAM it holds now (a RAM park, a disk write in flight, a read ahead)
+    double  t_io_done    = 0;      // its disk write (or read ahead) is done then
+    bool    reading      = false;  // its file is being read back ahead
     int32_t replay_total = 0;      // recompute: prompt + generated + sampled
     int32_t replay_left  = 0;      // recompute: replay tokens still to re-prefill
     int32_t redo_left    = 0;      // a prompt-phase victim: prompt tokens it processes again
@@ -109,7 +120,9 @@ struct sim_server {
     std::vector<sim_slot>    slots;
     std::deque<int32_t>      waiting;  // arrived, no slot yet (upstream's deferred tasks)
     double t = 0;
-    double parked_bytes = 0;
+    double parked_bytes = 0;  // host RAM the parked slots hold
+    double disk_bytes   = 0;  // bytes in the disk tier's files
+    double t_io_free    = 0;  // the disk's I/O thread is free then (its writes and reads run one at a time)
     bool   stopped = false;  // gave up: the step limit, or held requests that nothing can unblock
 
     explicit sim_server(const sim_params & p);
@@ -138,6 +151,9 @@ struct sim_server {
     void admit();
     void park(sim_slot & s);
     void resume(sim_slot & s);
+    void settle_disk();                // writes done free their host copy
+    void read_ahead(sim_slot & s);     // the next one back has its file read while others decode
+    size_t ram_budget() const;
     bool last_resort();
     int32_t cells_used() const;
 };

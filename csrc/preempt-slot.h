@@ -5,6 +5,7 @@
 #pragma once
 
 #include "preempt-config.h"
+#include "preempt-disk-park.h"
 #include "preempt-drain.h"
 #include "preempt-events.h"
 #include "preempt-policy.h"
@@ -23,7 +24,7 @@ namespace llama_preempt {
 enum class park_mode {
     none,
     recompute,  // cells dropped; the replay list is re-prefilled (zero host RAM)
-    swap,       // sequence state of the target and draft contexts copied to host RAM (exact)
+    swap,       // sequence state of the target and draft contexts copied to host RAM, or through it to disk (exact)
 };
 
 // upstream's slot_state by name, for /slots (its values in order, SLOT_STATE_PREEMPTED last: a
@@ -39,8 +40,8 @@ struct slot_preempt_state {
     parked_from from = parked_from::none;  // != none while parked (state SLOT_STATE_PREEMPTED)
     park_mode   mode = park_mode::none;
 
-    // SWAP: the slot's state in host RAM (preempt-swap.h), and its prompt (tokens and checkpoints)
-    // kept beside it, so that a parked slot's prompt is empty like its cells
+    // SWAP: the slot's state in host RAM or, for a disk park, in its file (preempt-swap.h), and its
+    // prompt (tokens and checkpoints) kept beside it, so that a parked slot's prompt is empty like its cells
     swap_state    swap;
     server_prompt swap_prompt;
 
@@ -86,7 +87,10 @@ struct slot_preempt_state {
         res["n_recompute"]  = n_recompute;
         res["preempt_mode"] = !is_parked() ? json(nullptr) : json(mode == park_mode::swap ? "swap" : "recompute");
         res["parked_by"]    = !is_parked() ? json(nullptr) : json(park_reason_key(reason));
-        res["preempt_ram_bytes"] = swap_bytes();
+        res["preempt_tier"] = !is_parked() ? json(nullptr)
+                            : json(park_tier_name(mode == park_mode::swap ? swap.tier() : park_tier::recompute));
+        res["preempt_ram_bytes"]  = swap_bytes();
+        res["preempt_disk_bytes"] = swap.disk.bytes_on_disk();
         res["preempt_choice"] = !is_parked() ? json(nullptr) : json(park_choice_name(choice));
         res["preempt_copy_in_flight"] = swap.copy_in_flight;
         res["t_preempted_ms"] = t_parked_so_far_us() / 1000.0;

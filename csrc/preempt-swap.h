@@ -7,6 +7,7 @@
 #pragma once
 
 #include "preempt-copy.h"
+#include "preempt-disk.h"
 #include "preempt-policy.h"
 
 #include <cstdint>
@@ -76,21 +77,46 @@ struct swap_knobs {
 struct swap_host {
     std::shared_ptr<seq_copier> copier;
     std::shared_ptr<host_pool>  pool;   // warm host memory for swap buffers
-    cost_rates                  rates;  // measured park, restore and prefill rates (the choice's prices)
+    std::shared_ptr<disk_store> disk;   // the disk tier (--preempt-disk), or null
+    cost_rates                  rates;  // measured park, restore, disk and prefill rates (the choice's prices)
     swap_knobs                  knobs;
 };
 
-// a swapped slot's state in host RAM, one buffer per context
+// a swapped slot's state: in host RAM, one buffer per context, and for a disk park its file
+// (preempt-disk-park.h), which goes first whenever the state is freed: the I/O thread may still
+// be reading or filling the buffers
 struct swap_state {
     host_buffer  tgt;
     host_buffer  dft;
+    disk_copy    disk;
     bool         copy_in_flight = false;  // the transfer to host RAM may still be running
     int64_t      t_copy_in_flight_until_us = 0;      // LLAMA_SERVER_PREEMPT_COPY_HOLD_MS: in flight until then
     int32_t      n_copy_ranges  = 0;      // cell ranges the state was copied from
     const char * copied_by      = "";     // how the park copied (copy_report::how())
 
-    size_t bytes() const { return tgt.size + dft.size; }
-    void   free() {
+    swap_state() = default;
+    swap_state(swap_state && o) noexcept = default;
+    swap_state & operator=(swap_state && o) noexcept {
+        if (this != &o) {
+            free();
+            tgt  = std::move(o.tgt);
+            dft  = std::move(o.dft);
+            disk = std::move(o.disk);
+            copy_in_flight = o.copy_in_flight;
+            t_copy_in_flight_until_us = o.t_copy_in_flight_until_us;
+            n_copy_ranges  = o.n_copy_ranges;
+            copied_by      = o.copied_by;
+            o.copy_in_flight = false;
+        }
+        return *this;
+    }
+    ~swap_state() { free(); }
+
+    size_t bytes() const { return tgt.size + dft.size; }  // host RAM it holds now
+    // where its state waits: on disk for a disk park, else in RAM (recompute: not a swap at all)
+    park_tier tier() const { return disk.on() ? park_tier::disk : park_tier::ram; }
+    void free() {
+        disk.reset();
         tgt.reset();
         dft.reset();
         copy_in_flight = false;
@@ -104,6 +130,7 @@ struct swap_result {
     copy_report  report;
     int64_t      t_us     = 0;
     int          verified = -1;  // LLAMA_SERVER_PREEMPT_VERIFY: 1 the copy equals upstream's, 0 it differs
+    uint64_t     ref_checksum = 0;  //   and the checksum of upstream's bytes (a disk park's read back is held to it)
 };
 
 // Copy the state (sized by size_state) to host RAM. On failure the buffers are freed and the

@@ -166,34 +166,54 @@ PYBIND11_MODULE(_core, m) {
           },
           py::arg("slots"), py::arg("params"), py::arg("n") = 1000, "microseconds per plan_step call, timed in C++");
 
-    // SWAP or RECOMPUTE: the choice the server and the simulator make for each victim
-    py::class_<lp::cost_rates>(m, "CostRates", "the measured rates SWAP or RECOMPUTE is priced with")
+    // RAM, disk or RECOMPUTE: the choice the server and the simulator make for each victim
+    py::class_<lp::cost_rates>(m, "CostRates", "the measured rates a park to RAM, to disk or by RECOMPUTE is priced with")
         .def(py::init<>())
-        .def_readwrite("park_bps",    &lp::cost_rates::park_bps)
-        .def_readwrite("restore_bps", &lp::cost_rates::restore_bps)
-        .def_readwrite("prefill_tps", &lp::cost_rates::prefill_tps)
-        .def_readonly("n_park_samples",    &lp::cost_rates::n_park_samples)
-        .def_readonly("n_restore_samples", &lp::cost_rates::n_restore_samples)
-        .def_readonly("n_prefill_samples", &lp::cost_rates::n_prefill_samples)
-        .def("observe_park",    &lp::cost_rates::observe_park,    py::arg("bytes"), py::arg("t_us"))
-        .def("observe_restore", &lp::cost_rates::observe_restore, py::arg("bytes"), py::arg("t_us"))
-        .def("observe_prefill", &lp::cost_rates::observe_prefill, py::arg("n_tokens"), py::arg("t_us"));
+        .def_readwrite("park_bps",       &lp::cost_rates::park_bps)
+        .def_readwrite("restore_bps",    &lp::cost_rates::restore_bps)
+        .def_readwrite("prefill_tps",    &lp::cost_rates::prefill_tps)
+        .def_readwrite("disk_write_bps", &lp::cost_rates::disk_write_bps)
+        .def_readwrite("disk_read_bps",  &lp::cost_rates::disk_read_bps)
+        .def_readonly("n_park_samples",       &lp::cost_rates::n_park_samples)
+        .def_readonly("n_restore_samples",    &lp::cost_rates::n_restore_samples)
+        .def_readonly("n_prefill_samples",    &lp::cost_rates::n_prefill_samples)
+        .def_readonly("n_disk_write_samples", &lp::cost_rates::n_disk_write_samples)
+        .def_readonly("n_disk_read_samples",  &lp::cost_rates::n_disk_read_samples)
+        .def("observe_park",       &lp::cost_rates::observe_park,       py::arg("bytes"), py::arg("t_us"))
+        .def("observe_restore",    &lp::cost_rates::observe_restore,    py::arg("bytes"), py::arg("t_us"))
+        .def("observe_prefill",    &lp::cost_rates::observe_prefill,    py::arg("n_tokens"), py::arg("t_us"))
+        .def("observe_disk_write", &lp::cost_rates::observe_disk_write, py::arg("bytes"), py::arg("t_us"))
+        .def("observe_disk_read",  &lp::cost_rates::observe_disk_read,  py::arg("bytes"), py::arg("t_us"));
 
-    py::class_<lp::park_decision>(m, "ParkDecision", "SWAP or RECOMPUTE for one victim, and why")
+    py::class_<lp::park_decision>(m, "ParkDecision", "RAM, disk or RECOMPUTE for one victim, and why")
         .def_readonly("swap", &lp::park_decision::swap)
+        .def_readonly("disk", &lp::park_decision::disk)
         .def_property_readonly("why", [](const lp::park_decision & d) { return std::string(lp::park_choice_name(d.why)); })
+        .def_property_readonly("tier", [](const lp::park_decision & d) { return std::string(lp::park_tier_name(d.tier())); })
         .def_readonly("swap_ms",      &lp::park_decision::swap_ms)
+        .def_readonly("disk_ms",      &lp::park_decision::disk_ms)
         .def_readonly("recompute_ms", &lp::park_decision::recompute_ms);
 
-    m.def("choose_park", [](const std::string & mode, size_t bytes, int64_t n_tokens, size_t ram_left, const lp::cost_rates & rates) {
+    m.def("choose_park", [](const std::string & mode, size_t bytes, int64_t n_tokens, size_t ram_left, const lp::cost_rates & rates,
+                            size_t disk_left, bool waits_behind) {
               lp::preempt_mode pm;
               if (!lp::parse_preempt_mode(mode, pm)) {
                   throw py::value_error("mode must be auto, swap or recompute, got '" + mode + "'");
               }
-              return lp::choose_park(pm, bytes, n_tokens, ram_left, rates);
+              lp::park_options o;
+              o.bytes        = bytes;
+              o.n_tokens     = n_tokens;
+              o.ram_left     = ram_left;
+              o.disk_left    = disk_left;
+              o.waits_behind = waits_behind;
+              return lp::choose_park(pm, o, rates);
           },
           py::arg("mode"), py::arg("bytes"), py::arg("n_tokens"), py::arg("ram_left"), py::arg("rates"),
-          "the server's choice for one victim: `bytes` of state (0: cannot swap), `n_tokens` to re-prefill");
+          py::arg("disk_left") = 0, py::arg("waits_behind") = false,
+          "the server's choice for one victim: `bytes` of state (0: cannot swap), `n_tokens` to re-prefill, "
+          "`ram_left` and `disk_left` (0: no disk tier) bytes free, `waits_behind`: another parked slot comes back first");
+    m.def("waits_behind_parked", &lp::waits_behind_parked, py::arg("slots"), py::arg("victim"),
+          "whether the victim, once parked, comes back after another parked slot (its file can be read ahead)");
 
     // which slot may be parked, and what a parked slot needs to come back: the decisions the
     // server's mechanics and the simulator both ask the policy for
@@ -221,18 +241,22 @@ PYBIND11_MODULE(_core, m) {
         .def_readonly("n_redo", &lp::park_shape::n_redo);
     m.def("has_swap_state", &lp::has_swap_state, py::arg("victim"));
     m.def("shape_park", &lp::shape_park, py::arg("victim"), py::arg("swap"), py::arg("n_batch"));
-    m.def("effective_mode", [](const std::string & mode, int64_t ram_mib) {
+    m.def("effective_mode", [](const std::string & mode, int64_t ram_mib, int64_t disk_mib) {
               lp::preempt_mode pm;
               if (!lp::parse_preempt_mode(mode, pm)) {
                   throw py::value_error("mode must be auto, swap or recompute, got '" + mode + "'");
               }
-              return std::string(lp::preempt_mode_name(lp::effective_mode(pm, lp::ram_budget_from_mib(ram_mib))));
-          }, py::arg("mode"), py::arg("preempt_ram_mib"), "the mode a victim is parked by, with this --preempt-ram");
+              const size_t disk = disk_mib == 0 ? 0 : lp::ram_budget_from_mib(disk_mib);
+              return std::string(lp::preempt_mode_name(lp::effective_mode(pm, lp::ram_budget_from_mib(ram_mib), disk)));
+          }, py::arg("mode"), py::arg("preempt_ram_mib"), py::arg("preempt_disk_mib") = 0,
+          "the mode a victim is parked by, with this --preempt-ram and disk tier (0: none, -1: the disk's free space)");
     m.def("ram_left", &lp::ram_left, py::arg("ram_budget"), py::arg("held"));
     m.def("ram_budget_from_mib", &lp::ram_budget_from_mib, py::arg("mib"));
     // the flags' own checks (preempt-flags.h): a ValueError with llama-server's words
     m.def("parse_preempt_ram_mib", &lp::parse_preempt_ram_mib, py::arg("value"),
           "--preempt-ram as llama-server parses it (-1, 0 or MiB); ValueError with its message otherwise");
+    m.def("parse_preempt_disk_mib", &lp::parse_preempt_disk_mib, py::arg("value"),
+          "--preempt-disk-mib as llama-server parses it (-1 or MiB); ValueError with its message otherwise");
     m.def("parse_preempt_mode", &lp::parse_preempt_mode_name, py::arg("value"),
           "--preempt-mode as llama-server parses it; ValueError with its message otherwise");
 
@@ -281,12 +305,17 @@ PYBIND11_MODULE(_core, m) {
         .def_readwrite("bytes_per_cell",   &lp::sim_params::bytes_per_cell)
         .def_readwrite("swap_out_bps",     &lp::sim_params::swap_out_bps)
         .def_readwrite("swap_in_bps",      &lp::sim_params::swap_in_bps)
+        .def_readwrite("disk_budget_bytes", &lp::sim_params::disk_budget_bytes)
+        .def_readwrite("disk_write_bps",   &lp::sim_params::disk_write_bps)
+        .def_readwrite("disk_read_bps",    &lp::sim_params::disk_read_bps)
         .def_readwrite("max_steps",        &lp::sim_params::max_steps);
 
     py::class_<lp::sim_result>(m, "SimResult", "what a simulated run did")
         .def_readonly("n_steps",            &lp::sim_result::n_steps)
         .def_readonly("n_park_swap",        &lp::sim_result::n_park_swap)
         .def_readonly("n_park_recompute",   &lp::sim_result::n_park_recompute)
+        .def_readonly("n_park_disk",        &lp::sim_result::n_park_disk)
+        .def_readonly("peak_disk_bytes",    &lp::sim_result::peak_disk_bytes)
         .def_property_readonly("parks_by_choice", [](const lp::sim_result & r) {
             std::map<std::string, int64_t> out;
             for (int i = 0; i < lp::N_PARK_CHOICES; ++i) {

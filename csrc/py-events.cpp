@@ -75,6 +75,7 @@ void register_events(py::module_ & m) {
         .field("slot", &lp::park_event::slot)
         .field("task", &lp::park_event::task)
         .field("mode", &lp::park_event::mode)
+        .field("tier", &lp::park_event::tier)
         .field("n_tokens", &lp::park_event::n_tokens)
         .field("bytes", &lp::park_event::bytes)
         .field("reason", &lp::park_event::reason)
@@ -82,12 +83,14 @@ void register_events(py::module_ & m) {
         .field("priority", &lp::park_event::priority)
         .field("choice", &lp::park_event::choice)
         .field("swap_ms_predicted", &lp::park_event::swap_ms_predicted)
+        .field("disk_ms_predicted", &lp::park_event::disk_ms_predicted)
         .field("recompute_ms_predicted", &lp::park_event::recompute_ms_predicted)
         .done();
     event_class<lp::resume_event>(m, "ResumeEvent", "a parked slot resumed in this step")
         .field("slot", &lp::resume_event::slot)
         .field("task", &lp::resume_event::task)
         .field("mode", &lp::resume_event::mode)
+        .field("tier", &lp::resume_event::tier)
         .field("fallback", &lp::resume_event::fallback)
         .field("parked_ms", &lp::resume_event::parked_ms)
         .field("restore_ms", &lp::resume_event::restore_ms)
@@ -130,6 +133,16 @@ void register_events(py::module_ & m) {
         choices.emplace_back(lp::park_choice_name((lp::park_choice) i));
     }
     m.attr("PARK_CHOICES") = py::tuple(py::cast(choices));
+    std::vector<std::string> tiers;
+    for (int i = 0; i < lp::N_PARK_TIERS; ++i) {
+        tiers.emplace_back(lp::park_tier_name((lp::park_tier) i));
+    }
+    m.attr("PARK_TIERS") = py::tuple(py::cast(tiers));
+    std::vector<std::string> disk_errors;
+    for (int i = 1; i < lp::N_DISK_ERRORS; ++i) {
+        disk_errors.emplace_back(lp::disk_error_name((lp::disk_error) i));
+    }
+    m.attr("DISK_FAILURES") = py::tuple(py::cast(disk_errors));
     std::vector<std::string> reasons;
     for (auto r : { lp::park_reason::pool_full, lp::park_reason::forced, lp::park_reason::last_resort, lp::park_reason::api }) {
         reasons.emplace_back(lp::park_reason_key(r));
@@ -138,6 +151,8 @@ void register_events(py::module_ & m) {
     m.attr("DEFAULT_PARK_BPS")    = lp::cost_rates::DEFAULT_PARK_BPS;
     m.attr("DEFAULT_RESTORE_BPS") = lp::cost_rates::DEFAULT_RESTORE_BPS;
     m.attr("DEFAULT_PREFILL_TPS") = lp::cost_rates::DEFAULT_PREFILL_TPS;
+    m.attr("DEFAULT_DISK_WRITE_BPS") = lp::cost_rates::DEFAULT_DISK_WRITE_BPS;
+    m.attr("DEFAULT_DISK_READ_BPS")  = lp::cost_rates::DEFAULT_DISK_READ_BPS;
     m.def("metric_names", []() {
         std::vector<std::pair<std::string, std::string>> out;
         for (const auto & it : lp::metric_items(lp::preempt_counters{}, lp::preempt_gauges{})) {
@@ -145,4 +160,11 @@ void register_events(py::module_ & m) {
         }
         return out;
     }, "every preemption series of /metrics (without the llamacpp: prefix), with its kind (counter or gauge)");
+    m.def("labeled_metric_names", []() {
+        std::vector<std::pair<std::string, std::string>> out;
+        for (const auto & it : lp::labeled_items(lp::preempt_counters{})) {
+            out.emplace_back(it.name, it.label);
+        }
+        return out;
+    }, "the preemption counters of /metrics with one label (without the llamacpp: prefix), with the label's name");
 }

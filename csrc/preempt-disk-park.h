@@ -1,0 +1,60 @@
+// llama-preempt: disk parks, a SWAP park's state taken from host RAM to a file and back
+// (--preempt-disk). The park itself is a swap_out() as for RAM (preempt-swap.h); these functions
+// then move the host copy to the disk tier (preempt-disk.h) and bring it back before swap_in().
+// No server types: the mechanics (preempt-context.inc) call them and log and count what they report.
+//
+// A disk park's life, in its swap_state:
+//   1. park: the host copy is written in the background when it fits what is left of
+//      --preempt-ram (its RAM counts against the budget until the file is written), else the park
+//      waits for the write; on a device, the write starts once the park's transfer has settled;
+//   2. each step (disk_step): a finished write frees the host copy (the state is only on disk now);
+//      a failed one frees it too and the resume recomputes;
+//   3. restore ahead (disk_read_ahead): the slot that comes back next has its file read into new
+//      host buffers while other slots decode;
+//   4. resume (disk_read_back): a file still being written is dropped and the host copy used; else
+//      the read ahead is awaited, or the file is read now; the bytes are checked against the
+//      file's checksum (and with LLAMA_SERVER_PREEMPT_VERIFY against upstream's serialization),
+//      then swap_in() copies them back as for any SWAP park.
+#pragma once
+
+#include "preempt-swap.h"
+
+#include <cstdint>
+#include <string>
+
+namespace llama_preempt {
+
+// what a disk step or read did, for the mechanics to log and count
+struct disk_result {
+    bool        ok    = true;
+    disk_error  error = disk_error::none;  // a failure, by kind (/metrics label)
+    std::string why;                       // what failed, for the log
+    size_t      bytes = 0;                 // bytes written or read
+    int64_t     t_us  = 0;                 // the I/O thread's time for them
+    bool        from_memory = false;       // read back: the write was still running, the host copy was used
+    bool        read_ahead  = false;       // read back: its read had been queued ahead of the resume
+    int         verified    = -1;          // LLAMA_SERVER_PREEMPT_VERIFY: 1 the bytes equal upstream's, 0 they differ
+};
+
+// Right after a successful swap_out(): the state goes to a file. In the background when
+// `background` (the host copy fits what is left of the RAM budget), else before this returns.
+// Not ok: nothing is on disk and the host copy is freed (the caller recomputes instead).
+disk_result disk_park(swap_state & st, swap_host & host, bool background, uint64_t ref_checksum, int verified);
+
+// Once per step, for a disk-parked slot: start a write whose transfer has settled, and see to a
+// write that finished. `written`: a write finished this step (its host copy freed). Not ok: the
+// write failed this step; the state is gone and the slot recomputes when it resumes.
+disk_result disk_step(swap_state & st, swap_host & host, bool & written);
+
+// Read the slot's file into new host buffers ahead of its resume. False when there is nothing to
+// read (still in RAM, already reading) or its buffers cannot be had.
+bool disk_read_ahead(swap_state & st, swap_host & host);
+
+// Before swap_in(): the host buffers get the state back (see 4. above). Not ok: the state is lost
+// (the file failed or changed); the buffers and the file are freed and the caller recomputes.
+disk_result disk_read_back(swap_state & st, swap_host & host);
+
+// one line on where a disk park's state is (file, bytes, in RAM or not), for the slot's log
+std::string describe_disk(const swap_state & st);
+
+} // namespace llama_preempt

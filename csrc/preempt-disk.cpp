@@ -1,0 +1,561 @@
+// llama-preempt: the disk tier's files and its I/O thread (preempt-disk.h).
+#include "preempt-disk.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <vector>
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
+
+namespace llama_preempt {
+
+namespace {
+
+constexpr char   MAGIC[8] = { 'L', 'P', 'K', 'V', 'S', 'E', 'Q', '1' };
+constexpr size_t HEADER   = 64;                // magic, two part sizes, checksum, padding
+constexpr size_t CHUNK    = (size_t) 8 << 20;  // one pwrite/pread: a cancel waits for one at most
+constexpr char   PREFIX[] = "llama-preempt-";
+constexpr char   NEW_PREFIX[] = ".new-llama-preempt-";  // one being made, not locked in place yet
+
+int64_t now_us() {
+    return std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+// every file of a directory removed, then the directory (ours hold no subdirectories)
+void remove_dir(const std::string & path) {
+    if (DIR * d = opendir(path.c_str())) {
+        while (dirent * e = readdir(d)) {
+            if (strcmp(e->d_name, ".") != 0 && strcmp(e->d_name, "..") != 0) {
+                unlink((path + "/" + e->d_name).c_str());
+            }
+        }
+        closedir(d);
+    }
+    rmdir(path.c_str());
+}
+
+// A directory of ours whose lock nobody holds belongs to a server that is gone. One without a lock
+// file is left from a crash between mkdir and the lock (ours are renamed into place locked): gone
+// too once it is a minute old.
+bool is_stale(const std::string & path) {
+    const int fd = ::open((path + "/lock").c_str(), O_RDWR | O_CLOEXEC);
+    if (fd < 0) {
+        struct stat st;
+        return stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode) && time(nullptr) - st.st_mtime > 60;
+    }
+    const bool free = flock(fd, LOCK_EX | LOCK_NB) == 0;
+    close(fd);  // closing drops the lock we may have taken
+    return free;
+}
+
+bool write_all(int fd, const uint8_t * p, size_t n, off_t off) {
+    while (n > 0) {
+        const ssize_t w = pwrite(fd, p, n, off);
+        if (w < 0 && errno == EINTR) {
+            continue;
+        }
+        if (w <= 0) {
+            if (w == 0) {
+                errno = ENOSPC;
+            }
+            return false;
+        }
+        p += w; n -= (size_t) w; off += w;
+    }
+    return true;
+}
+
+// false with errno, or with errno 0 for a file shorter than asked (a short read)
+bool read_all(int fd, uint8_t * p, size_t n, off_t off) {
+    while (n > 0) {
+        const ssize_t r = pread(fd, p, n, off);
+        if (r < 0 && errno == EINTR) {
+            continue;
+        }
+        if (r <= 0) {
+            if (r == 0) {
+                errno = 0;
+            }
+            return false;
+        }
+        p += r; n -= (size_t) r; off += r;
+    }
+    return true;
+}
+
+uint64_t rotl(uint64_t x, int r) {
+    return (x << r) | (x >> (64 - r));
+}
+
+void hash_block(uint64_t lane[4], const uint8_t * p) {
+    for (int i = 0; i < 4; ++i) {
+        uint64_t w;
+        memcpy(&w, p + 8 * i, 8);
+        lane[i] = rotl(lane[i] ^ (w * 0x9E3779B185EBCA87ull), 31) * 0xC2B2AE3D27D4EB4Full;
+    }
+}
+
+} // namespace
+
+void disk_hasher::update(const uint8_t * p, size_t n) {
+    n_total += n;
+    if (n_tail > 0) {
+        const size_t k = std::min(n, sizeof(tail) - n_tail);
+        memcpy(tail + n_tail, p, k);
+        n_tail += k; p += k; n -= k;
+        if (n_tail < sizeof(tail)) {
+            return;
+        }
+        hash_block(lane, tail);
+        n_tail = 0;
+    }
+    for (; n >= 32; p += 32, n -= 32) {
+        hash_block(lane, p);
+    }
+    memcpy(tail, p, n);
+    n_tail = n;
+}
+
+uint64_t disk_hasher::digest() const {
+    uint64_t h = n_total * 0x9E3779B185EBCA87ull;
+    for (int i = 0; i < 4; ++i) {
+        h = rotl(h ^ lane[i], 27) * 0x165667B19E3779F9ull;
+    }
+    for (size_t i = 0; i < n_tail; ++i) {
+        h = rotl(h ^ tail[i], 11) * 0x9E3779B185EBCA87ull;
+    }
+    return h ^ (h >> 33);
+}
+
+uint64_t disk_checksum(const uint8_t * p, size_t n) {
+    disk_hasher h;
+    h.update(p, n);
+    return h.digest();
+}
+
+bool parse_disk_fault(const std::string & name, disk_fault & out) {
+    for (disk_fault f : { disk_fault::none, disk_fault::write, disk_fault::read, disk_fault::remove, disk_fault::corrupt, disk_fault::full }) {
+        if (name == disk_fault_name(f)) {
+            out = f;
+            return true;
+        }
+    }
+    return false;
+}
+
+const char * disk_fault_name(disk_fault f) {
+    switch (f) {
+        case disk_fault::none:    return "none";
+        case disk_fault::write:   return "write";
+        case disk_fault::read:    return "read";
+        case disk_fault::remove:  return "remove";
+        case disk_fault::corrupt: return "corrupt";
+        case disk_fault::full:    return "full";
+    }
+    return "?";
+}
+
+const char * disk_error_name(disk_error e) {
+    switch (e) {
+        case disk_error::none:       return "none";
+        case disk_error::full:       return "full";
+        case disk_error::write:      return "write";
+        case disk_error::read:       return "read";
+        case disk_error::missing:    return "missing";
+        case disk_error::short_read: return "short_read";
+        case disk_error::checksum:   return "checksum";
+        case disk_error::cancelled:  return "cancelled";
+    }
+    return "?";
+}
+
+std::shared_ptr<disk_store> disk_store::open(const std::string & dir, size_t budget, const disk_knobs & knobs, std::string & err) {
+    struct stat st;
+    if (stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
+        err = "--preempt-disk: '" + dir + "' is not a directory (create it first)";
+        return nullptr;
+    }
+    if (access(dir.c_str(), W_OK | X_OK) != 0) {
+        err = "--preempt-disk: cannot write to '" + dir + "': " + strerror(errno);
+        return nullptr;
+    }
+    std::shared_ptr<disk_store> s(new disk_store());
+    s->budget_ = budget;
+    s->knobs_  = knobs;
+
+    // what servers that are gone left behind
+    if (DIR * d = opendir(dir.c_str())) {
+        std::vector<std::string> stale;
+        while (dirent * e = readdir(d)) {
+            const bool ours = strncmp(e->d_name, PREFIX, sizeof(PREFIX) - 1) == 0 ||
+                              strncmp(e->d_name, NEW_PREFIX, sizeof(NEW_PREFIX) - 1) == 0;
+            if (ours && is_stale(dir + "/" + e->d_name)) {
+                stale.push_back(dir + "/" + e->d_name);
+            }
+        }
+        closedir(d);
+        for (const auto & path : stale) {
+            remove_dir(path);
+            s->n_stale_removed_++;
+        }
+    }
+
+    // ours: made under a name no other server scans for, locked, then renamed into place, so no
+    // other server ever sees it unlocked; <n> tells apart two stores of one process (Engines)
+    static std::atomic<int> n_opened{0};
+    const std::string base = PREFIX + std::to_string(getpid()) + "-" + std::to_string(n_opened++);
+    const std::string name = dir + "/" + base;
+    const std::string tmp  = dir + "/" + NEW_PREFIX + base;
+    remove_dir(tmp);
+    if (mkdir(tmp.c_str(), 0700) != 0) {
+        err = "--preempt-disk: cannot create a directory in '" + dir + "': " + strerror(errno);
+        return nullptr;
+    }
+    s->lock_fd_ = ::open((tmp + "/lock").c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    if (s->lock_fd_ < 0 || flock(s->lock_fd_, LOCK_EX | LOCK_NB) != 0 || rename(tmp.c_str(), name.c_str()) != 0) {
+        err = "--preempt-disk: cannot lock a directory in '" + dir + "': " + strerror(errno);
+        remove_dir(tmp);
+        return nullptr;
+    }
+    s->dir_    = name;
+    s->worker_ = std::thread([p = s.get()] { p->run(); });
+    return s;
+}
+
+disk_store::~disk_store() {
+    {
+        std::lock_guard<std::mutex> lk(mu_);
+        stop_   = true;
+        cancel_ = true;
+    }
+    cv_work_.notify_all();
+    if (worker_.joinable()) {
+        worker_.join();
+    }
+    if (!dir_.empty()) {
+        remove_dir(dir_);  // the lock file too: the lock goes with the descriptor below
+    }
+    if (lock_fd_ >= 0) {
+        close(lock_fd_);
+    }
+}
+
+// under mu_: what a new file may take
+static size_t room_for(size_t budget, size_t held, const std::string & dir) {
+    size_t room = budget - std::min(budget, held);
+    struct statvfs vfs;
+    if (statvfs(dir.c_str(), &vfs) == 0) {
+        const uint64_t avail = (uint64_t) vfs.f_bavail * vfs.f_frsize;
+        room = std::min<uint64_t>(room, avail > disk_store::RESERVE ? avail - disk_store::RESERVE : 0);
+    }
+    return room;
+}
+
+size_t disk_store::room() const {
+    std::lock_guard<std::mutex> lk(mu_);
+    return room_for(budget_, bytes_held_, dir_);
+}
+
+std::shared_ptr<disk_file> disk_store::write(const uint8_t * a, size_t n_a, const uint8_t * b, size_t n_b,
+                                             std::string & why, disk_error & error) {
+    auto f = std::make_shared<disk_file>();
+    f->n_bytes[0] = n_a;
+    f->n_bytes[1] = n_b;
+    f->src[0]     = a;
+    f->src[1]     = b;
+    {
+        std::lock_guard<std::mutex> lk(mu_);
+        const size_t room = room_for(budget_, bytes_held_, dir_);
+        if (f->total() + HEADER > room) {
+            why   = budget_ - std::min(budget_, bytes_held_) < f->total() + HEADER
+                  ? "the disk budget (--preempt-disk-mib) has no room left"
+                  : "the disk is full (" + std::to_string(room >> 20) + " MiB free beyond its reserve)";
+            error = disk_error::full;
+            return nullptr;
+        }
+        f->path = dir_ + "/park-" + std::to_string(++n_files_) + ".kv";
+    }
+    // created here, so that its mode is set before a byte is in it
+    const int fd = ::open(f->path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    if (fd < 0) {
+        why   = "cannot create " + f->path + ": " + strerror(errno);
+        error = errno == ENOSPC || errno == EDQUOT ? disk_error::full : disk_error::write;
+        return nullptr;
+    }
+    close(fd);
+    {
+        std::lock_guard<std::mutex> lk(mu_);
+        bytes_held_ += f->total();
+        n_writing_  += 1;
+        f->counted = true;
+        f->st      = disk_file::status::queued_write;
+        f->busy    = true;
+        queue_.push_back(f);
+    }
+    cv_work_.notify_all();
+    return f;
+}
+
+bool disk_store::read(const std::shared_ptr<disk_file> & f, uint8_t * a, uint8_t * b) {
+    {
+        std::lock_guard<std::mutex> lk(mu_);
+        if (f->busy || f->st != disk_file::status::written) {
+            return false;
+        }
+        f->dst[0] = a;
+        f->dst[1] = b;
+        f->st     = disk_file::status::queued_read;
+        f->busy   = true;
+        queue_.push_back(f);
+    }
+    cv_work_.notify_all();
+    return true;
+}
+
+disk_file::status disk_store::settle(const std::shared_ptr<disk_file> & f) {
+    std::unique_lock<std::mutex> lk(mu_);
+    cv_done_.wait(lk, [&] { return !f->busy; });
+    return f->st;
+}
+
+bool disk_store::is_settled(const std::shared_ptr<disk_file> & f) const {
+    std::lock_guard<std::mutex> lk(mu_);
+    return !f->busy;
+}
+
+void disk_store::uncount(disk_file & f) {
+    if (f.counted) {
+        bytes_held_ -= std::min(bytes_held_, f.total());
+        f.counted = false;
+    }
+}
+
+void disk_store::remove(const std::shared_ptr<disk_file> & f) {
+    if (!f) {
+        return;
+    }
+    std::unique_lock<std::mutex> lk(mu_);
+    if (f->st == disk_file::status::removed) {
+        return;
+    }
+    auto it = std::find(queue_.begin(), queue_.end(), f);
+    if (it != queue_.end()) {
+        queue_.erase(it);
+        n_writing_ -= f->st == disk_file::status::queued_write ? 1 : 0;
+        f->busy = false;
+    } else if (current_ == f) {
+        cancel_ = true;
+        cv_work_.notify_all();  // a write held in flight by the test knob stops waiting
+        cv_done_.wait(lk, [&] { return current_ != f; });
+    }
+    uncount(*f);
+    f->st = disk_file::status::removed;
+    lk.unlock();
+    unlink(f->path.c_str());
+}
+
+size_t disk_store::bytes_held() const {
+    std::lock_guard<std::mutex> lk(mu_);
+    return bytes_held_;
+}
+
+int32_t disk_store::n_writes_in_flight() const {
+    std::lock_guard<std::mutex> lk(mu_);
+    return n_writing_;
+}
+
+bool disk_store::cancelled() const {
+    std::lock_guard<std::mutex> lk(mu_);
+    return cancel_;
+}
+
+void disk_store::run() {
+    std::unique_lock<std::mutex> lk(mu_);
+    while (true) {
+        cv_work_.wait(lk, [&] { return stop_ || !queue_.empty(); });
+        if (stop_) {
+            return;
+        }
+        // a read is awaited by a resume soon: it goes before the writes
+        auto it = std::find_if(queue_.begin(), queue_.end(), [](const auto & f) { return f->st == disk_file::status::queued_read; });
+        if (it == queue_.end()) {
+            it = queue_.begin();
+        }
+        std::shared_ptr<disk_file> f = *it;
+        queue_.erase(it);
+        const bool writing = f->st == disk_file::status::queued_write;
+        f->st    = writing ? disk_file::status::writing : disk_file::status::reading;
+        current_ = f;
+        cancel_  = false;
+        lk.unlock();
+
+        std::string why;
+        uint64_t    sum = 0;
+        const int64_t t0  = now_us();
+        disk_error    err = writing ? do_write(*f, why, sum) : do_read(*f, why);
+        const int64_t t_us = now_us() - t0;
+
+        lk.lock();
+        if (writing && err == disk_error::none && knobs_.hold_us > 0) {
+            // LLAMA_SERVER_PREEMPT_DISK_HOLD_MS: the write stays in flight (a resume reads from memory)
+            cv_work_.wait_for(lk, std::chrono::microseconds(std::max<int64_t>(0, knobs_.hold_us - t_us)),
+                              [&] { return cancel_ || stop_; });
+        }
+        if (cancel_) {
+            err = disk_error::cancelled;
+            why = "cancelled";
+        }
+        f->error = err;
+        f->why   = why;
+        f->t_us  = t_us;
+        if (writing) {
+            n_writing_ -= 1;
+            if (err == disk_error::none) {
+                f->checksum = sum;
+                f->st       = disk_file::status::written;
+            } else {
+                f->st = disk_file::status::failed;
+                uncount(*f);  // the file is gone: its budget comes back
+                unlink(f->path.c_str());
+            }
+        } else {
+            // a read that failed leaves the file to its owner, who recomputes and removes it
+            f->st = err == disk_error::none ? disk_file::status::read : disk_file::status::failed;
+        }
+        f->busy  = false;
+        current_ = nullptr;
+        cancel_  = false;
+        cv_done_.notify_all();
+    }
+}
+
+disk_error disk_store::do_write(disk_file & f, std::string & why, uint64_t & sum) {
+    if (knobs_.fault == disk_fault::write) {
+        why = "writing " + f.path + " failed: " + strerror(EIO) + " (LLAMA_SERVER_PREEMPT_DISK_FAIL=write)";
+        return disk_error::write;
+    }
+    const int fd = ::open(f.path.c_str(), O_WRONLY | O_TRUNC | O_CLOEXEC);
+    if (fd < 0) {
+        why = "opening " + f.path + " failed: " + strerror(errno);
+        return disk_error::write;
+    }
+    disk_hasher h;
+    off_t off = HEADER;
+    int   err = 0;
+    for (int part = 0; part < 2 && err == 0; ++part) {
+        for (size_t pos = 0; pos < f.n_bytes[part] && err == 0; pos += CHUNK) {
+            if (cancelled()) {
+                err = ECANCELED;
+                break;
+            }
+            if (knobs_.fault == disk_fault::full && (size_t) off - HEADER >= f.total() / 2) {
+                err = ENOSPC;  // LLAMA_SERVER_PREEMPT_DISK_FAIL=full: the disk fills halfway
+                break;
+            }
+            const size_t n = std::min(CHUNK, f.n_bytes[part] - pos);
+            h.update(f.src[part] + pos, n);
+            if (!write_all(fd, f.src[part] + pos, n, off)) {
+                err = errno ? errno : EIO;
+            }
+            off += (off_t) n;
+        }
+    }
+    if (err == 0) {
+        sum = h.digest();
+        uint8_t header[HEADER] = {};
+        memcpy(header, MAGIC, sizeof(MAGIC));
+        memcpy(header + 8, &f.n_bytes[0], 8);
+        memcpy(header + 16, &f.n_bytes[1], 8);
+        memcpy(header + 24, &sum, 8);
+        if (!write_all(fd, header, HEADER, 0)) {
+            err = errno ? errno : EIO;
+        }
+    }
+    close(fd);
+    if (err == ECANCELED) {
+        why = "cancelled";
+        return disk_error::cancelled;
+    }
+    if (err != 0) {
+        why = "writing " + f.path + " failed: " + strerror(err) +
+              (knobs_.fault == disk_fault::full ? " (LLAMA_SERVER_PREEMPT_DISK_FAIL=full)" : "");
+        return err == ENOSPC || err == EDQUOT ? disk_error::full : disk_error::write;
+    }
+    // the faults that strike a written file, found when it is read back
+    if (knobs_.fault == disk_fault::corrupt) {
+        const int cfd = ::open(f.path.c_str(), O_RDWR | O_CLOEXEC);
+        uint8_t byte = 0;
+        const off_t at = (off_t) (HEADER + f.total() / 2);
+        if (cfd >= 0 && pread(cfd, &byte, 1, at) == 1) {
+            byte ^= 0x5A;
+            (void) !pwrite(cfd, &byte, 1, at);
+        }
+        if (cfd >= 0) {
+            close(cfd);
+        }
+    } else if (knobs_.fault == disk_fault::remove) {
+        unlink(f.path.c_str());
+    }
+    return disk_error::none;
+}
+
+disk_error disk_store::do_read(disk_file & f, std::string & why) {
+    if (knobs_.fault == disk_fault::read) {
+        why = "reading " + f.path + " failed: " + strerror(EIO) + " (LLAMA_SERVER_PREEMPT_DISK_FAIL=read)";
+        return disk_error::read;
+    }
+    const int fd = ::open(f.path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        why = "opening " + f.path + " failed: " + strerror(errno);
+        return errno == ENOENT ? disk_error::missing : disk_error::read;
+    }
+    auto fail = [&](disk_error e, const std::string & what) {
+        why = what;
+        close(fd);
+        return e;
+    };
+    uint8_t header[HEADER];
+    if (!read_all(fd, header, HEADER, 0)) {
+        return fail(errno == 0 ? disk_error::short_read : disk_error::read, f.path + ": its header cannot be read");
+    }
+    size_t   n0 = 0, n1 = 0;
+    uint64_t sum = 0;
+    memcpy(&n0, header + 8, 8);
+    memcpy(&n1, header + 16, 8);
+    memcpy(&sum, header + 24, 8);
+    if (memcmp(header, MAGIC, sizeof(MAGIC)) != 0 || n0 != f.n_bytes[0] || n1 != f.n_bytes[1]) {
+        return fail(disk_error::checksum, f.path + ": not the file this park wrote (its header differs)");
+    }
+    disk_hasher h;
+    off_t off = HEADER;
+    for (int part = 0; part < 2; ++part) {
+        for (size_t pos = 0; pos < f.n_bytes[part]; pos += CHUNK) {
+            if (cancelled()) {
+                return fail(disk_error::cancelled, "cancelled");
+            }
+            const size_t n = std::min(CHUNK, f.n_bytes[part] - pos);
+            if (!read_all(fd, f.dst[part] + pos, n, off)) {
+                return errno == 0 ? fail(disk_error::short_read, f.path + ": short read (the file is shorter than its state)")
+                                  : fail(disk_error::read, "reading " + f.path + " failed: " + strerror(errno));
+            }
+            h.update(f.dst[part] + pos, n);
+            off += (off_t) n;
+        }
+    }
+    close(fd);
+    if (h.digest() != sum || sum != f.checksum) {
+        why = f.path + ": checksum mismatch (the file changed on disk)";
+        return disk_error::checksum;
+    }
+    return disk_error::none;
+}
+
+} // namespace llama_preempt

@@ -1,0 +1,217 @@
+// llama-preempt: the disk tier's files (--preempt-disk DIR). A parked slot's state, once copied to
+// host RAM, is written to a file by one background I/O thread and read back (ahead of its turn
+// where it can be) on resume. No llama or server types: the disk parks (preempt-disk-park.h) hand
+// it bytes and ask what became of them.
+//
+// The directory holds only this server's files: a subdirectory llama-preempt-<pid>-<n> with a lock
+// held for the store's life (flock), files of mode 0600 in a directory of mode 0700, all removed
+// when the store closes; at the next start, any such subdirectory whose lock nobody holds (its
+// server crashed or was killed) is removed. Every file carries a checksum of its bytes, so a short
+// read or a file changed on disk is caught and the slot recomputes instead.
+#pragma once
+
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+
+namespace llama_preempt {
+
+// LLAMA_SERVER_PREEMPT_DISK_FAIL (tests): the failure every disk park meets
+enum class disk_fault {
+    none,
+    write,    // every write fails (EIO)
+    read,     // every read fails (EIO)
+    remove,   // the file is gone when it is read back
+    corrupt,  // a byte of the file changes after it is written: the checksum catches it
+    full,     // the disk is full (ENOSPC) halfway through the write
+};
+bool parse_disk_fault(const std::string & name, disk_fault & out);
+const char * disk_fault_name(disk_fault f);
+
+// what went wrong with a file (the label of preempt_disk_failures_total)
+enum class disk_error { none, full, write, read, missing, short_read, checksum, cancelled };
+constexpr int N_DISK_ERRORS = 7;  // none .. checksum: the ones /metrics counts (cancelled is not a failure)
+const char * disk_error_name(disk_error e);
+
+// One parked slot's file, shared between the main loop and the I/O thread. The loop owns the
+// memory `src` and `dst` point at and never frees it while the file is busy (remove() and
+// settle() wait for the I/O thread to let go).
+struct disk_file {
+    enum class status { queued_write, writing, written, queued_read, reading, read, failed, removed };
+
+    std::string path;
+    size_t      n_bytes[2] = { 0, 0 };  // the two parts (target and draft context), in file order
+
+    // the I/O thread reads from `src` (a write) or fills `dst` (a read)
+    const uint8_t * src[2] = { nullptr, nullptr };
+    uint8_t *       dst[2] = { nullptr, nullptr };
+
+    // guarded by the store's mutex
+    status      st       = status::queued_write;
+    bool        busy     = false;  // queued or in the I/O thread's hands
+    bool        counted  = false;  // its bytes count in the store's bytes_held()
+    disk_error  error    = disk_error::none;
+    std::string why;               // failed: what failed, for the log
+    int64_t     t_us     = 0;      // the last write or read took this long (its rate)
+    uint64_t    checksum = 0;      // of the bytes written
+
+    size_t total() const { return n_bytes[0] + n_bytes[1]; }
+};
+
+struct disk_knobs {
+    disk_fault fault   = disk_fault::none;  // LLAMA_SERVER_PREEMPT_DISK_FAIL
+    int64_t    hold_us = 0;                 // LLAMA_SERVER_PREEMPT_DISK_HOLD_MS: a write stays in flight this long
+};
+
+class disk_store {
+public:
+    // Creates DIR/llama-preempt-<pid>-<n> (mode 0700) and locks it; removes the directories of
+    // servers that no longer run. `budget` bytes of files at once (SIZE_MAX: no limit but the
+    // disk's free space). Null and `err` set when the directory cannot be used.
+    static std::shared_ptr<disk_store> open(const std::string & dir, size_t budget, const disk_knobs & knobs, std::string & err);
+    ~disk_store();  // stops the I/O thread; removes every file and the directory
+
+    disk_store(const disk_store &) = delete;
+    disk_store & operator=(const disk_store &) = delete;
+
+    // Queue a write of the two parts (either may be empty). Null, with `why` and `error`, when the
+    // file cannot be created or the budget or the disk has no room for it. The memory must stay
+    // until the file settles.
+    std::shared_ptr<disk_file> write(const uint8_t * a, size_t n_a, const uint8_t * b, size_t n_b,
+                                     std::string & why, disk_error & error);
+    // Queue a read of a written file into `a` and `b` (its part sizes). False when it is not written.
+    bool read(const std::shared_ptr<disk_file> & f, uint8_t * a, uint8_t * b);
+    // Wait until the I/O thread is done with the file; its status then.
+    disk_file::status settle(const std::shared_ptr<disk_file> & f);
+    // Whether the I/O thread is done with it, without waiting.
+    bool is_settled(const std::shared_ptr<disk_file> & f) const;
+    // Cancel whatever runs on the file, wait for the I/O thread to let go of it, remove it.
+    void remove(const std::shared_ptr<disk_file> & f);
+
+    size_t  bytes_held() const;  // bytes of this server's files now (written or being written)
+    size_t  room() const;        // bytes a new file may take: what is left of the budget and of the disk
+    int32_t n_writes_in_flight() const;
+    const std::string & dir() const { return dir_; }
+    size_t budget() const { return budget_; }
+    int32_t n_stale_removed() const { return n_stale_removed_; }  // for open()'s log line
+
+    // free space kept on the disk for everything else
+    static constexpr size_t RESERVE = (size_t) 64 << 20;
+
+private:
+    disk_store() = default;
+    void run();  // the I/O thread
+    disk_error do_write(disk_file & f, std::string & why, uint64_t & sum);
+    disk_error do_read(disk_file & f, std::string & why);
+    void uncount(disk_file & f);  // under mu_
+    bool cancelled() const;
+
+    std::string dir_;
+    int         lock_fd_ = -1;
+    size_t      budget_  = 0;
+    disk_knobs  knobs_;
+    uint64_t    n_files_ = 0;
+    int32_t     n_stale_removed_ = 0;
+
+    mutable std::mutex      mu_;
+    std::condition_variable cv_work_;  // the I/O thread waits for work (and a held write for a cancel)
+    std::condition_variable cv_done_;  // the loop waits for a file to settle
+    std::deque<std::shared_ptr<disk_file>> queue_;
+    size_t  bytes_held_ = 0;
+    int32_t n_writing_  = 0;
+    bool    stop_       = false;
+    bool    cancel_     = false;  // the file in the I/O thread's hands is being removed
+    std::shared_ptr<disk_file> current_;
+    std::thread worker_;
+};
+
+// A SWAP park's file on the disk tier (a member of the slot's swap_state, preempt-swap.h). While
+// its file is written the state is in the slot's host buffers as well; once written they are
+// freed and the state is only on disk; a read back fills new ones. Removing it (reset(), also on
+// destruction) cancels what the I/O thread does with it and deletes the file.
+struct disk_copy {
+    std::shared_ptr<disk_store> store;  // set for a disk park (null: the slot is not on the disk tier)
+    std::shared_ptr<disk_file>  file;   // null until its write is queued, and after its read
+    size_t  n_bytes[2] = { 0, 0 };      // the state's two parts (target, draft)
+    bool    pending = false;            // its write waits for the park's transfer to host RAM to settle
+    bool    in_ram  = false;            // the slot's host buffers hold the state
+    bool    reading = false;            // a read into them is queued or running (ahead of its turn)
+    bool    read_ahead = false;         // the last read was queued ahead of the resume
+    disk_error  error = disk_error::none;  // the write failed: the state is gone, the resume recomputes
+    std::string why;
+    uint64_t ref_checksum = 0;          // LLAMA_SERVER_PREEMPT_VERIFY: of upstream's serialization at the park
+    bool     has_ref      = false;
+
+    disk_copy() = default;
+    disk_copy(const disk_copy &) = delete;
+    disk_copy & operator=(const disk_copy &) = delete;
+    disk_copy(disk_copy && o) noexcept { take(o); }
+    disk_copy & operator=(disk_copy && o) noexcept {
+        if (this != &o) {
+            reset();
+            take(o);
+        }
+        return *this;
+    }
+    ~disk_copy() { reset(); }
+
+    bool   on() const { return store != nullptr; }
+    size_t total() const { return n_bytes[0] + n_bytes[1]; }
+    bool   failed() const { return error != disk_error::none; }
+    // bytes its file holds on disk now (written or being written)
+    size_t bytes_on_disk() const { return file && !failed() ? total() : 0; }
+
+    void reset() {
+        if (store && file) {
+            store->remove(file);
+        }
+        clear();
+    }
+
+private:
+    void clear() {
+        store.reset();
+        file.reset();
+        n_bytes[0] = n_bytes[1] = 0;
+        pending = in_ram = reading = read_ahead = false;
+        error = disk_error::none;
+        why.clear();
+        ref_checksum = 0;
+        has_ref      = false;
+    }
+    void take(disk_copy & o) {
+        store      = std::move(o.store);
+        file       = std::move(o.file);
+        n_bytes[0] = o.n_bytes[0];
+        n_bytes[1] = o.n_bytes[1];
+        pending    = o.pending;
+        in_ram     = o.in_ram;
+        reading    = o.reading;
+        read_ahead = o.read_ahead;
+        error      = o.error;
+        why        = std::move(o.why);
+        ref_checksum = o.ref_checksum;
+        has_ref      = o.has_ref;
+        o.clear();
+    }
+};
+
+// a 64-bit checksum of a byte range, fed in order across calls, fast enough to run beside the disk
+// (four lanes of 8-byte words)
+struct disk_hasher {
+    uint64_t lane[4] = { 0x9E3779B97F4A7C15ull, 0xC2B2AE3D27D4EB4Full, 0x165667B19E3779F9ull, 0x27D4EB2F165667C5ull };
+    uint8_t  tail[32];
+    size_t   n_tail  = 0;
+    uint64_t n_total = 0;
+
+    void     update(const uint8_t * p, size_t n);
+    uint64_t digest() const;
+};
+uint64_t disk_checksum(const uint8_t * p, size_t n);
+
+} // namespace llama_preempt
