@@ -54,7 +54,7 @@ preempt_config make_preempt_config(const common_params & params, bool has_memory
     cfg.disk_always  = env_int("LLAMA_SERVER_PREEMPT_DISK_ALWAYS") > 0;
     if (const char * env = getenv("LLAMA_SERVER_PREEMPT_DISK_FAIL")) {
         if (!parse_disk_fault(env, cfg.disk.fault)) {
-            CFG_WRN("preemption: ignoring LLAMA_SERVER_PREEMPT_DISK_FAIL='%s' (want write, read, remove, corrupt or full)\n", env);
+            CFG_WRN("preemption: ignoring LLAMA_SERVER_PREEMPT_DISK_FAIL='%s' (want write, read, remove, corrupt, truncate or full)\n", env);
         }
     }
 

@@ -142,7 +142,8 @@ uint64_t disk_checksum(const uint8_t * p, size_t n) {
 }
 
 bool parse_disk_fault(const std::string & name, disk_fault & out) {
-    for (disk_fault f : { disk_fault::none, disk_fault::write, disk_fault::read, disk_fault::remove, disk_fault::corrupt, disk_fault::full }) {
+    for (disk_fault f : { disk_fault::none, disk_fault::write, disk_fault::read, disk_fault::remove, disk_fault::corrupt,
+                          disk_fault::truncate, disk_fault::full }) {
         if (name == disk_fault_name(f)) {
             out = f;
             return true;
@@ -158,6 +159,7 @@ const char * disk_fault_name(disk_fault f) {
         case disk_fault::read:    return "read";
         case disk_fault::remove:  return "remove";
         case disk_fault::corrupt: return "corrupt";
+        case disk_fault::truncate: return "truncate";
         case disk_fault::full:    return "full";
     }
     return "?";
@@ -456,16 +458,20 @@ disk_error disk_store::do_write(disk_file & f, std::string & why, uint64_t & sum
                 err = ECANCELED;
                 break;
             }
-            if (knobs_.fault == disk_fault::full && (size_t) off - HEADER >= f.total() / 2) {
-                err = ENOSPC;  // LLAMA_SERVER_PREEMPT_DISK_FAIL=full: the disk fills halfway
-                break;
+            size_t n = std::min(CHUNK, f.n_bytes[part] - pos);
+            const size_t done = (size_t) off - HEADER;
+            const bool   fill = knobs_.fault == disk_fault::full && done + n > f.total() / 2;
+            if (fill) {
+                n = f.total() / 2 - std::min(done, f.total() / 2);  // LLAMA_SERVER_PREEMPT_DISK_FAIL=full: the disk fills halfway
             }
-            const size_t n = std::min(CHUNK, f.n_bytes[part] - pos);
             h.update(f.src[part] + pos, n);
             if (!write_all(fd, f.src[part] + pos, n, off)) {
                 err = errno ? errno : EIO;
             }
             off += (off_t) n;
+            if (fill && err == 0) {
+                err = ENOSPC;
+            }
         }
     }
     if (err == 0) {
@@ -501,6 +507,8 @@ disk_error disk_store::do_write(disk_file & f, std::string & why, uint64_t & sum
         if (cfd >= 0) {
             close(cfd);
         }
+    } else if (knobs_.fault == disk_fault::truncate) {
+        (void) !truncate(f.path.c_str(), (off_t) (HEADER + f.total() / 2));
     } else if (knobs_.fault == disk_fault::remove) {
         unlink(f.path.c_str());
     }

@@ -28,6 +28,7 @@ enum class disk_fault {
     read,     // every read fails (EIO)
     remove,   // the file is gone when it is read back
     corrupt,  // a byte of the file changes after it is written: the checksum catches it
+    truncate, // the file loses its second half after it is written: a short read
     full,     // the disk is full (ENOSPC) halfway through the write
 };
 bool parse_disk_fault(const std::string & name, disk_fault & out);

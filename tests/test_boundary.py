@@ -5,7 +5,8 @@ from dataclasses import fields
 
 from llama_preempt import _core
 from llama_preempt.engine import EndEvent, FailEvent, ParkEvent, ResumeEvent
-from llama_preempt.stats import COUNTERS, GAUGES, PARK_CHOICES, PREEMPT_MODES, PreemptStats
+from llama_preempt.stats import (COUNTERS, DISK_FAILURES, GAUGES, LABELED, PARK_CHOICES, PARK_TIERS, PREEMPT_MODES,
+                                 PreemptStats, labeled_field)
 
 
 def test_the_stats_type_carries_every_series_the_core_reports() -> None:
@@ -20,10 +21,13 @@ def test_the_stats_type_carries_every_series_the_core_reports() -> None:
 
 def test_stats_from_series_need_every_series_and_keep_each_value() -> None:
     values = {name: i + 1 for i, (name, _) in enumerate(_core.metric_names())}
-    st = PreemptStats.from_series(values, [], {"swap_cheaper": 3})
+    st = PreemptStats.from_series(values, [], {"preempt_parks_by_choice_total": {"swap_cheaper": 3},
+                                               "preempt_parks_by_tier_total": {"disk": 2}})
     for name, v in values.items():
         assert getattr(st, name) == v
     assert st.parks_by_choice == {"swap_cheaper": 3}
+    assert st.parks_by_tier == {"disk": 2}
+    assert st.restores_by_tier == {} and st.disk_failures == {}
     del values["n_preempt_total"]
     try:
         PreemptStats.from_series(values, [])
@@ -33,9 +37,22 @@ def test_stats_from_series_need_every_series_and_keep_each_value() -> None:
         raise AssertionError("a missing series was not noticed")
 
 
+def test_the_stats_type_carries_every_labeled_series_the_core_reports() -> None:
+    """A labeled counter added to labeled_items() in csrc/preempt-metrics.cpp without a field fails here."""
+    carried = {f.name for f in fields(PreemptStats)}
+    names = [name for name, _ in _core.labeled_metric_names()]
+    assert "preempt_parks_by_tier_total" in names and "preempt_disk_failures_total" in names
+    missing = [n for n in names if labeled_field(n) not in carried]
+    assert not missing, f"PreemptStats lacks a field for {missing}"
+    assert LABELED == tuple(_core.labeled_metric_names())
+
+
 def test_the_names_python_uses_come_from_the_core() -> None:
     assert PREEMPT_MODES == tuple(_core.PREEMPT_MODES)
     assert PARK_CHOICES == tuple(_core.PARK_CHOICES) and "swap_cheaper" in PARK_CHOICES
+    assert {"disk_cheaper", "ram_full"} <= set(PARK_CHOICES)
+    assert PARK_TIERS == ("recompute", "ram", "disk") == tuple(_core.PARK_TIERS)
+    assert DISK_FAILURES == tuple(_core.DISK_FAILURES) and "checksum" in DISK_FAILURES
     assert {"planner", "api", "last_resort", "forced"} == set(_core.PARK_REASONS)
 
 
@@ -43,6 +60,7 @@ def test_the_step_events_are_the_cores_own_types() -> None:
     assert (ParkEvent, ResumeEvent, EndEvent, FailEvent) == (_core.ParkEvent, _core.ResumeEvent, _core.EndEvent,
                                                              _core.FailEvent)
     assert "choice" in ParkEvent._fields and "n_generated" in EndEvent._fields
+    assert "tier" in ParkEvent._fields and "tier" in ResumeEvent._fields
     assert "parked" in _core.StepReportCore._fields
 
 

@@ -392,3 +392,107 @@ def test_the_flag_checks_are_llama_servers_own() -> None:
     with pytest.raises(ValueError, match="--preempt-mode expects auto, swap or recompute"):
         _core.parse_preempt_mode("fast")
     assert tuple(_core.PREEMPT_MODES) == ("auto", "swap", "recompute")
+
+
+# --- the disk tier in the choice: RAM, disk or RECOMPUTE ---
+
+def disk_rates(park_gbps: float, restore_gbps: float, prefill_tps: float, write_gbps: float,
+               read_gbps: float) -> _core.CostRates:
+    r = rates(park_gbps, restore_gbps, prefill_tps)
+    r.disk_write_bps, r.disk_read_bps = write_gbps * 1e9, read_gbps * 1e9
+    return r
+
+
+MIB = 1 << 20
+
+
+def test_a_victim_that_does_not_fit_the_ram_goes_to_disk_when_that_is_cheaper_than_a_recompute() -> None:
+    r = disk_rates(10, 10, 1000, 1, 2)
+    # 10 MiB: copies 2 ms, written on the loop 10.5 ms, read 5.2 ms; 1000 tokens at 1000/s: 1 s
+    d = _core.choose_park("auto", 10 * MIB, 1000, 1 * MIB, r, disk_left=1 << 40)
+    assert (d.swap, d.disk, d.tier, d.why) == (True, True, "disk", "ram_full")
+    assert d.disk_ms == pytest.approx(1e3 * 10 * MIB * (2 / 10e9 + 1 / 1e9 + 1 / 2e9))
+    # the same victim, its read hidden behind another parked slot
+    d = _core.choose_park("auto", 10 * MIB, 1000, 1 * MIB, r, disk_left=1 << 40, waits_behind=True)
+    assert d.disk_ms == pytest.approx(1e3 * 10 * MIB * (2 / 10e9 + 1 / 1e9))
+    # a slow disk against a fast prefill: recompute
+    d = _core.choose_park("auto", 10 * MIB, 10, 1 * MIB, disk_rates(10, 10, 1e6, 0.01, 0.01), disk_left=1 << 40)
+    assert (d.swap, d.tier, d.why) == (False, "recompute", "recompute_cheaper")
+    # no disk tier, or a full one: over the budget as before
+    assert _core.choose_park("auto", 10 * MIB, 1000, 1 * MIB, r).why == "over_budget"
+    assert _core.choose_park("auto", 10 * MIB, 1000, 1 * MIB, r, disk_left=5 * MIB).why == "over_budget"
+    # --preempt-mode swap: to disk whatever the price, when it does not fit the RAM
+    d = _core.choose_park("swap", 10 * MIB, 10, 1 * MIB, disk_rates(10, 10, 1e6, 0.01, 0.01), disk_left=1 << 40)
+    assert (d.tier, d.why) == ("disk", "ram_full")
+    assert _core.choose_park("recompute", 10 * MIB, 1000, 1 * MIB, r, disk_left=1 << 40).why == "recompute_mode"
+
+
+def test_ram_goes_to_disk_when_it_is_short_and_the_victims_read_can_be_hidden() -> None:
+    r = disk_rates(10, 10, 1000, 1, 2)
+    # 10 MiB fits 15 MiB of RAM, leaving less than its own size for the next victim: the RAM is
+    # worth a visible read, and a victim whose read runs ahead gives it up
+    d = _core.choose_park("auto", 10 * MIB, 1000, 15 * MIB, r, disk_left=1 << 40, waits_behind=True)
+    assert (d.tier, d.why) == ("disk", "disk_cheaper")
+    # written in the background (it fits the RAM): the write is not on the price
+    assert d.disk_ms == pytest.approx(d.swap_ms)
+    # its read cannot be hidden: RAM
+    assert _core.choose_park("auto", 10 * MIB, 1000, 15 * MIB, r, disk_left=1 << 40).tier == "ram"
+    # plenty of RAM: RAM, hidden read or not
+    assert _core.choose_park("auto", 10 * MIB, 1000, 1 << 40, r, disk_left=1 << 40, waits_behind=True).why == "swap_cheaper"
+    # --preempt-mode swap keeps what fits in RAM
+    assert _core.choose_park("swap", 10 * MIB, 1000, 15 * MIB, r, disk_left=1 << 40, waits_behind=True).tier == "ram"
+
+
+def test_a_victim_waits_behind_a_parked_slot_by_the_planners_restore_order() -> None:
+    # parked slots come back highest priority first, then most parked, then longest parked
+    assert not _core.waits_behind_parked([gen(0, 100), gen(1, 100)], 1)  # nothing parked
+    assert _core.waits_behind_parked([gen(0, 100), gen(1, 100), parked(2, 50, t=5, n_preempt=1)], 1)
+    # parked three times already: it will be the most parked and comes back first
+    assert not _core.waits_behind_parked([gen(0, 100), gen(1, 100, n_preempt=3), parked(2, 50, t=5, n_preempt=1)], 1)
+    # a higher priority comes back before the parked one
+    assert not _core.waits_behind_parked([gen(0, 100), gen(1, 100, priority=2), parked(2, 50, t=5, n_preempt=1)], 1)
+    # a slot parked through the API does not come back by itself
+    held = _core.SlotView(2, P.PARKED, n_restore=50, t_parked_us=5, n_preempt=1, waits_for_unpark=True)
+    assert not _core.waits_behind_parked([gen(0, 100), gen(1, 100), held], 1)
+
+
+def test_the_disk_rates_are_moving_averages_too() -> None:
+    r = _core.CostRates()
+    assert r.disk_write_bps == _core.DEFAULT_DISK_WRITE_BPS and r.disk_read_bps == _core.DEFAULT_DISK_READ_BPS
+    r.observe_disk_write(1000, 10)  # too small to time
+    assert r.n_disk_write_samples == 0
+    r.observe_disk_write(8 << 20, 4000)
+    r.observe_disk_read(8 << 20, 2000)
+    assert r.disk_write_bps == pytest.approx((8 << 20) * 250) and r.n_disk_write_samples == 1
+    assert r.disk_read_bps == pytest.approx((8 << 20) * 500) and r.n_disk_read_samples == 1
+
+
+def test_a_zero_ram_budget_with_a_disk_tier_still_swaps_to_disk() -> None:
+    assert _core.effective_mode("swap", 0, 0) == "recompute"
+    assert _core.effective_mode("swap", 0, 64) == "swap"
+    assert _core.effective_mode("auto", 0, -1) == "auto"
+    assert _core.parse_preempt_disk_mib("-1") == -1 and _core.parse_preempt_disk_mib("64") == 64
+    for bad in ("0", "-2", "lots", ""):
+        with pytest.raises(ValueError, match="--preempt-disk-mib expects"):
+            _core.parse_preempt_disk_mib(bad)
+
+
+def test_the_simulator_parks_to_disk_when_the_ram_is_too_small() -> None:
+    import llama_preempt
+    from llama_preempt.simulator import Costs, Workload
+
+    wl = Workload((0.0,) * 4, (300, 300, 300, 300), (300, 300, 300, 300))
+    slow_prefill = Costs(prefill_token_ms=50.0)  # a recompute of 300 tokens: 15 s
+    ram_only = llama_preempt.simulate(wl, n_ctx=1024, n_parallel=4, preempt_ram_mib=1, costs=slow_prefill)
+    assert ram_only.parks_disk == 0 and ram_only.parks_recompute > 0
+    assert ram_only.parks_by_choice.get("over_budget", 0) == ram_only.parks_recompute
+    disk = llama_preempt.simulate(wl, n_ctx=1024, n_parallel=4, preempt_ram_mib=1, preempt_disk_mib=-1,
+                                  costs=slow_prefill)
+    assert disk.completed == 4 and disk.parks_recompute == 0
+    assert disk.parks_disk == disk.parks_swap > 0 and disk.parks_by_choice == {"ram_full": disk.parks}
+    assert disk.peak_disk_mib > 0 and disk.peak_parked_mib <= 1.0
+    assert disk.makespan_s < ram_only.makespan_s
+    # a disk budget smaller than one victim: recompute again
+    small = llama_preempt.simulate(wl, n_ctx=1024, n_parallel=4, preempt_ram_mib=1, preempt_disk_mib=1,
+                                   costs=slow_prefill)
+    assert small.parks_disk == 0

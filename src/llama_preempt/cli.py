@@ -214,7 +214,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         costs = calibrate(args.calibrate, costs)
     overrides = {k: v for k, v in (("step_ms", args.step_ms), ("decode_token_ms", args.decode_ms),
                                    ("prefill_token_ms", args.prefill_ms), ("bytes_per_cell", args.bytes_per_cell),
-                                   ("swap_out_gbps", args.swap_out_gbps), ("swap_in_gbps", args.swap_in_gbps))
+                                   ("swap_out_gbps", args.swap_out_gbps), ("swap_in_gbps", args.swap_in_gbps),
+                                   ("disk_write_gbps", args.disk_write_gbps), ("disk_read_gbps", args.disk_read_gbps))
                  if v is not None}
     for k, v in overrides.items():
         if v <= 0 and k != "step_ms":
@@ -228,7 +229,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     reports = sweep(wl, ctxs=swept.get("ctx", [args.ctx]), budgets=swept.get("ram", [args.preempt_ram]),
                     n_parallel=args.parallel, n_batch=args.batch, preempt=not args.no_preempt,
-                    preempt_mode=args.preempt_mode, costs=costs)
+                    preempt_mode=args.preempt_mode, preempt_disk_mib=args.preempt_disk_mib, costs=costs)
     elapsed = time.perf_counter() - t0
     if args.json:
         print(_sim_json(args, wl, costs, elapsed, results=[r.to_json() for r in reports]))
@@ -243,12 +244,15 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         cols.append(("RAM", lambda r: "no limit" if r.preempt_ram_mib < 0 else f"{r.preempt_ram_mib} MiB"))
     cols += [("done", lambda r: str(r.completed)),
              ("failed", lambda r: f"[red]{r.failed}[/]" if r.failed else "0")]
-    if not args.no_preempt:
+    if not args.no_preempt and args.preempt_disk_mib != 0:
+        cols.append(("parks r/d/c", lambda r: f"{r.parks_swap - r.parks_disk}/{r.parks_disk}/{r.parks_recompute}"))
+    elif not args.no_preempt:
         cols.append(("parks s/r", lambda r: f"{r.parks_swap}/{r.parks_recompute}"))
     cols += [("TTFT p99", lambda r: _secs(r.ttft_p99_s)), ("makespan", lambda r: f"{r.makespan_s:.1f} s")]
     if args.wide:
         cols[-1:-1] = [("recomputed tok", lambda r: str(r.recomputed_tokens)),
                        ("peak parked", lambda r: f"{r.peak_parked_mib:.1f} MiB"),
+                       ("peak disk", lambda r: f"{r.peak_disk_mib:.1f} MiB"),
                        ("TTFT p50", lambda r: _secs(r.ttft_p50_s)), ("queue p99", lambda r: _secs(r.queue_p99_s)),
                        ("longest park", lambda r: f"{r.longest_park_s:.2f} s")]
     for name, _ in cols:
@@ -275,7 +279,8 @@ def _simulate_fleet(args: argparse.Namespace, wl: Any, costs: Any) -> int:
     t0 = time.perf_counter()
     fleets = [simulate_fleet(wl, n_servers=args.servers, route=route, n_ctx=args.ctx, n_parallel=args.parallel,
                              n_batch=args.batch, preempt=not args.no_preempt, preempt_ram_mib=args.preempt_ram,
-                             preempt_mode=args.preempt_mode, costs=costs) for route in routes]
+                             preempt_mode=args.preempt_mode, preempt_disk_mib=args.preempt_disk_mib, costs=costs)
+              for route in routes]
     elapsed = time.perf_counter() - t0
     if args.json:
         print(_sim_json(args, wl, costs, elapsed, fleets=[f.to_json() for f in fleets]))
@@ -417,7 +422,9 @@ def build_parser() -> argparse.ArgumentParser:
     srv.add_argument("--batch", type=int, default=512, help="n_batch (-b; default 512)")
     srv.add_argument("--preempt-ram", type=int, default=8192, help="MiB (-1 no limit, 0 recompute only; default 8192)")
     srv.add_argument("--preempt-mode", choices=PREEMPT_MODES, default="auto",
-                     help="SWAP or RECOMPUTE per victim: auto (the cheaper by the costs), swap, recompute (default auto)")
+                     help="SWAP or RECOMPUTE per victim: auto (the cheapest by the costs), swap, recompute (default auto)")
+    srv.add_argument("--preempt-disk-mib", type=int, default=0,
+                     help="a disk tier of N MiB for parked slots (-1 no limit; default 0: none), priced with the disk rates")
     srv.add_argument("--no-preempt", action="store_true", help="upstream's behaviour: a full pool fails every running request")
     srv.add_argument("--sweep", action="append", metavar="KEY=V,V,...",
                      help="ctx=1024,2048,... and/or ram=0,256,-1: one row per combination")
@@ -435,6 +442,8 @@ def build_parser() -> argparse.ArgumentParser:
     cost.add_argument("--bytes-per-cell", type=float, default=None, help="KV bytes per cell")
     cost.add_argument("--swap-out-gbps", type=float, default=None)
     cost.add_argument("--swap-in-gbps", type=float, default=None)
+    cost.add_argument("--disk-write-gbps", type=float, default=None, help="the disk tier's file writes")
+    cost.add_argument("--disk-read-gbps", type=float, default=None, help="the disk tier's file reads")
     m.add_argument("--json", action="store_true")
     m.add_argument("--wide", action="store_true", help="every column (the default table reads whole at 80 columns)")
     m.set_defaults(fn=cmd_simulate)

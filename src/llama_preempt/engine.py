@@ -287,11 +287,15 @@ class Engine:
     def __init__(self, model: str | os.PathLike[str], args: Sequence[str] | str = (), *,
                  n_ctx: int | None = None, n_parallel: int | None = None, kv_unified: bool | None = None,
                  preempt: bool | None = None, preempt_ram_mib: int | None = None,
-                 preempt_mode: str | None = None, n_threads: int | None = None, n_gpu_layers: int | None = None, seed: int | None = None,
+                 preempt_mode: str | None = None, preempt_disk: str | os.PathLike[str] | None = None,
+                 preempt_disk_mib: int | None = None,
+                 n_threads: int | None = None, n_gpu_layers: int | None = None, seed: int | None = None,
                  n_batch: int | None = None, metrics: bool = True, slots: bool = True,
                  deterministic: bool = False, verbose: bool = False) -> None:
         argv = server_flags(model, n_ctx=n_ctx, n_parallel=n_parallel, preempt_ram_mib=preempt_ram_mib,
                             preempt_mode=preempt_mode, threads=n_threads, n_gpu_layers=n_gpu_layers, seed=seed,
+                            preempt_disk=None if preempt_disk is None else os.fspath(preempt_disk),
+                            preempt_disk_mib=preempt_disk_mib,
                             n_batch=n_batch, kv_unified=kv_unified, preempt=preempt, metrics=metrics, slots=slots,
                             deterministic=deterministic)
         if isinstance(args, (str, bytes)):  # "-c 256 -fa on": split as a shell would
@@ -429,7 +433,7 @@ class Engine:
         """Preemption counters, gauges and the slots, read directly from the server's slots."""
         self._check_open()
         d = self._core.stats()
-        return PreemptStats.from_series(d["metrics"], d["slots"], d.get("parks_by_choice"))
+        return PreemptStats.from_series(d["metrics"], d["slots"], d.get("labeled"))
 
     # --- the loop ---
 

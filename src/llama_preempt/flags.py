@@ -8,7 +8,8 @@ from typing import Union
 # value flags: setting name -> flag
 _VALUE_FLAGS = (
     ("n_ctx", "-c"), ("n_parallel", "-np"), ("n_batch", "-b"), ("n_ubatch", "-ub"),
-    ("preempt_ram_mib", "--preempt-ram"), ("preempt_mode", "--preempt-mode"), ("n_predict", "-n"),
+    ("preempt_ram_mib", "--preempt-ram"), ("preempt_mode", "--preempt-mode"), ("preempt_disk", "--preempt-disk"),
+    ("preempt_disk_mib", "--preempt-disk-mib"), ("n_predict", "-n"),
     ("seed", "--seed"), ("threads", "-t"), ("n_gpu_layers", "-ngl"), ("cache_ram_mib", "--cache-ram"),
 )
 # on/off flags: setting name -> (flag when True, flag when False)

@@ -32,7 +32,8 @@ class Histogram:
 class MetricsSnapshot:
     metrics: dict[str, Metric] = field(default_factory=dict)
     histograms: dict[str, Histogram] = field(default_factory=dict)
-    # counters with one label: name -> label value -> value (preempt_parks_by_choice_total{choice=...})
+    # counters with one label: name -> label value -> value (preempt_parks_by_choice_total{choice=...},
+    # preempt_parks_by_tier_total{tier=...}, ...)
     labeled: dict[str, dict[str, float]] = field(default_factory=dict)
 
     def __getitem__(self, name: str) -> float:
@@ -103,5 +104,4 @@ def parse_preempt_stats(metrics_text: str, slots: list[dict[str, Any]]) -> Preem
     """The preemption counters and gauges of a /metrics text plus the /slots entries, as the same
     PreemptStats the in-process Engine returns. Raises KeyError when the server is not ours."""
     snap = parse_prometheus(metrics_text)
-    return PreemptStats.from_series({name: m.value for name, m in snap.metrics.items()}, slots,
-                                    snap.labeled.get("preempt_parks_by_choice_total", {}))
+    return PreemptStats.from_series({name: m.value for name, m in snap.metrics.items()}, slots, snap.labeled)

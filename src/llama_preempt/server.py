@@ -148,6 +148,10 @@ class ServerConfig:
     n_batch: int | None = None
     n_ubatch: int | None = None
     preempt: bool | None = None          # None: the server's default (on)
+    preempt_ram_mib: int | None = None   # --preempt-ram (None: the server's default, 8192)
+    preempt_mode: str | None = None      # --preempt-mode auto|swap|recompute
+    preempt_disk: str | os.PathLike[str] | None = None  # --preempt-disk DIR: the disk tier for parked slots
+    preempt_disk_mib: int | None = None  # --preempt-disk-mib (None: the disk's free space)
     n_predict: int | None = None
     seed: int | None = 42
     threads: int | None = 2
@@ -161,6 +165,9 @@ class ServerConfig:
     def to_args(self) -> list[str]:
         args = server_flags(self.model, n_ctx=self.n_ctx, n_parallel=self.n_parallel, kv_unified=self.kv_unified,
                             n_batch=self.n_batch, n_ubatch=self.n_ubatch, preempt=self.preempt, n_predict=self.n_predict,
+                            preempt_ram_mib=self.preempt_ram_mib, preempt_mode=self.preempt_mode,
+                            preempt_disk=None if self.preempt_disk is None else os.fspath(self.preempt_disk),
+                            preempt_disk_mib=self.preempt_disk_mib,
                             seed=self.seed, threads=self.threads, metrics=self.metrics, slots=self.slots,
                             cache_ram_mib=self.cache_ram_mib, deterministic=self.deterministic)
         return args + list(self.extra_args)

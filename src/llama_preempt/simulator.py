@@ -40,6 +40,8 @@ class Costs:
     bytes_per_cell: float = 23040  # KV bytes per cell (SmolLM2-135M: 30 layers x 2 x 3 x 64 x f16)
     swap_out_gbps: float = 9.5     # park copy, GB/s (the bulk copy on this machine, bench/swap_bandwidth.py)
     swap_in_gbps: float = 15.0     # restore copy, GB/s
+    disk_write_gbps: float = _core.DEFAULT_DISK_WRITE_BPS / 1e9  # the disk tier's file writes, GB/s (the server's default price)
+    disk_read_gbps: float = _core.DEFAULT_DISK_READ_BPS / 1e9    # and reads
 
     def to_params(self, p: Any) -> None:
         p.step_s = self.step_ms / 1000
@@ -48,6 +50,8 @@ class Costs:
         p.bytes_per_cell = self.bytes_per_cell
         p.swap_out_bps = self.swap_out_gbps * 1e9
         p.swap_in_bps = self.swap_in_gbps * 1e9
+        p.disk_write_bps = self.disk_write_gbps * 1e9
+        p.disk_read_bps = self.disk_read_gbps * 1e9
 
 
 def _parse_len(spec: str | int, what: str) -> tuple[int, int]:
@@ -183,6 +187,9 @@ class SimReport:
     makespan_s: float
     steps: int
     hit_step_limit: bool = False
+    preempt_disk_mib: int = 0      # the disk tier (0: none, -1: no limit)
+    parks_disk: int = 0            # of parks_swap, those to the disk tier
+    peak_disk_mib: float = 0.0
     parks_by_choice: dict[str, int] = field(default_factory=dict)  # as /metrics' preempt_parks_by_choice_total
     per_request: list[dict[str, Any]] = field(default_factory=list, repr=False)
 
@@ -201,18 +208,20 @@ _OUTCOME = {0: "pending", 1: "completed", 2: "failed"}
 
 
 def simulate(workload: Workload, *, n_ctx: int, n_parallel: int, n_batch: int = 512, preempt: bool = True,
-             preempt_ram_mib: int = 8192, preempt_mode: str = "auto", costs: Costs = Costs(),
-             max_steps: int = 50_000_000) -> SimReport:
-    """Run the workload through the simulated server; see the module docstring."""
+             preempt_ram_mib: int = 8192, preempt_mode: str = "auto", preempt_disk_mib: int = 0,
+             costs: Costs = Costs(), max_steps: int = 50_000_000) -> SimReport:
+    """Run the workload through the simulated server; see the module docstring. `preempt_disk_mib`:
+    a disk tier of that many MiB (-1: no limit; 0: none), priced with `costs`' disk rates."""
     p = sim_params(n_ctx=n_ctx, n_parallel=n_parallel, n_batch=n_batch, preempt=preempt,
-                   preempt_ram_mib=preempt_ram_mib, preempt_mode=preempt_mode, costs=costs, max_steps=max_steps)
+                   preempt_ram_mib=preempt_ram_mib, preempt_mode=preempt_mode, preempt_disk_mib=preempt_disk_mib,
+                   costs=costs, max_steps=max_steps)
     r = _core.simulate(list(workload.t_arrival), list(workload.n_prompt), list(workload.n_gen), p)
     return sim_report(r, workload.t_arrival, n_ctx=n_ctx, n_parallel=n_parallel, preempt=preempt,
-                      preempt_ram_mib=preempt_ram_mib, preempt_mode=preempt_mode)
+                      preempt_ram_mib=preempt_ram_mib, preempt_mode=preempt_mode, preempt_disk_mib=preempt_disk_mib)
 
 
 def sim_params(*, n_ctx: int, n_parallel: int, n_batch: int, preempt: bool, preempt_ram_mib: int,
-               preempt_mode: str, costs: Costs, max_steps: int) -> Any:
+               preempt_mode: str, costs: Costs, max_steps: int, preempt_disk_mib: int = 0) -> Any:
     """The checked `_core.SimParams` of one simulated server (simulate() and the fleet's)."""
     if n_ctx < 2:
         raise WorkloadError("--ctx must be at least 2 cells")
@@ -223,12 +232,15 @@ def sim_params(*, n_ctx: int, n_parallel: int, n_batch: int, preempt: bool, pree
     try:  # llama-server's own checks and words
         _core.parse_preempt_ram_mib(str(preempt_ram_mib))
         _core.parse_preempt_mode(preempt_mode)
+        if preempt_disk_mib != 0:
+            _core.parse_preempt_disk_mib(str(preempt_disk_mib))
     except ValueError as e:
         raise WorkloadError(str(e)) from None
     p = _core.SimParams()
     p.mode = preempt_mode
     p.n_pool, p.n_slots, p.n_batch, p.preempt = n_ctx, n_parallel, n_batch, preempt
     p.ram_budget_bytes = -1 if preempt_ram_mib < 0 else preempt_ram_mib << 20
+    p.disk_budget_bytes = -1 if preempt_disk_mib < 0 else preempt_disk_mib << 20
     p.max_steps = max_steps
     costs.to_params(p)
     return p
@@ -241,7 +253,7 @@ def latencies(per_request: Iterable[dict[str, Any]]) -> tuple[list[float], list[
 
 
 def sim_report(r: Any, arrivals: Sequence[float], *, n_ctx: int, n_parallel: int, preempt: bool,
-               preempt_ram_mib: int, preempt_mode: str) -> SimReport:
+               preempt_ram_mib: int, preempt_mode: str, preempt_disk_mib: int = 0) -> SimReport:
     """The report of one simulated server: its `_core.SimResult` and its requests' arrival times."""
     reqs = r.requests()
     per = [{"outcome": _OUTCOME[outcome], "t_arrival": arrival, "t_start": t_start, "t_first": t_first,
@@ -257,6 +269,7 @@ def sim_report(r: Any, arrivals: Sequence[float], *, n_ctx: int, n_parallel: int
         ttft_p50_s=_pct(ttft, 50), ttft_p99_s=_pct(ttft, 99), queue_p50_s=_pct(queue, 50), queue_p99_s=_pct(queue, 99),
         longest_park_s=max((q[5] for q in reqs), default=0.0) if reqs else 0.0,
         makespan_s=r.makespan_s, steps=r.n_steps, hit_step_limit=r.hit_step_limit,
+        preempt_disk_mib=preempt_disk_mib, parks_disk=r.n_park_disk, peak_disk_mib=r.peak_disk_bytes / 2**20,
         parks_by_choice={k: v for k, v in r.parks_by_choice.items() if v}, per_request=per)
 
 

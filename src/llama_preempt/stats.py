@@ -19,6 +19,18 @@ GAUGES = tuple(n for n, kind in SERIES if kind == "gauge")
 PREEMPT_MODES: tuple[str, ...] = tuple(_core.PREEMPT_MODES)
 # why a victim was parked by SWAP or RECOMPUTE: the `choice` labels of preempt_parks_by_choice_total
 PARK_CHOICES: tuple[str, ...] = tuple(_core.PARK_CHOICES)
+# where a parked slot's state waits: the `tier` labels of preempt_parks_by_tier_total (ram, disk, recompute)
+PARK_TIERS: tuple[str, ...] = tuple(_core.PARK_TIERS)
+# what failed in a disk park that fell back to RECOMPUTE: the `kind` labels of preempt_disk_failures_total
+DISK_FAILURES: tuple[str, ...] = tuple(_core.DISK_FAILURES)
+# the counters with one label, as the server reports them: (name, label) -> the PreemptStats field
+# holding them, the name without "preempt_" and "_total" (preempt_parks_by_tier_total: parks_by_tier)
+LABELED: tuple[tuple[str, str], ...] = tuple(_core.labeled_metric_names())
+
+
+def labeled_field(name: str) -> str:
+    """The PreemptStats field of a labeled series: preempt_parks_by_choice_total -> parks_by_choice."""
+    return name.removeprefix("preempt_").removesuffix("_total")
 
 
 @dataclass(frozen=True)
@@ -40,6 +52,8 @@ class SlotStats:
     priority: int = 0           # its request's priority
     preempt_choice: str | None = None  # while parked: why by SWAP or RECOMPUTE (a `choice` label of /metrics)
     preempt_copy_in_flight: bool = False  # while parked by SWAP: its copy to host RAM may still run
+    preempt_tier: str | None = None     # while parked: where its state waits, "ram", "disk" or "recompute"
+    preempt_disk_bytes: int = 0         # bytes of its state in a file of the disk tier now
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> "SlotStats":
@@ -67,6 +81,8 @@ class SlotStats:
             priority=int(d.get("priority", 0)),
             preempt_choice=d.get("preempt_choice") or None,
             preempt_copy_in_flight=bool(d.get("preempt_copy_in_flight", False)),
+            preempt_tier=d.get("preempt_tier") or None,
+            preempt_disk_bytes=int(d.get("preempt_disk_bytes", 0) or 0),
         )
 
 
@@ -89,6 +105,14 @@ class PreemptStats:
     preempt_park_bytes_per_second: int = 0      # the rates SWAP or RECOMPUTE is chosen with now
     preempt_restore_bytes_per_second: int = 0
     preempt_prefill_tokens_per_second: int = 0
+    preempt_disk_write_bytes_per_second: int = 0  # the disk tier's measured rates (a disk park's price)
+    preempt_disk_read_bytes_per_second: int = 0
+    preempt_disk_bytes: int = 0           # bytes in the disk tier's files now
+    preempt_disk_writes_in_flight: int = 0  # disk parks whose file is still being written
+    n_disk_write_bytes_total: int = 0
+    n_disk_read_bytes_total: int = 0
+    n_disk_read_ahead_total: int = 0      # files read back ahead of their resume
+    n_disk_restore_from_memory_total: int = 0  # disk parks resumed from their host copy (file still being written)
     kv_pool_cells: int = 0                # cells in the pool (-c)
     kv_pool_cells_used: int = 0           # cells the slots hold now
     server_draining: int = 0              # 1 while the server drains on SIGTERM/SIGINT
@@ -96,6 +120,9 @@ class PreemptStats:
     n_swap_verify_mismatch_total: int = 0  #   of those, not byte-identical
     slots: tuple[SlotStats, ...] = field(default_factory=tuple)
     parks_by_choice: Mapping[str, int] = field(default_factory=dict)  # preempt_parks_by_choice_total: label -> parks
+    parks_by_tier: Mapping[str, int] = field(default_factory=dict)    # preempt_parks_by_tier_total: ram, disk, recompute
+    restores_by_tier: Mapping[str, int] = field(default_factory=dict)  # preempt_restores_by_tier_total
+    disk_failures: Mapping[str, int] = field(default_factory=dict)    # preempt_disk_failures_total: kind -> failures
 
     # the rates by their shorter names
     @property
@@ -112,13 +139,16 @@ class PreemptStats:
 
     @classmethod
     def from_series(cls, values: Mapping[str, float], slots: list[Mapping[str, Any]],
-                    parks_by_choice: Mapping[str, float] | None = None) -> "PreemptStats":
-        """From the series by name (every one of SERIES), the slots and the parks by choice."""
+                    labeled: Mapping[str, Mapping[str, float]] | None = None) -> "PreemptStats":
+        """From the series by name (every one of SERIES), the slots and the labeled counters by
+        series name (preempt_parks_by_choice_total: {"swap_cheaper": 3, ...}; those absent stay empty)."""
         missing = [n for n, _ in SERIES if n not in values]
         if missing:
             raise KeyError(f"preemption series missing: {', '.join(missing)} (is this llama-preempt's server?)")
+        by_label = {labeled_field(name): {k: int(v) for k, v in (labeled or {}).get(name, {}).items()}
+                    for name, _ in LABELED}
         return cls(**{n: int(values[n]) for n, _ in SERIES}, slots=tuple(SlotStats.from_json(s) for s in slots),
-                   parks_by_choice={k: int(v) for k, v in (parks_by_choice or {}).items()})
+                   **by_label)
 
     def parked(self) -> list[SlotStats]:
         return [s for s in self.slots if s.is_preempted]

@@ -1,5 +1,5 @@
-"""What a running server is doing now: its slots, the preemption counters and their rates, and the
-host RAM parked slots hold against the budget (`llama-preempt stats URL`)."""
+"""What a running server is doing now: its slots, the preemption counters and their rates, the host
+RAM parked slots hold against the budget and the disk tier's files (`llama-preempt stats URL`)."""
 from __future__ import annotations
 
 import time
@@ -26,6 +26,8 @@ class Snapshot:
     stats: PreemptStats
     series: dict[str, float] = field(default_factory=dict)  # every unlabeled llamacpp:* value
     budget_mib: int | None = None  # --preempt-ram, when the server says (/props)
+    disk_dir: str | None = None    # --preempt-disk (/props), None: no disk tier
+    disk_mib: int | None = None    # --preempt-disk-mib (/props)
     version: str | None = None
     active: bool | None = None     # preemption configured and able to work (/props), None: not said
     inactive_reason: str | None = None
@@ -61,9 +63,10 @@ def fetch(url: str, session: requests.Session | None = None, timeout: float = 5.
     except (requests.RequestException, ValueError, AttributeError, TypeError):
         pass
     values = {name: metric.value for name, metric in snap.metrics.items()}
-    stats = PreemptStats.from_series(values, list(sl.json()), snap.labeled.get("preempt_parks_by_choice_total", {}))
-    return Snapshot(url, time.monotonic(), stats, values, props.get("preempt_ram_mib"), props.get("version"),
-                    props.get("preempt_active"), props.get("preempt_inactive_reason"))
+    stats = PreemptStats.from_series(values, list(sl.json()), snap.labeled)
+    return Snapshot(url, time.monotonic(), stats, values, props.get("preempt_ram_mib"), props.get("preempt_disk"),
+                    props.get("preempt_disk_mib"), props.get("version"), props.get("preempt_active"),
+                    props.get("preempt_inactive_reason"))
 
 
 def rates(prev: Snapshot | None, cur: Snapshot) -> dict[str, float] | None:
@@ -86,6 +89,14 @@ def to_json(snap: Snapshot, r: dict[str, float] | None) -> dict[str, Any]:
         "requests_preempted": st.requests_preempted,
         "ram": {"held_bytes": st.preempt_ram_bytes,
                 "budget_bytes": None if snap.budget_mib is None else (-1 if snap.budget_mib < 0 else snap.budget_mib << 20)},
+        "disk": None if snap.disk_dir is None else {
+            "dir": snap.disk_dir, "held_bytes": st.preempt_disk_bytes,
+            "budget_bytes": None if snap.disk_mib is None else (-1 if snap.disk_mib < 0 else snap.disk_mib << 20),
+            "writes_in_flight": st.preempt_disk_writes_in_flight,
+            "write_bytes_per_second": st.preempt_disk_write_bytes_per_second,
+            "read_bytes_per_second": st.preempt_disk_read_bytes_per_second,
+            "failures": dict(st.disk_failures)},
+        "tiers": {"parks": dict(st.parks_by_tier), "restores": dict(st.restores_by_tier)},
         "requests_processing": snap.series.get("requests_processing"),
         "choice": {"parks_by_choice": dict(st.parks_by_choice),
                    "park_bytes_per_second": st.park_bytes_per_second,
@@ -103,16 +114,18 @@ def _mib(n: float) -> str:
 def render(snap: Snapshot, r: dict[str, float] | None) -> Group:
     st = snap.stats
     slots = Table(title=f"{snap.url}  ({snap.version or 'llama-preempt'})", title_justify="left")
-    # short headers: the table reads whole at 80 columns (README: "held" is tokens held, "mode" how it
-    # is parked, "recomp" tokens recomputed, "parked" the time parked, the current park included)
-    for col in ("slot", "state", "held", "mode", "parks", "recomp", "host RAM", "parked"):
-        slots.add_column(col, justify="right" if col not in ("state", "mode") else "left", no_wrap=True)
+    # short headers: the table reads whole at 80 columns (README: "held" is tokens held, "tier" where a
+    # parked slot's state waits, "recomp" tokens recomputed, "parked" the time parked, the current park
+    # included)
+    for col in ("slot", "state", "held", "tier", "parks", "recomp", "RAM/disk", "parked"):
+        slots.add_column(col, justify="right" if col not in ("state", "tier") else "left", no_wrap=True)
     for s in st.slots:
         state = {"preempted": "[yellow]parked[/]", "generating": "[green]generating[/]",
                  "processing_prompt": "[cyan]prompt[/]", "started": "[cyan]started[/]"}.get(s.state, s.state)
-        slots.add_row(str(s.id), state, str(s.n_tokens), s.preempt_mode or "", str(s.n_preempt),
-                      str(s.n_recompute), _mib(s.preempt_ram_bytes) if s.preempt_ram_bytes else "",
-                      f"{s.t_preempted_ms / 1000:.1f} s" if s.t_preempted_ms else "")
+        held = " + ".join(x for x in (_mib(s.preempt_ram_bytes) if s.preempt_ram_bytes else "",
+                                      f"{_mib(s.preempt_disk_bytes)} disk" if s.preempt_disk_bytes else "") if x)
+        slots.add_row(str(s.id), state, str(s.n_tokens), s.preempt_tier or s.preempt_mode or "", str(s.n_preempt),
+                      str(s.n_recompute), held, f"{s.t_preempted_ms / 1000:.1f} s" if s.t_preempted_ms else "")
     counters = Table(title="preemption", title_justify="left")
     counters.add_column("counter")
     counters.add_column("total", justify="right")
@@ -127,8 +140,19 @@ def render(snap: Snapshot, r: dict[str, float] | None) -> Group:
     counters.add_row("swap park / restore rate", f"{st.park_bytes_per_second / 1e9:.2f} / "
                      f"{st.restore_bytes_per_second / 1e9:.2f} GB/s", "")
     counters.add_row("prefill rate (recompute)", f"{st.prefill_tokens_per_second:.0f} tokens/s", "")
+    if snap.disk_dir is not None:
+        disk_budget = "the disk's free space" if snap.disk_mib is None or snap.disk_mib < 0 else f"{snap.disk_mib} MiB"
+        counters.add_row("disk held / budget", f"{_mib(st.preempt_disk_bytes)} / {disk_budget}"
+                         + (f", {st.preempt_disk_writes_in_flight} writing" if st.preempt_disk_writes_in_flight else ""), "")
+        counters.add_row("disk write / read rate", f"{st.preempt_disk_write_bytes_per_second / 1e9:.2f} / "
+                         f"{st.preempt_disk_read_bytes_per_second / 1e9:.2f} GB/s", "")
+        failed = ", ".join(f"{k} {v}" for k, v in st.disk_failures.items() if v)
+        counters.add_row("disk failures (recomputed)", failed or "none", "")
     chosen = ", ".join(f"{k} {v}" for k, v in st.parks_by_choice.items() if v)
     counters.add_row("parks by choice", chosen or "none yet", "")
+    tiers = ", ".join(f"{k} {v}" for k, v in st.parks_by_tier.items() if v)
+    back = ", ".join(f"{k} {v}" for k, v in st.restores_by_tier.items() if v)
+    counters.add_row("parks / resumes by tier", f"{tiers or 'none yet'} / {back or 'none yet'}", "")
     if snap.active is False:  # said first: nothing below will move while it is off
         return Group(Text(f"preemption INACTIVE: {snap.inactive_reason}", style="bold red"), slots, counters)
     return Group(slots, counters)

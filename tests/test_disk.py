@@ -1,0 +1,449 @@
+"""The disk tier (--preempt-disk): parked slots' state in files, read back byte-exact, every failure
+ending in RECOMPUTE with the right answer, nothing left behind.
+
+Test knobs used here: LLAMA_SERVER_PREEMPT_DISK_ALWAYS=1 sends every SWAP park to disk (in the
+background when its host copy fits --preempt-ram); with --preempt-ram 0 every disk park is written
+before the park returns; LLAMA_SERVER_PREEMPT_DISK_FAIL=KIND makes every disk park meet that
+failure; LLAMA_SERVER_PREEMPT_DISK_HOLD_MS=N keeps each write in flight N ms;
+LLAMA_SERVER_PREEMPT_VERIFY=1 compares every park with upstream's serializer, and every disk read
+back with the checksum of upstream's bytes.
+"""
+from __future__ import annotations
+
+import os
+import re
+import signal
+import stat
+from pathlib import Path
+from typing import Any
+
+import pytest
+import requests
+
+from helpers import (THREE_PROMPTS, complete, complete_all, long_prompt, open_raw_stream, wait_for_parked, wait_until)
+from llama_preempt.engine import Engine
+from llama_preempt.metrics import parse_prometheus
+from llama_preempt.server import LlamaServer, ServerConfig, ServerStartError
+
+FORCED = {"LLAMA_SERVER_PREEMPT_EVERY": "8"}
+VERIFIED = {**FORCED, "LLAMA_SERVER_PREEMPT_VERIFY": "1"}
+ALWAYS = {"LLAMA_SERVER_PREEMPT_DISK_ALWAYS": "1"}
+# every park to disk, written before the park returns (no RAM to write it from in the background)
+ON_LOOP = ["--preempt-mode", "swap", "--preempt-ram", "0"]
+MTP_ARGS = ["--spec-type", "draft-mtp", "--spec-draft-n-max", "2"]
+
+
+def disk_args(d: Path, *more: str) -> list[str]:
+    return ["--preempt-disk", str(d), *more]
+
+
+def labeled(srv: LlamaServer) -> dict[str, dict[str, float]]:
+    return parse_prometheus(requests.get(f"{srv.url}/metrics", timeout=30).text).labeled
+
+
+def our_dirs(d: Path) -> list[Path]:
+    return sorted(p for p in d.iterdir() if p.name.startswith("llama-preempt-"))
+
+
+def park_files(d: Path) -> list[Path]:
+    return sorted(d.glob("llama-preempt-*/park-*.kv"))
+
+
+def assert_nothing_on_disk(srv: LlamaServer, d: Path) -> None:
+    m = srv.metrics()
+    assert m["preempt_disk_bytes"] == 0
+    assert m["preempt_disk_writes_in_flight"] == 0
+    assert m["preempt_ram_bytes"] == 0
+    assert park_files(d) == []
+
+
+# --- byte-exact: forced disk parks against the unparked answer ---
+
+@pytest.mark.parametrize("flash", ["on", "off"], ids=["fa-on", "fa-off"])
+def test_forced_disk_parks_read_back_upstreams_bytes_and_give_the_unparked_answer(
+        start_server, stories_model: Path, tmp_path: Path, flash: str) -> None:
+    # a prompt of 150 words: each park's state (640 bytes a token) is large enough to time
+    prompt = long_prompt(150)
+    ref = complete(start_server(stories_model, n_ctx=512, n_parallel=2, preempt=False, extra_args=["-fa", flash]),
+                   prompt, 96).json()
+    srv = start_server(stories_model, n_ctx=512, n_parallel=2, env=VERIFIED,
+                       extra_args=["-fa", flash, *ON_LOOP, *disk_args(tmp_path)])
+    got = complete(srv, prompt, 96).json()
+    assert got["tokens_predicted"] == 96
+    assert got["content"] == ref["content"]
+    m = srv.metrics()
+    n = m["n_preempt_total"]
+    assert n >= 8
+    by = labeled(srv)
+    assert by["preempt_parks_by_tier_total"]["disk"] == n
+    assert by["preempt_parks_by_choice_total"]["ram_full"] == n  # --preempt-ram 0: no RAM left for any
+    assert by["preempt_restores_by_tier_total"]["disk"] == m["n_resume_total"] == n
+    # each park compared with upstream's serializer, and each read back with upstream's bytes
+    assert m["n_swap_verify_total"] == 2 * n
+    assert m["n_swap_verify_mismatch_total"] == 0
+    assert m["n_disk_write_bytes_total"] == m["n_disk_read_bytes_total"] > 0
+    assert m["n_disk_restore_from_memory_total"] == 0
+    assert sum(by["preempt_disk_failures_total"].values()) == 0
+    # the disk rates are measured from its own files
+    assert m["preempt_disk_write_bytes_per_second"] != 500_000_000
+    assert m["preempt_disk_read_bytes_per_second"] != 1_000_000_000
+    assert_nothing_on_disk(srv, tmp_path)
+    assert "parked by swap to disk, written" in srv.log_text()
+    assert "restored by swap from disk" in srv.log_text()
+
+
+def test_background_disk_writes_free_their_ram_and_are_read_back_ahead(
+        start_server, stories_model: Path, tmp_path: Path) -> None:
+    # parked slots stay parked 30 ms: each write finishes (its host copy is freed) and the slot that
+    # comes back next has its file read while the others decode
+    refs = [complete(start_server(stories_model, n_ctx=1024, n_parallel=3, preempt=False), p, 48).json()["content"]
+            for p in THREE_PROMPTS]
+    srv = start_server(stories_model, n_ctx=1024, n_parallel=3,
+                       env={**VERIFIED, **ALWAYS, "LLAMA_SERVER_PREEMPT_HOLD_MS": "30"},
+                       extra_args=["--preempt-mode", "swap", *disk_args(tmp_path)])
+    got = [r.json()["content"] for r in complete_all(srv, THREE_PROMPTS, 48)]
+    assert got == refs
+    m = srv.metrics()
+    assert m["n_preempt_total"] >= 10
+    assert labeled(srv)["preempt_parks_by_tier_total"]["disk"] == m["n_preempt_total"]
+    assert m["n_disk_read_ahead_total"] >= 1
+    assert m["n_disk_read_bytes_total"] > 0
+    assert m["n_swap_verify_mismatch_total"] == 0
+    assert "parked by swap to disk, written in the background" in srv.log_text()
+    assert_nothing_on_disk(srv, tmp_path)
+
+
+@pytest.mark.parametrize("flash", ["on", "off"], ids=["fa-on", "fa-off"])
+def test_disk_parks_on_the_hybrid_mtp_model_give_the_unparked_answer(
+        start_server, qwen35_mtp_model: Path, tmp_path: Path, flash: str) -> None:
+    # recurrent state, attention cells and the MTP context, all through one file
+    ref = complete(start_server(qwen35_mtp_model, n_ctx=1024, n_parallel=2, extra_args=MTP_ARGS + ["-fa", flash]),
+                   "Once upon a time", 64).json()
+    srv = start_server(qwen35_mtp_model, n_ctx=1024, n_parallel=2, env=VERIFIED,
+                       extra_args=MTP_ARGS + ["-fa", flash, *ON_LOOP, *disk_args(tmp_path)])
+    got = complete(srv, "Once upon a time", 64).json()
+    assert got["tokens_predicted"] == 64
+    assert got["content"] == ref["content"]
+    m = srv.metrics()
+    assert m["n_preempt_total"] >= 4
+    assert labeled(srv)["preempt_restores_by_tier_total"]["disk"] == m["n_preempt_total"]
+    assert m["n_swap_verify_total"] == 2 * m["n_preempt_total"]
+    assert m["n_swap_verify_mismatch_total"] == 0
+    assert_nothing_on_disk(srv, tmp_path)
+
+
+def test_a_resume_whose_file_is_still_being_written_restores_from_the_host_copy(
+        start_server, stories_model: Path, tmp_path: Path) -> None:
+    ref = complete(start_server(stories_model, n_ctx=512, n_parallel=2, preempt=False), "Once upon a time", 64).json()
+    srv = start_server(stories_model, n_ctx=512, n_parallel=2,
+                       env={**VERIFIED, **ALWAYS, "LLAMA_SERVER_PREEMPT_DISK_HOLD_MS": "600000"},
+                       extra_args=["--preempt-mode", "swap", *disk_args(tmp_path)])
+    got = complete(srv, "Once upon a time", 64).json()
+    assert got["content"] == ref["content"]
+    m = srv.metrics()
+    assert m["n_preempt_total"] >= 6
+    assert m["n_disk_restore_from_memory_total"] == m["n_resume_total"] == m["n_preempt_total"]
+    assert m["n_disk_read_bytes_total"] == 0
+    assert m["n_swap_verify_mismatch_total"] == 0
+    assert_nothing_on_disk(srv, tmp_path)  # each file dropped while it was still being written
+
+
+def test_a_write_in_flight_holds_its_ram_against_the_budget(start_server, stories_model: Path, tmp_path: Path) -> None:
+    srv = start_server(stories_model, n_ctx=512, n_parallel=2,
+                       env={**FORCED, **ALWAYS, "LLAMA_SERVER_PREEMPT_HOLD_MS": "600000",
+                            "LLAMA_SERVER_PREEMPT_DISK_HOLD_MS": "600000"},
+                       extra_args=["--preempt-mode", "swap", *disk_args(tmp_path)])
+    sock = open_raw_stream(srv, "Once upon a time", 400)
+    parked = wait_for_parked(srv)
+    assert parked["preempt_tier"] == "disk"
+    assert parked["preempt_ram_bytes"] > 0  # the host copy, until its file is written
+    assert parked["preempt_disk_bytes"] == parked["preempt_ram_bytes"]
+    m = srv.metrics()
+    assert m["preempt_disk_writes_in_flight"] == 1
+    assert m["preempt_ram_bytes"] == parked["preempt_ram_bytes"]
+    assert m["preempt_disk_bytes"] == parked["preempt_disk_bytes"]
+    sock.close()
+    wait_until(lambda: srv.metrics()["requests_processing"] == 0, 30, "the cancelled request to end")
+    assert_nothing_on_disk(srv, tmp_path)
+
+
+# --- an overloaded pool, a tiny RAM budget ---
+
+@pytest.mark.parametrize("mode,ram", [("swap", "0"), ("swap", "1"), ("auto", "1")])
+def test_an_overloaded_pool_with_a_tiny_ram_budget_finishes_every_request_by_disk(
+        start_server, stories_model: Path, tmp_path: Path, mode: str, ram: str) -> None:
+    # four chats of about 900 tokens that each fit the 2048-cell pool alone but not together (two
+    # at a time); f32 cells (1280 bytes a token): the first victim (about 510 tokens) fits 1 MiB of
+    # RAM, the next ones do not and go to disk (with no RAM, all of them). In auto, prefill priced
+    # at 1 token/s makes every recompute dearer than a disk park.
+    # (--deterministic: beside the others, each answer is the one it gives alone)
+    prompts = [long_prompt(100, shift=k) for k in range(4)]
+    cache = ["-ctk", "f32", "-ctv", "f32", "--deterministic"]
+    alone = start_server(stories_model, n_ctx=2048, n_parallel=1, preempt=False, extra_args=cache)
+    refs = [complete(alone, p, 800).json()["content"] for p in prompts]
+    env = {"LLAMA_SERVER_PREEMPT_RATES": "10,10,1,1,1"} if mode == "auto" else {}
+    srv = start_server(stories_model, n_ctx=2048, n_parallel=4, env=env,
+                       extra_args=[*cache, "--preempt-mode", mode, "--preempt-ram", ram, *disk_args(tmp_path)])
+    got = [r.json()["content"] for r in complete_all(srv, prompts, 800)]
+    assert got == refs
+    m = srv.metrics()
+    by = labeled(srv)
+    assert by["preempt_parks_by_tier_total"]["disk"] >= 1
+    assert by["preempt_parks_by_tier_total"]["recompute"] == 0
+    assert by["preempt_parks_by_choice_total"]["ram_full"] == by["preempt_parks_by_tier_total"]["disk"]
+    if ram == "0":
+        assert by["preempt_parks_by_tier_total"]["ram"] == 0
+    assert m["n_recompute_tokens_total"] == 0
+    assert m["n_resume_total"] == m["n_preempt_total"]
+    assert_nothing_on_disk(srv, tmp_path)
+
+
+# --- every failure ends in RECOMPUTE with the right answer ---
+
+FAULTS = [  # (LLAMA_SERVER_PREEMPT_DISK_FAIL, the kind counted, when it strikes)
+    ("write", "write", "park"),
+    ("full", "full", "park"),
+    ("read", "read", "resume"),
+    ("remove", "missing", "resume"),
+    ("corrupt", "checksum", "resume"),
+    ("truncate", "short_read", "resume"),
+]
+
+
+@pytest.mark.parametrize("fault,kind,when", FAULTS, ids=[f[0] for f in FAULTS])
+def test_a_disk_failure_recomputes_the_slot_with_the_right_answer(
+        start_server, stories_model: Path, tmp_path: Path, fault: str, kind: str, when: str) -> None:
+    # --deterministic: a recompute gives the same tokens as the uninterrupted run
+    det = ["--deterministic"]
+    ref = complete(start_server(stories_model, n_ctx=512, n_parallel=2, preempt=False, extra_args=det),
+                   "Once upon a time", 64).json()
+    srv = start_server(stories_model, n_ctx=512, n_parallel=2, env={**FORCED, "LLAMA_SERVER_PREEMPT_DISK_FAIL": fault},
+                       extra_args=[*det, *ON_LOOP, *disk_args(tmp_path)])
+    got = complete(srv, "Once upon a time", 64).json()
+    assert got["tokens_predicted"] == 64
+    assert got["content"] == ref["content"]
+    m = srv.metrics()
+    by = labeled(srv)
+    n = m["n_preempt_total"]
+    assert n >= 4
+    assert by["preempt_disk_failures_total"][kind] >= 1
+    assert sum(v for k, v in by["preempt_disk_failures_total"].items() if k != kind) == 0
+    assert m["n_recompute_tokens_total"] > 0
+    if when == "park":  # the write fails before the park ends: it parks by recompute at once
+        assert by["preempt_parks_by_choice_total"]["swap_failed"] == n
+        assert by["preempt_parks_by_tier_total"]["recompute"] == n
+    else:  # written, then the read back fails: the resume recomputes
+        assert by["preempt_parks_by_tier_total"]["disk"] == n
+        assert by["preempt_restores_by_tier_total"]["recompute"] == n
+        assert m["n_swap_restore_fail_total"] == n
+    assert f"failed ({kind})" in srv.log_text()
+    assert_nothing_on_disk(srv, tmp_path)
+
+
+def test_a_background_write_that_fails_recomputes_the_slot(start_server, stories_model: Path, tmp_path: Path) -> None:
+    det = ["--deterministic"]
+    ref = complete(start_server(stories_model, n_ctx=512, n_parallel=2, preempt=False, extra_args=det),
+                   "Once upon a time", 64).json()
+    srv = start_server(stories_model, n_ctx=512, n_parallel=2,
+                       env={**FORCED, **ALWAYS, "LLAMA_SERVER_PREEMPT_HOLD_MS": "30",
+                            "LLAMA_SERVER_PREEMPT_DISK_FAIL": "write"},
+                       extra_args=[*det, "--preempt-mode", "swap", *disk_args(tmp_path)])
+    got = complete(srv, "Once upon a time", 64).json()
+    assert got["content"] == ref["content"]
+    m = srv.metrics()
+    by = labeled(srv)
+    assert by["preempt_parks_by_tier_total"]["disk"] == m["n_preempt_total"] >= 4
+    assert by["preempt_disk_failures_total"]["write"] >= 1
+    assert by["preempt_restores_by_tier_total"]["recompute"] >= 1
+    assert "writing its file in the background failed (write)" in srv.log_text()
+    assert_nothing_on_disk(srv, tmp_path)
+
+
+# --- nothing left behind, nobody else's ---
+
+def test_files_are_private_and_a_cancelled_requests_file_goes_at_once(
+        start_server, stories_model: Path, tmp_path: Path) -> None:
+    srv = start_server(stories_model, n_ctx=512, n_parallel=2, env={**FORCED, "LLAMA_SERVER_PREEMPT_HOLD_MS": "600000"},
+                       extra_args=[*ON_LOOP, *disk_args(tmp_path)])
+    sock = open_raw_stream(srv, "Once upon a time", 400)
+    parked = wait_for_parked(srv)
+    assert parked["preempt_tier"] == "disk" and parked["preempt_mode"] == "swap"
+    assert parked["preempt_disk_bytes"] > 0 and parked["preempt_ram_bytes"] == 0
+    [ours] = our_dirs(tmp_path)
+    assert ours.name.startswith(f"llama-preempt-{srv.proc.pid}-")
+    assert stat.S_IMODE(ours.stat().st_mode) == 0o700
+    [f] = park_files(tmp_path)
+    assert stat.S_IMODE(f.stat().st_mode) == 0o600
+    assert f.stat().st_size > parked["preempt_disk_bytes"]  # the state and its header
+    assert srv.metrics()["preempt_disk_bytes"] == parked["preempt_disk_bytes"]
+
+    sock.close()  # the client goes away while its slot is parked on disk
+    wait_until(lambda: park_files(tmp_path) == [], 30, "the cancelled request's file to be removed")
+    wait_until(lambda: srv.metrics()["requests_processing"] == 0, 30, "the request to end")
+    assert_nothing_on_disk(srv, tmp_path)
+    assert complete(srv, "Once", 8).json()["tokens_predicted"] == 8  # still serving
+
+
+def test_a_killed_servers_files_are_removed_at_the_next_start_and_a_live_ones_kept(
+        stories_model: Path, tmp_path: Path) -> None:
+    disk = tmp_path / "disk"
+    disk.mkdir()
+
+    def server(**env: str) -> LlamaServer:
+        cfg = ServerConfig(model=stories_model, n_ctx=512, n_parallel=2, env=env,
+                           extra_args=[*ON_LOOP, *disk_args(disk)])
+        return LlamaServer(cfg, log_dir=tmp_path).start()
+
+    crashed = server(**FORCED, LLAMA_SERVER_PREEMPT_HOLD_MS="600000")
+    live = None
+    try:
+        sock = open_raw_stream(crashed, "Once upon a time", 400)
+        wait_for_parked(crashed)
+        assert len(park_files(disk)) == 1
+        assert crashed.proc is not None
+        crashed.proc.send_signal(signal.SIGKILL)  # no clean-up: its directory and file stay
+        crashed.proc.wait(timeout=30)
+        sock.close()
+        [left] = our_dirs(disk)
+        assert left.name.startswith(f"llama-preempt-{crashed.proc.pid}-") and len(park_files(disk)) == 1
+
+        live = server()
+        assert left not in our_dirs(disk) and park_files(disk) == []
+        assert "removed 1 left by servers that are gone" in live.log_text()
+        [mine] = our_dirs(disk)
+        assert mine.name.startswith(f"llama-preempt-{live.proc.pid}-")  # type: ignore[union-attr]
+
+        other = server()  # a second live server in the same directory keeps the first one's
+        try:
+            assert len(our_dirs(disk)) == 2 and mine in our_dirs(disk)
+            assert "left by servers that are gone" not in other.log_text()
+        finally:
+            other.stop()
+        assert our_dirs(disk) == [mine]  # a clean exit removes its own directory
+    finally:
+        crashed.stop()
+        if live is not None:
+            live.stop()
+    assert our_dirs(disk) == []
+
+
+def test_sigterm_with_a_slot_parked_on_disk_exits_0_and_removes_its_directory(
+        stories_model: Path, tmp_path: Path) -> None:
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    cfg = ServerConfig(model=stories_model, n_ctx=512, n_parallel=2,
+                       env={**FORCED, "LLAMA_SERVER_PREEMPT_HOLD_MS": "600000"},
+                       extra_args=[*ON_LOOP, *disk_args(disk), "--drain-timeout", "1"])
+    srv = LlamaServer(cfg, log_dir=tmp_path).start()
+    try:
+        sock = open_raw_stream(srv, "Once upon a time", 400)
+        wait_for_parked(srv)
+        assert len(park_files(disk)) == 1
+        assert srv.proc is not None
+        srv.proc.send_signal(signal.SIGTERM)
+        assert srv.proc.wait(timeout=30) == 0, srv.log_tail()
+        sock.close()
+    finally:
+        srv.stop()
+    assert our_dirs(disk) == []
+
+
+# --- flags, /props, /slots, the Engine, the CLI ---
+
+def test_the_disk_tier_shows_in_props_and_the_startup_line(start_server, stories_model: Path, tmp_path: Path) -> None:
+    srv = start_server(stories_model, n_ctx=256, n_parallel=2, extra_args=disk_args(tmp_path, "--preempt-disk-mib", "64"))
+    props = srv.props()["llama_preempt"]
+    assert props["preempt_disk"] == str(tmp_path) and props["preempt_disk_mib"] == 64
+    assert "SWAP to RAM or disk, or RECOMPUTE, by measured cost within 8192 MiB of host RAM, disk (64 MiB) above it" \
+        in srv.log_text()
+    assert re.search(r"disk tier in .*llama-preempt-\d+-\d+ \(mode 0700", srv.log_text())
+    plain = start_server(stories_model, n_ctx=256, n_parallel=2)
+    assert plain.props()["llama_preempt"]["preempt_disk"] is None
+
+
+def test_the_disk_tier_comes_from_the_environment(start_server, stories_model: Path, tmp_path: Path) -> None:
+    srv = start_server(stories_model, n_ctx=256, n_parallel=2,
+                       env={"LLAMA_ARG_PREEMPT_DISK": str(tmp_path), "LLAMA_ARG_PREEMPT_DISK_MIB": "16"})
+    props = srv.props()["llama_preempt"]
+    assert props["preempt_disk"] == str(tmp_path) and props["preempt_disk_mib"] == 16
+    assert len(our_dirs(tmp_path)) == 1
+
+
+@pytest.mark.parametrize("args,flag", [
+    (["--preempt-disk", "/nonexistent/llama-preempt-disk"], "--preempt-disk: no directory at"),
+    (["--preempt-disk", ""], "--preempt-disk expects a directory"),
+    (["--preempt-disk-mib", "0"], "--preempt-disk-mib expects"),
+    (["--preempt-disk-mib", "-2"], "--preempt-disk-mib expects"),
+    (["--preempt-disk-mib", "lots"], "--preempt-disk-mib expects"),
+], ids=["missing-dir", "empty", "mib-0", "mib-negative", "mib-word"])
+def test_a_bad_disk_flag_is_a_startup_error_naming_it(start_server, stories_model: Path, args: list[str],
+                                                      flag: str) -> None:
+    with pytest.raises(ServerStartError, match=re.escape(flag)) as e:
+        start_server(stories_model, n_ctx=256, n_parallel=2, extra_args=args)
+    assert re.match(r"llama-server exited with -?[1-9]", str(e.value)), e.value
+
+
+def test_a_file_or_a_read_only_directory_is_refused(start_server, stories_model: Path, tmp_path: Path) -> None:
+    a_file = tmp_path / "a-file"
+    a_file.write_text("x")
+    with pytest.raises(ServerStartError, match="is not a directory"):
+        start_server(stories_model, n_ctx=256, n_parallel=2, extra_args=disk_args(a_file))
+    if os.geteuid() != 0:  # root writes anywhere
+        ro = tmp_path / "ro"
+        ro.mkdir(mode=0o500)
+        with pytest.raises(ServerStartError, match="cannot write to"):
+            start_server(stories_model, n_ctx=256, n_parallel=2, extra_args=disk_args(ro))
+
+
+def test_the_engine_parks_to_disk_and_reports_the_tier(stories_model: Path, tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    for k, v in {**FORCED, "LLAMA_SERVER_PREEMPT_VERIFY": "1"}.items():
+        monkeypatch.setenv(k, v)
+    with Engine(stories_model, n_ctx=512, n_parallel=2, preempt_mode="swap", preempt_ram_mib=0,
+                preempt_disk=tmp_path) as eng:
+        assert len(our_dirs(tmp_path)) == 1
+        req = eng.submit("Once upon a time", n_predict=48)
+        parks: list[Any] = []
+        resumes: list[Any] = []
+        while not req.done:
+            rep = eng.step()
+            parks += rep.parked
+            resumes += rep.resumed
+        assert req.completion().n_generated == 48
+        assert len(parks) >= 4 and {p.tier for p in parks} == {"disk"}
+        assert all(p.mode == "swap" and p.choice == "ram_full" and p.bytes > 0 for p in parks)
+        assert all(p.disk_ms_predicted > 0 for p in parks)
+        assert {r.tier for r in resumes} == {"disk"}
+        st = eng.stats()
+        assert st.parks_by_tier["disk"] == len(parks)
+        assert st.restores_by_tier["disk"] == len(resumes)
+        assert st.n_disk_read_bytes_total > 0 and st.preempt_disk_bytes == 0
+        assert st.n_swap_verify_mismatch_total == 0
+    assert our_dirs(tmp_path) == []  # closing the Engine removes its directory
+
+
+def test_stats_show_the_disk_tier(start_server, stories_model: Path, tmp_path: Path) -> None:
+    import json
+    import subprocess
+    import sys
+
+    srv = start_server(stories_model, n_ctx=512, n_parallel=2, env={**FORCED, "LLAMA_SERVER_PREEMPT_HOLD_MS": "600000"},
+                       extra_args=[*ON_LOOP, *disk_args(tmp_path, "--preempt-disk-mib", "32")])
+    sock = open_raw_stream(srv, "Once upon a time", 400)
+    try:
+        wait_for_parked(srv)
+        env = {**os.environ, "COLUMNS": "160"}
+        run = [sys.executable, "-m", "llama_preempt.cli", "stats", srv.url, "--once"]
+        p = subprocess.run(run + ["--json"], capture_output=True, text=True, timeout=60, env=env)
+        assert p.returncode == 0, p.stderr
+        snap = json.loads(p.stdout)
+        [parked] = [s for s in snap["slots"] if s["is_preempted"]]
+        assert parked["preempt_tier"] == "disk" and parked["preempt_disk_bytes"] > 0
+        assert snap["disk"]["dir"] == str(tmp_path) and snap["disk"]["budget_bytes"] == 32 << 20
+        assert snap["disk"]["held_bytes"] == parked["preempt_disk_bytes"]
+        assert snap["tiers"]["parks"]["disk"] >= 1
+        p = subprocess.run(run, capture_output=True, text=True, timeout=60, env=env)
+        assert p.returncode == 0, p.stderr
+        assert "disk held / budget" in p.stdout and "32 MiB" in p.stdout and "disk" in p.stdout
+    finally:
+        sock.close()
