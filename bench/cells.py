@@ -33,7 +33,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Iterator
 
 import requests
 from rich.console import Console
@@ -193,6 +193,37 @@ def stream_chat(url: str, prompt: str, n_predict: int) -> ChatResult:
     return res
 
 
+@contextlib.contextmanager
+def polling(poll: Callable[[], None], every_s: float = 0.02) -> Iterator[None]:
+    """Call poll() every `every_s` on a thread while the block runs (a /metrics watcher); a
+    request that fails in between is skipped."""
+    done = threading.Event()
+
+    def loop() -> None:
+        while not done.is_set():
+            try:
+                poll()
+            except requests.RequestException:
+                pass
+            done.wait(every_s)
+
+    watcher = threading.Thread(target=loop)
+    watcher.start()
+    try:
+        yield
+    finally:
+        done.set()
+        watcher.join()
+
+
+def run_chats(url: str, load: Load) -> tuple[list[ChatResult], float]:
+    """Every chat of the load at once, streamed: the results and the wall seconds they took."""
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(max_workers=load.n_chats) as ex:
+        chats = list(ex.map(lambda p: stream_chat(url, p, load.n_predict), load.prompts()))
+    return chats, time.perf_counter() - t0
+
+
 PARK_RE = re.compile(r"parked by swap \([\d.]+ MiB, \d+ tokens held[^)]*\) in ([\d.]+) ms")
 RESTORE_RE = re.compile(r"restored by swap \([\d.]+ MiB, \d+ tokens\) in ([\d.]+) ms")
 
@@ -216,32 +247,20 @@ def _run_cell(cell: Cell, load: Load, binaries: dict[str, Path], run: int, timel
                        threads=load.threads, seed=1234, extra_args=extra)
     srv = LlamaServer(cfg, binary=binaries[cell.binary])
     with srv:
-        done = threading.Event()
         peak = [0.0]
         frames: list[dict[str, Any]] = []
         has_preempt = cell.binary == "ours"
+        t_start = time.perf_counter()
 
         def watch() -> None:
-            t0 = time.perf_counter()
-            while not done.is_set():
-                try:
-                    if has_preempt:
-                        peak[0] = max(peak[0], srv.metrics().get("preempt_ram_bytes"))
-                    if timeline:
-                        frames.append({"t": time.perf_counter() - t0, "slots": [
-                            {"id": s["id"], "state": s.get("state"), "mode": s.get("preempt_mode")} for s in srv.slots()]})
-                except requests.RequestException:
-                    pass
-                done.wait(0.02)
+            if has_preempt:
+                peak[0] = max(peak[0], srv.metrics().get("preempt_ram_bytes"))
+            if timeline:
+                frames.append({"t": time.perf_counter() - t_start, "slots": [
+                    {"id": s["id"], "state": s.get("state"), "mode": s.get("preempt_mode")} for s in srv.slots()]})
 
-        watcher = threading.Thread(target=watch)
-        watcher.start()
-        t0 = time.perf_counter()
-        with ThreadPoolExecutor(max_workers=load.n_chats) as ex:
-            chats = list(ex.map(lambda p: stream_chat(srv.url, p, load.n_predict), load.prompts()))
-        wall = time.perf_counter() - t0
-        done.set()
-        watcher.join()
+        with polling(watch):
+            chats, wall = run_chats(srv.url, load)
         m = srv.metrics() if has_preempt else None
         log = srv.log_text()
     ttfts = [c.t_first for c in chats if c.ok and c.t_first is not None]

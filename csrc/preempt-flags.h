@@ -14,16 +14,21 @@ namespace llama_preempt {
 // the --preempt-mode names, in the order of preempt_mode (preempt-policy.h)
 inline const char * const PREEMPT_MODE_NAMES[] = { "auto", "swap", "recompute" };
 
+// a whole number in `value` and nothing else; false for anything else
+inline bool parse_whole(const std::string & value, long long & out) {
+    size_t n_read = 0;
+    try {
+        out = std::stoll(value, &n_read);
+    } catch (const std::exception &) {
+        return false;
+    }
+    return n_read > 0 && n_read == value.size();
+}
+
 // --preempt-ram N: -1 (no limit), 0 (always recompute) or a size in MiB; throws std::invalid_argument
 inline int32_t parse_preempt_ram_mib(const std::string & value) {
-    size_t    n_read = 0;
-    long long mib    = 0;
-    try {
-        mib = std::stoll(value, &n_read);
-    } catch (const std::exception &) {
-        n_read = 0;
-    }
-    if (n_read == 0 || n_read != value.size() || mib < -1 || mib > INT32_MAX) {
+    long long mib = 0;
+    if (!parse_whole(value, mib) || mib < -1 || mib > INT32_MAX) {
         throw std::invalid_argument("--preempt-ram expects -1 (no limit), 0 (always recompute) or a size in MiB, got '" + value + "'");
     }
     return (int32_t) mib;
@@ -31,14 +36,8 @@ inline int32_t parse_preempt_ram_mib(const std::string & value) {
 
 // --preempt-disk-mib N: -1 (the disk's free space) or a size in MiB of at least 1; throws std::invalid_argument
 inline int32_t parse_preempt_disk_mib(const std::string & value) {
-    size_t    n_read = 0;
-    long long mib    = 0;
-    try {
-        mib = std::stoll(value, &n_read);
-    } catch (const std::exception &) {
-        n_read = 0;
-    }
-    if (n_read == 0 || n_read != value.size() || mib < -1 || mib == 0 || mib > INT32_MAX) {
+    long long mib = 0;
+    if (!parse_whole(value, mib) || mib < -1 || mib == 0 || mib > INT32_MAX) {
         throw std::invalid_argument("--preempt-disk-mib expects -1 (the disk's free space) or a size in MiB of at least 1, got '" +
                                     value + "' (leave out --preempt-disk for no disk tier)");
     }

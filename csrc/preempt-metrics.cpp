@@ -27,6 +27,8 @@ std::vector<metric_item> metric_items(const preempt_counters & c, const preempt_
         { "preempt_disk_writes_in_flight", "gauge", "Disk parks whose file is still being written (their host copy counts against --preempt-ram)", (uint64_t) g.n_disk_writes_in_flight },
         { "n_disk_write_bytes_total",  "counter", "Bytes written to the disk tier's files",                                  c.n_disk_write_bytes_total },
         { "n_disk_read_bytes_total",   "counter", "Bytes read back from the disk tier's files",                             c.n_disk_read_bytes_total },
+        { "n_disk_write_us_total",     "counter", "Microseconds the disk tier's I/O thread spent writing those bytes",  c.n_disk_write_us_total },
+        { "n_disk_read_us_total",      "counter", "Microseconds the disk tier's I/O thread spent reading them back",    c.n_disk_read_us_total },
         { "n_disk_read_ahead_total",   "counter", "Disk parks whose file was read back ahead of their resume",              c.n_disk_read_ahead_total },
         { "n_disk_restore_from_memory_total", "counter", "Disk parks resumed while their file was still being written (restored from the host copy)", c.n_disk_restore_from_memory_total },
         { "kv_pool_cells",             "gauge",   "Cells in the KV pool the slots share (-c)",                              (uint64_t) c.n_pool_cells },

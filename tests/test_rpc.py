@@ -249,3 +249,31 @@ def test_forced_swap_parks_on_vulkan_copy_upstreams_bytes(start_server, stories_
     got = complete(srv, "Once upon a time", 64).json()
     assert got["content"] == ref["content"]
     assert_every_swap_verified(srv.metrics())
+
+
+@pytest.mark.parametrize("background", [False, True], ids=["written-at-the-park", "written-in-the-background"])
+def test_disk_parks_of_cells_on_an_rpc_device_give_the_unparked_answer(
+        start_server, start_rpc, stories_model: Path, tmp_path: Path, background: bool) -> None:
+    # the park gathers on the device; a background write waits for the transfer to host RAM to
+    # settle before it starts (the disk tier, tests/test_disk.py)
+    rpc = start_rpc()
+    ref = complete(start_server(stories_model, n_ctx=512, n_parallel=2, preempt=False, extra_args=on_rpc(rpc)),
+                   "Once upon a time", 64).json()
+    env = {**FORCED, **VERIFY}
+    args = [*on_rpc(rpc), "--preempt-mode", "swap", "--preempt-disk", str(tmp_path)]
+    if background:
+        env.update({"LLAMA_SERVER_PREEMPT_DISK_ALWAYS": "1", "LLAMA_SERVER_PREEMPT_HOLD_MS": "30"})
+    else:
+        args += ["--preempt-ram", "0"]
+    srv = start_server(stories_model, n_ctx=512, n_parallel=2, env=env, extra_args=args)
+    got = complete(srv, "Once upon a time", 64).json()
+    assert got["content"] == ref["content"]
+    m = srv.metrics()
+    assert m["n_preempt_total"] >= 6
+    assert m["n_preempt_swap_total"] == m["n_preempt_total"]
+    assert m["n_disk_write_bytes_total"] > 0
+    assert m["n_swap_verify_total"] >= m["n_preempt_total"] and m["n_swap_verify_mismatch_total"] == 0
+    assert m["n_swap_restore_fail_total"] == 0
+    assert m["preempt_disk_bytes"] == 0 and m["preempt_ram_bytes"] == 0
+    assert "parked by swap to disk" in srv.log_text()
+    assert_connected(rpc)

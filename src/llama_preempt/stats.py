@@ -111,6 +111,8 @@ class PreemptStats:
     preempt_disk_writes_in_flight: int = 0  # disk parks whose file is still being written
     n_disk_write_bytes_total: int = 0
     n_disk_read_bytes_total: int = 0
+    n_disk_write_us_total: int = 0        # the I/O thread's time for those bytes: their rate
+    n_disk_read_us_total: int = 0
     n_disk_read_ahead_total: int = 0      # files read back ahead of their resume
     n_disk_restore_from_memory_total: int = 0  # disk parks resumed from their host copy (file still being written)
     kv_pool_cells: int = 0                # cells in the pool (-c)

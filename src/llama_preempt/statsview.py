@@ -114,23 +114,26 @@ def _mib(n: float) -> str:
 def render(snap: Snapshot, r: dict[str, float] | None) -> Group:
     st = snap.stats
     slots = Table(title=f"{snap.url}  ({snap.version or 'llama-preempt'})", title_justify="left")
-    # short headers: the table reads whole at 80 columns (README: "held" is tokens held, "tier" where a
-    # parked slot's state waits, "recomp" tokens recomputed, "parked" the time parked, the current park
-    # included)
-    for col in ("slot", "state", "held", "tier", "parks", "recomp", "RAM/disk", "parked"):
-        slots.add_column(col, justify="right" if col not in ("state", "tier") else "left", no_wrap=True)
+    # short headers: the table reads whole at 80 columns (README: "held" is tokens held, "mode" how it
+    # is parked: swap (to RAM), disk or recompute, "recomp" tokens recomputed, "parked" the time
+    # parked, the current park included)
+    for col in ("slot", "state", "held", "mode", "parks", "recomp", "RAM/disk", "parked"):
+        slots.add_column(col, justify="right" if col not in ("state", "mode") else "left", no_wrap=True)
     for s in st.slots:
         state = {"preempted": "[yellow]parked[/]", "generating": "[green]generating[/]",
                  "processing_prompt": "[cyan]prompt[/]", "started": "[cyan]started[/]"}.get(s.state, s.state)
         held = " + ".join(x for x in (_mib(s.preempt_ram_bytes) if s.preempt_ram_bytes else "",
                                       f"{_mib(s.preempt_disk_bytes)} disk" if s.preempt_disk_bytes else "") if x)
-        slots.add_row(str(s.id), state, str(s.n_tokens), s.preempt_tier or s.preempt_mode or "", str(s.n_preempt),
+        mode = "disk" if s.preempt_tier == "disk" else s.preempt_mode or ""
+        slots.add_row(str(s.id), state, str(s.n_tokens), mode, str(s.n_preempt),
                       str(s.n_recompute), held, f"{s.t_preempted_ms / 1000:.1f} s" if s.t_preempted_ms else "")
     counters = Table(title="preemption", title_justify="left")
     counters.add_column("counter")
     counters.add_column("total", justify="right")
     counters.add_column("per s", justify="right")
     for n in COUNTERS:
+        if snap.disk_dir is None and n.startswith("n_disk_"):
+            continue  # no disk tier: nothing to count
         counters.add_row(n, str(getattr(st, n)), "" if r is None else f"{r[n]:.2f}")
     budget = ("no limit" if snap.budget_mib is not None and snap.budget_mib < 0 else
               "recompute only" if snap.budget_mib == 0 else
