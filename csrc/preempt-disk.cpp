@@ -95,11 +95,17 @@ uint64_t rotl(uint64_t x, int r) {
     return (x << r) | (x >> (64 - r));
 }
 
+// one multiply per word, four independent lanes: fast enough that the checksum costs the disk
+// tier little beside the write itself (it guards against a changed or short file, not an attacker)
+inline uint64_t mix(uint64_t lane, uint64_t w) {
+    return rotl(lane ^ w, 29) * 0x9E3779B185EBCA87ull;
+}
+
 void hash_block(uint64_t lane[4], const uint8_t * p) {
     for (int i = 0; i < 4; ++i) {
         uint64_t w;
         memcpy(&w, p + 8 * i, 8);
-        lane[i] = rotl(lane[i] ^ (w * 0x9E3779B185EBCA87ull), 31) * 0xC2B2AE3D27D4EB4Full;
+        lane[i] = mix(lane[i], w);
     }
 }
 
@@ -117,9 +123,17 @@ void disk_hasher::update(const uint8_t * p, size_t n) {
         hash_block(lane, tail);
         n_tail = 0;
     }
+    // the lanes in locals: through `p` (bytes, which alias anything) the compiler would reload them
+    uint64_t l0 = lane[0], l1 = lane[1], l2 = lane[2], l3 = lane[3];
     for (; n >= 32; p += 32, n -= 32) {
-        hash_block(lane, p);
+        uint64_t w[4];
+        memcpy(w, p, 32);
+        l0 = mix(l0, w[0]);
+        l1 = mix(l1, w[1]);
+        l2 = mix(l2, w[2]);
+        l3 = mix(l3, w[3]);
     }
+    lane[0] = l0; lane[1] = l1; lane[2] = l2; lane[3] = l3;
     memcpy(tail, p, n);
     n_tail = n;
 }
@@ -284,17 +298,6 @@ std::shared_ptr<disk_file> disk_store::write(const uint8_t * a, size_t n_a, cons
             return nullptr;
         }
         f->path = dir_ + "/park-" + std::to_string(++n_files_) + ".kv";
-    }
-    // created here, so that its mode is set before a byte is in it
-    const int fd = ::open(f->path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-    if (fd < 0) {
-        why   = "cannot create " + f->path + ": " + strerror(errno);
-        error = errno == ENOSPC || errno == EDQUOT ? disk_error::full : disk_error::write;
-        return nullptr;
-    }
-    close(fd);
-    {
-        std::lock_guard<std::mutex> lk(mu_);
         bytes_held_ += f->total();
         n_writing_  += 1;
         f->counted = true;
@@ -444,10 +447,11 @@ disk_error disk_store::do_write(disk_file & f, std::string & why, uint64_t & sum
         why = "writing " + f.path + " failed: " + strerror(EIO) + " (LLAMA_SERVER_PREEMPT_DISK_FAIL=write)";
         return disk_error::write;
     }
-    const int fd = ::open(f.path.c_str(), O_WRONLY | O_TRUNC | O_CLOEXEC);
+    // made with its mode, 0600, before a byte is in it
+    const int fd = ::open(f.path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
     if (fd < 0) {
-        why = "opening " + f.path + " failed: " + strerror(errno);
-        return disk_error::write;
+        why = "cannot create " + f.path + ": " + strerror(errno);
+        return errno == ENOSPC || errno == EDQUOT ? disk_error::full : disk_error::write;
     }
     disk_hasher h;
     off_t off = HEADER;

@@ -256,9 +256,9 @@ def test_disk_parks_of_cells_on_an_rpc_device_give_the_unparked_answer(
         start_server, start_rpc, stories_model: Path, tmp_path: Path, background: bool) -> None:
     # the park gathers on the device; a background write waits for the transfer to host RAM to
     # settle before it starts (the disk tier, tests/test_disk.py)
-    rpc = start_rpc()
-    ref = complete(start_server(stories_model, n_ctx=512, n_parallel=2, preempt=False, extra_args=on_rpc(rpc)),
+    ref = complete(start_server(stories_model, n_ctx=512, n_parallel=2, preempt=False, extra_args=on_rpc(start_rpc())),
                    "Once upon a time", 64).json()
+    rpc = start_rpc()  # an RPC server serves one client at a time
     env = {**FORCED, **VERIFY}
     args = [*on_rpc(rpc), "--preempt-mode", "swap", "--preempt-disk", str(tmp_path)]
     if background:

@@ -78,10 +78,13 @@ def find_sdist() -> Path:
         got = Path(tmp) / SDIST_FILE
         tried: list[str] = []
         print(f"fetch: downloading {SDIST_NAME}=={SDIST_VERSION} sdist", flush=True)
-        for pip in pips:
-            # pip also prepares the sdist's metadata (in an isolated build env); we only need the file
-            cmd = pip + ["download", "--no-deps", "--no-binary", ":all:", "-d", tmp,
-                         f"{SDIST_NAME}=={SDIST_VERSION}"]
+        # pip also prepares the sdist's metadata (in an isolated build env); we only need the file.
+        # Only the sdist itself is asked for as source: `--no-binary :all:` would make that build
+        # env build its own requirements from source too (CMake itself: a quarter of an hour on 2
+        # cores), so it is only the last resort.
+        attempts = [pip + ["download", "--no-deps", "--no-binary", binary, "-d", tmp, f"{SDIST_NAME}=={SDIST_VERSION}"]
+                    for binary in (SDIST_NAME, ":all:") for pip in pips]
+        for cmd in attempts:
             proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
             if got.is_file():
                 break
