@@ -17,7 +17,7 @@ Per cell (medians, ranges over runs): completed, wall seconds, tok/s, TTFT p50/p
 tier wrote and read over the time its I/O thread took for them (llamacpp:n_disk_write_bytes_total
 over n_disk_write_us_total, the same for reads: checksums included), against the disk's own
 sequential speed measured by this script in the same directory, the same way the tier does its
-I/O (8 MiB pwrite/pread chunks, no fsync: the page cache), at the median size of a park's file and
+I/O (1 MiB pwrite/pread chunks, no fsync: the page cache), at the median size of a park's file and
 at 256 MiB; the device itself (fsync'd writes, reads after dropping the file's cached pages) is
 measured too, for the record. Target: the disk park and restore at 50 % of the sequential speed or
 more. Results: bench/results/disk.{json,md} (disk_quick with --quick).
@@ -43,7 +43,7 @@ from llama_preempt.metrics import parse_prometheus
 from llama_preempt.server import LlamaServer, ServerConfig
 from results_io import RESULTS, display_path, md_table, smollm2_model, stories_model, write_results
 
-CHUNK = 8 << 20  # the disk tier's own pwrite/pread size (csrc/preempt-disk.cpp)
+CHUNK = 1 << 20  # the disk tier's own pwrite/pread size (csrc/preempt-disk.cpp)
 
 
 @dataclass(frozen=True)
@@ -110,16 +110,17 @@ def run_cell(cell: Cell, load: Load, disk_root: Path, ctx: int, extra: list[str]
 def sequential(d: Path, n_bytes: int, reps: int) -> dict[str, float]:
     """GB/s of one file written and read back in CHUNK pieces, as the disk tier does (page cache),
     and through to the device (fsync, then the cached pages dropped before the read); medians."""
-    block = os.urandom(min(CHUNK, n_bytes))
+    # from a buffer of the file's size, as a park writes its state (not one hot chunk again and again)
+    data = memoryview(os.urandom(n_bytes))
     out: dict[str, list[float]] = {"write": [], "read": [], "write_fsync": [], "read_cold": []}
-    buf = bytearray(len(block))
+    buf = bytearray(n_bytes)
     for rep in range(reps):
         path = d / f"seq-{rep}.bin"
         for sync in (False, True):
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
             t0 = time.perf_counter()
-            for off in range(0, n_bytes, len(block)):
-                os.pwrite(fd, block[: min(len(block), n_bytes - off)], off)
+            for off in range(0, n_bytes, CHUNK):
+                os.pwrite(fd, data[off:off + CHUNK], off)
             if sync:
                 os.fsync(fd)
             out["write_fsync" if sync else "write"].append(n_bytes / (time.perf_counter() - t0) / 1e9)
@@ -128,8 +129,8 @@ def sequential(d: Path, n_bytes: int, reps: int) -> dict[str, float]:
             if sync:
                 os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
             t0 = time.perf_counter()
-            for off in range(0, n_bytes, len(buf)):
-                os.preadv(fd, [memoryview(buf)[: min(len(buf), n_bytes - off)]], off)
+            for off in range(0, n_bytes, CHUNK):
+                os.preadv(fd, [memoryview(buf)[off:off + CHUNK]], off)
             out["read_cold" if sync else "read"].append(n_bytes / (time.perf_counter() - t0) / 1e9)
             os.close(fd)
         path.unlink()

@@ -21,7 +21,7 @@ namespace {
 
 constexpr char   MAGIC[8] = { 'L', 'P', 'K', 'V', 'S', 'E', 'Q', '1' };
 constexpr size_t HEADER   = 64;                // magic, two part sizes, checksum, padding
-constexpr size_t CHUNK    = (size_t) 8 << 20;  // one pwrite/pread: a cancel waits for one at most
+constexpr size_t CHUNK    = (size_t) 1 << 20;   // one pwrite/pread, checksummed while it is in the cache; a cancel waits for one at most
 constexpr char   PREFIX[] = "llama-preempt-";
 constexpr char   NEW_PREFIX[] = ".new-llama-preempt-";  // one being made, not locked in place yet
 
