@@ -20,12 +20,12 @@ import os
 import shlex
 import threading
 import time
-from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Sequence, Union
 
 from . import _core
 from .flags import server_flags
 from .metrics import MetricsSnapshot, parse_prometheus
+from .reports import Completion, EndEvent, FailEvent, ParkEvent, ResumeEvent, StepReport, stream_text  # noqa: F401
 from .stats import PreemptStats
 
 # errors raised by the compiled core (re-exported so callers need only this module)
@@ -80,84 +80,6 @@ class GenerateError(RequestError):
 
 class RequestCancelled(EngineError):
     """The request was cancelled before it finished."""
-
-
-# --- what a step did ---
-
-# The events are the C++ types the server's mechanics record (csrc/preempt-events.h), bound as they
-# are: read-only attributes, `_fields` and `_asdict()` as a namedtuple has, equality by fields.
-ParkEvent = _core.ParkEvent      # slot, task, mode, n_tokens, bytes, reason, ms, priority, choice, *_ms_predicted
-ResumeEvent = _core.ResumeEvent  # slot, task, mode, fallback, parked_ms, restore_ms, n_replay
-EndEvent = _core.EndEvent        # slot, task, n_generated, stop (eos, word, limit)
-FailEvent = _core.FailEvent      # slot (-1: the task never had a slot), task, message
-
-
-@dataclass(frozen=True)
-class StepReport:
-    """What one iteration of the server loop did."""
-
-    n_decoded: int            # tokens decoded (prompt, replay and generated)
-    n_prompt: int             # of those, prompt tokens
-    n_replay: int             # of those, tokens re-prefilled after a park (recompute)
-    n_generated: int          # tokens sampled for requests
-    n_busy: int               # slots with a request after the step
-    elapsed_ms: float
-    parked: tuple[ParkEvent, ...] = ()
-    resumed: tuple[ResumeEvent, ...] = ()
-    finished: tuple[EndEvent, ...] = ()
-    failed: tuple[FailEvent, ...] = ()
-    cancelled: tuple[int, ...] = ()  # tasks cancelled (slot released without an answer)
-
-    @property
-    def idle(self) -> bool:
-        return self.n_busy == 0 and self.n_decoded == 0
-
-    @classmethod
-    def from_core(cls, r: Any) -> "StepReport":
-        """From the C++ report of one step (_core.StepReportCore)."""
-        return cls(
-            n_decoded=r.n_decoded, n_prompt=r.n_prompt, n_replay=r.n_replay, n_generated=r.n_generated,
-            n_busy=r.busy, elapsed_ms=r.t_us / 1000.0, parked=tuple(r.parked), resumed=tuple(r.resumed),
-            finished=tuple(r.finished), failed=tuple(r.failed), cancelled=tuple(e.task for e in r.cancelled),
-        )
-
-
-# --- answers ---
-
-@dataclass(frozen=True)
-class Completion:
-    """One finished answer, from any completion endpoint."""
-
-    text: str
-    n_prompt: int
-    n_generated: int
-    stop: str                 # stop_type (/completion) or finish_reason (OpenAI endpoints)
-    timings: dict[str, Any] = field(default_factory=dict, repr=False)
-    response: dict[str, Any] = field(default_factory=dict, repr=False)  # the server's whole response
-
-    @classmethod
-    def from_response(cls, body: dict[str, Any]) -> "Completion":
-        timings = body.get("timings") or {}
-        if "choices" in body:  # /v1/chat/completions, /v1/completions
-            choice = body["choices"][0]
-            text = choice["message"].get("content") or "" if "message" in choice else choice.get("text", "")
-            usage = body.get("usage") or {}
-            return cls(text, int(usage.get("prompt_tokens", 0)), int(usage.get("completion_tokens", 0)),
-                       str(choice.get("finish_reason")), timings, body)
-        return cls(body.get("content", ""), int(body.get("tokens_evaluated", 0)),
-                   int(body.get("tokens_predicted", 0)), str(body.get("stop_type", "")), timings, body)
-
-
-def stream_text(chunk: dict[str, Any]) -> str:
-    """The text a streamed chunk adds, for /completion and the OpenAI endpoints alike."""
-    if "choices" in chunk:
-        if not chunk["choices"]:
-            return ""
-        choice = chunk["choices"][0]
-        if "delta" in choice:
-            return choice["delta"].get("content") or ""
-        return choice.get("text") or ""
-    return chunk.get("content", "") or ""
 
 
 class Request:
@@ -288,15 +210,13 @@ class Engine:
                  n_ctx: int | None = None, n_parallel: int | None = None, kv_unified: bool | None = None,
                  preempt: bool | None = None, preempt_ram_mib: int | None = None,
                  preempt_mode: str | None = None, preempt_disk: str | os.PathLike[str] | None = None,
-                 preempt_disk_mib: int | None = None,
-                 n_threads: int | None = None, n_gpu_layers: int | None = None, seed: int | None = None,
-                 n_batch: int | None = None, metrics: bool = True, slots: bool = True,
+                 preempt_disk_mib: int | None = None, n_threads: int | None = None, n_gpu_layers: int | None = None,
+                 seed: int | None = None, n_batch: int | None = None, metrics: bool = True, slots: bool = True,
                  deterministic: bool = False, verbose: bool = False) -> None:
         argv = server_flags(model, n_ctx=n_ctx, n_parallel=n_parallel, preempt_ram_mib=preempt_ram_mib,
                             preempt_mode=preempt_mode, threads=n_threads, n_gpu_layers=n_gpu_layers, seed=seed,
-                            preempt_disk=None if preempt_disk is None else os.fspath(preempt_disk),
-                            preempt_disk_mib=preempt_disk_mib,
-                            n_batch=n_batch, kv_unified=kv_unified, preempt=preempt, metrics=metrics, slots=slots,
+                            preempt_disk=preempt_disk, preempt_disk_mib=preempt_disk_mib, n_batch=n_batch,
+                            kv_unified=kv_unified, preempt=preempt, metrics=metrics, slots=slots,
                             deterministic=deterministic)
         if isinstance(args, (str, bytes)):  # "-c 256 -fa on": split as a shell would
             args = shlex.split(args.decode() if isinstance(args, bytes) else args)

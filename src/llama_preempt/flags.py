@@ -21,7 +21,7 @@ _SWITCHES = (
     ("deterministic", "--deterministic", None),
 )
 
-Value = Union[int, str, bool, None]
+Value = Union[int, str, bool, "os.PathLike[str]", None]
 
 
 def server_flags(model: str | os.PathLike[str], **settings: Value) -> list[str]:
@@ -35,7 +35,7 @@ def server_flags(model: str | os.PathLike[str], **settings: Value) -> list[str]:
     for name, flag in _VALUE_FLAGS:
         value = settings.get(name)
         if value is not None:
-            argv += [flag, str(value)]
+            argv += [flag, os.fspath(value) if isinstance(value, os.PathLike) else str(value)]
     for name, on, off in _SWITCHES:
         value = settings.get(name)
         if value is None:

@@ -166,8 +166,7 @@ class ServerConfig:
         args = server_flags(self.model, n_ctx=self.n_ctx, n_parallel=self.n_parallel, kv_unified=self.kv_unified,
                             n_batch=self.n_batch, n_ubatch=self.n_ubatch, preempt=self.preempt, n_predict=self.n_predict,
                             preempt_ram_mib=self.preempt_ram_mib, preempt_mode=self.preempt_mode,
-                            preempt_disk=None if self.preempt_disk is None else os.fspath(self.preempt_disk),
-                            preempt_disk_mib=self.preempt_disk_mib,
+                            preempt_disk=self.preempt_disk, preempt_disk_mib=self.preempt_disk_mib,
                             seed=self.seed, threads=self.threads, metrics=self.metrics, slots=self.slots,
                             cache_ram_mib=self.cache_ram_mib, deterministic=self.deterministic)
         return args + list(self.extra_args)

@@ -1,0 +1,85 @@
+"""What the Engine hands back: what one step of the server loop did (StepReport and its typed
+events) and what a request answered (Completion). `llama_preempt.engine` re-exports them."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from . import _core
+
+# --- what a step did ---
+
+# The events are the C++ types the server's mechanics record (csrc/preempt-events.h), bound as they
+# are: read-only attributes, `_fields` and `_asdict()` as a namedtuple has, equality by fields.
+ParkEvent = _core.ParkEvent      # slot, task, mode, tier, n_tokens, bytes, reason, ms, priority, choice, *_ms_predicted
+ResumeEvent = _core.ResumeEvent  # slot, task, mode, tier, fallback, parked_ms, restore_ms, n_replay
+EndEvent = _core.EndEvent        # slot, task, n_generated, stop (eos, word, limit)
+FailEvent = _core.FailEvent      # slot (-1: the task never had a slot), task, message
+
+
+@dataclass(frozen=True)
+class StepReport:
+    """What one iteration of the server loop did."""
+
+    n_decoded: int            # tokens decoded (prompt, replay and generated)
+    n_prompt: int             # of those, prompt tokens
+    n_replay: int             # of those, tokens re-prefilled after a park (recompute)
+    n_generated: int          # tokens sampled for requests
+    n_busy: int               # slots with a request after the step
+    elapsed_ms: float
+    parked: tuple[ParkEvent, ...] = ()
+    resumed: tuple[ResumeEvent, ...] = ()
+    finished: tuple[EndEvent, ...] = ()
+    failed: tuple[FailEvent, ...] = ()
+    cancelled: tuple[int, ...] = ()  # tasks cancelled (slot released without an answer)
+
+    @property
+    def idle(self) -> bool:
+        return self.n_busy == 0 and self.n_decoded == 0
+
+    @classmethod
+    def from_core(cls, r: Any) -> "StepReport":
+        """From the C++ report of one step (_core.StepReportCore)."""
+        return cls(
+            n_decoded=r.n_decoded, n_prompt=r.n_prompt, n_replay=r.n_replay, n_generated=r.n_generated,
+            n_busy=r.busy, elapsed_ms=r.t_us / 1000.0, parked=tuple(r.parked), resumed=tuple(r.resumed),
+            finished=tuple(r.finished), failed=tuple(r.failed), cancelled=tuple(e.task for e in r.cancelled),
+        )
+
+
+# --- answers ---
+
+@dataclass(frozen=True)
+class Completion:
+    """One finished answer, from any completion endpoint."""
+
+    text: str
+    n_prompt: int
+    n_generated: int
+    stop: str                 # stop_type (/completion) or finish_reason (OpenAI endpoints)
+    timings: dict[str, Any] = field(default_factory=dict, repr=False)
+    response: dict[str, Any] = field(default_factory=dict, repr=False)  # the server's whole response
+
+    @classmethod
+    def from_response(cls, body: dict[str, Any]) -> "Completion":
+        timings = body.get("timings") or {}
+        if "choices" in body:  # /v1/chat/completions, /v1/completions
+            choice = body["choices"][0]
+            text = choice["message"].get("content") or "" if "message" in choice else choice.get("text", "")
+            usage = body.get("usage") or {}
+            return cls(text, int(usage.get("prompt_tokens", 0)), int(usage.get("completion_tokens", 0)),
+                       str(choice.get("finish_reason")), timings, body)
+        return cls(body.get("content", ""), int(body.get("tokens_evaluated", 0)),
+                   int(body.get("tokens_predicted", 0)), str(body.get("stop_type", "")), timings, body)
+
+
+def stream_text(chunk: dict[str, Any]) -> str:
+    """The text a streamed chunk adds, for /completion and the OpenAI endpoints alike."""
+    if "choices" in chunk:
+        if not chunk["choices"]:
+            return ""
+        choice = chunk["choices"][0]
+        if "delta" in choice:
+            return choice["delta"].get("content") or ""
+        return choice.get("text") or ""
+    return chunk.get("content", "") or ""
