@@ -9,11 +9,13 @@ interleaved over --runs (A B C A B C ...):
 
 - ram then recompute: `--preempt-ram N`, too small for any victim: every park recomputes;
 - ram then disk: the same budget and `--preempt-disk DIR`: the victims go to files;
+- a larger budget then disk (`--mix`, 24 MiB): a victim or two in RAM, the rest on disk, written in
+  the background where their host copy fits the RAM left, and read back ahead where it can;
 - ram unlimited: `--preempt-ram -1`, the ceiling (what the disk tier stands in for).
 
 Per cell (medians, ranges over runs): completed, wall seconds, tok/s, TTFT p50/p99, ITL p50/p99
 (measured by the client from the stream), parks by tier, recomputed tokens, the peak bytes on disk
-(polled from /metrics) and written in all. The disk park and restore GB/s are the bytes the disk
+(polled from /metrics) and written in all, files read back ahead and restored from the host copy. The disk park and restore GB/s are the bytes the disk
 tier wrote and read over the time its I/O thread took for them (llamacpp:n_disk_write_bytes_total
 over n_disk_write_us_total, the same for reads: checksums included), against the disk's own
 sequential speed measured by this script in the same directory, the same way the tier does its
@@ -53,9 +55,10 @@ class Cell:
     disk: bool = False
 
 
-def cells_for(ram_mib: int) -> list[Cell]:
+def cells_for(ram_mib: int, mix_mib: int) -> list[Cell]:
     return [Cell(f"ram {ram_mib} MiB then recompute", ("--preempt-ram", str(ram_mib))),
             Cell(f"ram {ram_mib} MiB then disk", ("--preempt-ram", str(ram_mib)), disk=True),
+            Cell(f"ram {mix_mib} MiB then disk", ("--preempt-ram", str(mix_mib)), disk=True),
             Cell("ram unlimited", ("--preempt-ram", "-1"))]
 
 
@@ -153,6 +156,9 @@ def main() -> int:
     ap.add_argument("--model", type=Path, default=None)
     ap.add_argument("--runs", type=int, default=None, help="runs per cell (default 3, 1 with --quick)")
     ap.add_argument("--ram", type=int, default=None, help="--preempt-ram MiB (default 4, 0 with --quick)")
+    ap.add_argument("--mix", type=int, default=None,
+                    help="the --preempt-ram of a cell that holds a victim or two in RAM, the rest on disk "
+                         "(default 24, 1 with --quick)")
     ap.add_argument("--dir", type=Path, default=Path(tempfile.gettempdir()),
                     help="the disk tier's directory is made under this (default: the system's temp dir)")
     args = ap.parse_args()
@@ -166,7 +172,8 @@ def main() -> int:
                     ample=4096, split_slot=512, tight_mib=4, threads=2)
         ctx, extra, runs, ram, name = 1024, [], args.runs or 3, args.ram if args.ram is not None else 4, "disk"
     args.dir.mkdir(parents=True, exist_ok=True)
-    cells = cells_for(ram)
+    mix = args.mix if args.mix is not None else (1 if args.quick else 24)
+    cells = cells_for(ram, mix)
     results: dict[str, list[dict[str, Any]]] = {c.name: [] for c in cells}
     for run in range(runs):
         for cell in cells:
@@ -182,7 +189,8 @@ def main() -> int:
         seq_big = sequential(Path(d), 256 << 20, reps=3)
 
     headers = ["cell", "completed", "wall s (range)", "tok/s (range)", "TTFT p50 s", "TTFT p99 s", "ITL p50 ms",
-               "ITL p99 ms", "parks ram/disk/recompute", "recomputed", "peak disk MiB", "written MiB"]
+               "ITL p99 ms", "parks ram/disk/recompute", "recomputed", "peak disk MiB", "written MiB",
+               "read ahead", "from memory"]
     rows = []
     for c in cells:
         rs = results[c.name]
@@ -191,7 +199,7 @@ def main() -> int:
         rows.append([c.name, f"{min(r['completed'] for r in rs)}/{rs[0]['chats']}", f"{med(rs, 'wall_s')} ({rng(rs, 'wall_s')})",
                      f"{med(rs, 'tok_s')} ({rng(rs, 'tok_s')})", med(rs, "ttft_p50_s"), med(rs, "ttft_p99_s"),
                      med(rs, "itl_p50_ms"), med(rs, "itl_p99_ms"), parks, med(rs, "recomputed"),
-                     med(rs, "peak_disk_mib"), med(rs, "written_mib")])
+                     med(rs, "peak_disk_mib"), med(rs, "written_mib"), med(rs, "read_ahead"), med(rs, "from_memory")])
     park, restore = med(disk_rows, "disk_park_gbps"), med(disk_rows, "disk_restore_gbps")
 
     def share(x: float | None, of: float) -> str:
@@ -219,7 +227,7 @@ def main() -> int:
     md += md_table(headers, rows) + [""] + md_table(speed_headers, speed_rows)
     write_results(name, {"model": display_path(load.model), "ctx": ctx, "chats": load.n_chats,
                          "prompt_words": load.prompt_words, "n_predict": load.n_predict, "ram_mib": ram,
-                         "runs": runs, "cells": results, "sequential_file": seq_file, "sequential_256mib": seq_big,
+                         "mix_mib": mix, "runs": runs, "cells": results, "sequential_file": seq_file, "sequential_256mib": seq_big,
                          "file_mib": file_mib, "disk_park_gbps": park, "disk_restore_gbps": restore}, md)
     con.print(f"written: {display_path(RESULTS / (name + '.md'))}")
     return 0

@@ -53,34 +53,17 @@ static void ema(double & avg, int64_t & n, double sample) {
     n++;
 }
 
-// copies and files too small to time (their fixed cost only) would teach the averages nothing
-static bool worth_timing(size_t bytes, int64_t t_us) {
-    return bytes >= cost_rates::MIN_COPY_BYTES && t_us > 0;
-}
-
-void cost_rates::observe_park(size_t bytes, int64_t t_us) {
-    if (!fixed && worth_timing(bytes, t_us)) {
-        ema(park_bps, n_park_samples, bytes * 1e6 / t_us);
+// a copy or a file too small to time (its fixed cost only) would teach the average nothing
+static void observe_bps(bool fixed, double & bps, int64_t & n, size_t bytes, int64_t t_us) {
+    if (!fixed && bytes >= cost_rates::MIN_COPY_BYTES && t_us > 0) {
+        ema(bps, n, bytes * 1e6 / t_us);
     }
 }
 
-void cost_rates::observe_restore(size_t bytes, int64_t t_us) {
-    if (!fixed && worth_timing(bytes, t_us)) {
-        ema(restore_bps, n_restore_samples, bytes * 1e6 / t_us);
-    }
-}
-
-void cost_rates::observe_disk_write(size_t bytes, int64_t t_us) {
-    if (!fixed && worth_timing(bytes, t_us)) {
-        ema(disk_write_bps, n_disk_write_samples, bytes * 1e6 / t_us);
-    }
-}
-
-void cost_rates::observe_disk_read(size_t bytes, int64_t t_us) {
-    if (!fixed && worth_timing(bytes, t_us)) {
-        ema(disk_read_bps, n_disk_read_samples, bytes * 1e6 / t_us);
-    }
-}
+void cost_rates::observe_park(size_t bytes, int64_t t_us)       { observe_bps(fixed, park_bps, n_park_samples, bytes, t_us); }
+void cost_rates::observe_restore(size_t bytes, int64_t t_us)    { observe_bps(fixed, restore_bps, n_restore_samples, bytes, t_us); }
+void cost_rates::observe_disk_write(size_t bytes, int64_t t_us) { observe_bps(fixed, disk_write_bps, n_disk_write_samples, bytes, t_us); }
+void cost_rates::observe_disk_read(size_t bytes, int64_t t_us)  { observe_bps(fixed, disk_read_bps, n_disk_read_samples, bytes, t_us); }
 
 void cost_rates::observe_prefill(int64_t n_tokens, int64_t t_us) {
     if (!fixed && n_tokens >= MIN_PREFILL_TOKENS && t_us > 0) {

@@ -2,6 +2,7 @@
 #include "preempt-disk-park.h"
 
 #include <cstdio>
+#include <cstring>
 
 namespace llama_preempt {
 
@@ -19,15 +20,14 @@ static bool alloc_buffers(swap_state & st, swap_host & host) {
     return true;
 }
 
-// LLAMA_SERVER_PREEMPT_VERIFY: what came back equals upstream's serialization at the park
+// LLAMA_SERVER_PREEMPT_VERIFY: what came back equals upstream's serialization at the park, byte for byte
 static int verify(const swap_state & st) {
+    const auto & ref = st.disk.ref;
     if (!st.disk.has_ref) {
         return -1;
     }
-    disk_hasher h;
-    h.update(st.tgt.data, st.tgt.size);
-    h.update(st.dft.data, st.dft.size);
-    return h.digest() == st.disk.ref_checksum ? 1 : 0;
+    return ref.size() == st.bytes() && memcmp(ref.data(), st.tgt.data, st.tgt.size) == 0 &&
+           (st.dft.size == 0 || memcmp(ref.data() + st.tgt.size, st.dft.data, st.dft.size) == 0) ? 1 : 0;
 }
 
 static bool start_write(swap_state & st, swap_host & host, disk_result & r) {
@@ -64,7 +64,7 @@ static void lose(swap_state & st, const disk_result & r) {
     st.dft.reset();
 }
 
-disk_result disk_park(swap_state & st, swap_host & host, bool background, uint64_t ref_checksum, int verified) {
+disk_result disk_park(swap_state & st, swap_host & host, bool background, std::vector<uint8_t> && ref, int verified) {
     disk_result r;
     auto & d = st.disk;
     d.store        = host.disk;
@@ -72,7 +72,7 @@ disk_result disk_park(swap_state & st, swap_host & host, bool background, uint64
     d.n_bytes[1]   = st.dft.size;
     d.in_ram       = true;
     d.has_ref      = verified >= 0;
-    d.ref_checksum = ref_checksum;
+    d.ref          = std::move(ref);
     if (background && st.copy_in_flight) {
         d.pending = true;  // disk_step() starts the write once the transfer has settled
         return r;

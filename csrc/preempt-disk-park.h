@@ -13,7 +13,7 @@
 //      host buffers while other slots decode;
 //   4. resume (disk_read_back): a file still being written is dropped and the host copy used; else
 //      the read ahead is awaited, or the file is read now; the bytes are checked against the
-//      file's checksum (and with LLAMA_SERVER_PREEMPT_VERIFY against upstream's serialization),
+//      file's checksum (and with LLAMA_SERVER_PREEMPT_VERIFY byte for byte against upstream's serialization),
 //      then swap_in() copies them back as for any SWAP park.
 #pragma once
 
@@ -39,7 +39,9 @@ struct disk_result {
 // Right after a successful swap_out(): the state goes to a file. In the background when
 // `background` (the host copy fits what is left of the RAM budget), else before this returns.
 // Not ok: nothing is on disk and the host copy is freed (the caller recomputes instead).
-disk_result disk_park(swap_state & st, swap_host & host, bool background, uint64_t ref_checksum, int verified);
+// `ref`, `verified`: the park's LLAMA_SERVER_PREEMPT_VERIFY result (swap_result), kept to compare
+// the read back with.
+disk_result disk_park(swap_state & st, swap_host & host, bool background, std::vector<uint8_t> && ref, int verified);
 
 // Once per step, for a disk-parked slot: start a write whose transfer has settled, and see to a
 // write that finished. `written`: a write finished this step (its host copy freed). Not ok: the

@@ -18,6 +18,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <vector>
 
 namespace llama_preempt {
 
@@ -145,8 +146,8 @@ struct disk_copy {
     bool    read_ahead = false;         // the last read was queued ahead of the resume
     disk_error  error = disk_error::none;  // the write failed: the state is gone, the resume recomputes
     std::string why;
-    uint64_t ref_checksum = 0;          // LLAMA_SERVER_PREEMPT_VERIFY: of upstream's serialization at the park
-    bool     has_ref      = false;
+    std::vector<uint8_t> ref;           // LLAMA_SERVER_PREEMPT_VERIFY: upstream's serialization at the park
+    bool     has_ref = false;
 
     disk_copy() = default;
     disk_copy(const disk_copy &) = delete;
@@ -182,8 +183,9 @@ private:
         pending = in_ram = reading = read_ahead = false;
         error = disk_error::none;
         why.clear();
-        ref_checksum = 0;
-        has_ref      = false;
+        ref.clear();
+        ref.shrink_to_fit();
+        has_ref = false;
     }
     void take(disk_copy & o) {
         store      = std::move(o.store);
@@ -196,7 +198,7 @@ private:
         read_ahead = o.read_ahead;
         error      = o.error;
         why        = std::move(o.why);
-        ref_checksum = o.ref_checksum;
+        ref          = std::move(o.ref);
         has_ref      = o.has_ref;
         o.clear();
     }

@@ -75,23 +75,23 @@ static bool copy_state(swap_state & st, const seq_contexts & sc, seq_copier & co
 }
 
 // LLAMA_SERVER_PREEMPT_VERIFY: the bulk copy must equal upstream's own, byte for byte (the cells
-// are still in place: the caller frees them after this). `ref_checksum`: of upstream's bytes, both
-// parts in order, which a disk park's read back is compared with (preempt-disk-park.cpp).
-static bool same_as_upstream(swap_state & st, const seq_contexts & sc, seq_copier & copier, uint64_t & ref_checksum) {
+// are still in place: the caller frees them after this). `ref`: upstream's bytes, both parts in
+// order, which a disk park's read back is compared with (preempt-disk-park.cpp).
+static bool same_as_upstream(swap_state & st, const seq_contexts & sc, seq_copier & copier, std::vector<uint8_t> & ref) {
     settle_copy(st, copier);
-    disk_hasher h;
+    ref.assign(st.bytes(), 0);
+    size_t at = 0;
     auto same = [&](llama_context * ctx, const host_buffer & buf) {
         if (buf.size == 0) {
             return true;
         }
-        std::vector<uint8_t> ref(buf.size);
-        const bool ok = llama_state_seq_get_data_ext(ctx, ref.data(), ref.size(), sc.seq, LLAMA_STATE_SEQ_FLAGS_NONE) == ref.size();
-        h.update(ref.data(), ref.size());
-        return ok && memcmp(ref.data(), buf.data, ref.size()) == 0;
+        uint8_t * part = ref.data() + at;
+        at += buf.size;
+        return llama_state_seq_get_data_ext(ctx, part, buf.size, sc.seq, LLAMA_STATE_SEQ_FLAGS_NONE) == buf.size &&
+               memcmp(part, buf.data, buf.size) == 0;
     };
-    const bool ok = same(sc.tgt, st.tgt);
+    const bool ok     = same(sc.tgt, st.tgt);
     const bool ok_dft = !sc.dft || same(sc.dft, st.dft);
-    ref_checksum = h.digest();
     return ok && ok_dft;
 }
 
@@ -123,7 +123,7 @@ swap_result swap_out(swap_state & st, const seq_contexts & sc, const state_sizes
     st.n_copy_ranges  = (int32_t) r.report.n_ranges;
     st.copied_by      = r.report.how();
     if (host.knobs.verify) {
-        r.verified = same_as_upstream(st, sc, *host.copier, r.ref_checksum) ? 1 : 0;
+        r.verified = same_as_upstream(st, sc, *host.copier, r.ref) ? 1 : 0;
     }
     return r;
 }

@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 namespace llama_preempt {
 
@@ -130,7 +131,7 @@ struct swap_result {
     copy_report  report;
     int64_t      t_us     = 0;
     int          verified = -1;  // LLAMA_SERVER_PREEMPT_VERIFY: 1 the copy equals upstream's, 0 it differs
-    uint64_t     ref_checksum = 0;  //   and the checksum of upstream's bytes (a disk park's read back is held to it)
+    std::vector<uint8_t> ref;    //   and upstream's bytes, both parts in order (a disk park's read back is held to them)
 };
 
 // Copy the state (sized by size_state) to host RAM. On failure the buffers are freed and the

@@ -6,7 +6,7 @@ background when its host copy fits --preempt-ram); with --preempt-ram 0 every di
 before the park returns; LLAMA_SERVER_PREEMPT_DISK_FAIL=KIND makes every disk park meet that
 failure; LLAMA_SERVER_PREEMPT_DISK_HOLD_MS=N keeps each write in flight N ms;
 LLAMA_SERVER_PREEMPT_VERIFY=1 compares every park with upstream's serializer, and every disk read
-back with the checksum of upstream's bytes.
+back with upstream's bytes kept from the park, byte for byte.
 """
 from __future__ import annotations
 
