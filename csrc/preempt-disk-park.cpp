@@ -30,56 +30,57 @@ static int verify(const swap_state & st) {
            (st.dft.size == 0 || memcmp(ref.data() + st.tgt.size, st.dft.data, st.dft.size) == 0) ? 1 : 0;
 }
 
-static bool start_write(swap_state & st, swap_host & host, disk_result & r) {
-    st.disk.pending = false;
-    st.disk.file    = host.disk->write(st.tgt.data, st.tgt.size, st.dft.data, st.dft.size, r.why, r.error);
-    r.ok = st.disk.file != nullptr;
-    return r.ok;
-}
-
-// the file holds the state: the host copy goes back to the pool (the RAM budget gets it back)
-static void finish_write(swap_state & st, swap_host & host, disk_result & r) {
+// the file holds the state: its write is counted once (bytes, time, the measured rate)
+static void note_write(swap_state & st, swap_host & host, disk_result & r) {
+    st.disk.write_seen = true;
     r.bytes = st.disk.total();
     r.t_us  = st.disk.file->t_us;
     host.rates.observe_disk_write(r.bytes, r.t_us);
+}
+
+// the host copy goes back to the pool (the RAM budget gets it back): the state is only on disk now
+static void free_host_copy(swap_state & st) {
     st.tgt.reset();
     st.dft.reset();
     st.disk.in_ram = false;
 }
 
-// a write failed after the park: the state is gone (file and host copy); the slot stays parked on
-// the disk tier with the error, and its resume recomputes
-static void lose(swap_state & st, const disk_result & r) {
-    auto & d = st.disk;
-    if (d.file) {
-        d.store->remove(d.file);
-        d.file.reset();
-    }
-    d.error   = r.error;
-    d.why     = r.why;
-    d.in_ram  = false;
-    d.reading = false;
-    d.pending = false;
-    st.tgt.reset();
-    st.dft.reset();
+// the file could not be had but the host copy, within the RAM budget, still holds the state: the
+// slot stays parked in RAM (a RAM park from now on)
+static void keep_in_ram(swap_state & st, disk_result & r) {
+    st.disk.reset();
+    r.kept_in_ram = true;
+}
+
+static void fail_from(const disk_file & f, disk_result & r) {
+    r.ok    = false;
+    r.error = f.error;
+    r.why   = f.why;
 }
 
 disk_result disk_park(swap_state & st, swap_host & host, bool background, std::vector<uint8_t> && ref, int verified) {
     disk_result r;
     auto & d = st.disk;
-    d.store        = host.disk;
-    d.n_bytes[0]   = st.tgt.size;
-    d.n_bytes[1]   = st.dft.size;
-    d.in_ram       = true;
-    d.has_ref      = verified >= 0;
-    d.ref          = std::move(ref);
-    if (background && st.copy_in_flight) {
-        d.pending = true;  // disk_step() starts the write once the transfer has settled
-        return r;
+    d.store      = host.disk;
+    d.n_bytes[0] = st.tgt.size;
+    d.n_bytes[1] = st.dft.size;
+    d.in_ram     = true;
+    d.has_ref    = verified >= 0;
+    d.ref        = std::move(ref);
+    if (!background) {
+        settle_copy(st, *host.copier);  // written now: the bytes must be in host RAM
     }
-    settle_copy(st, *host.copier);
-    if (!start_write(st, host, r)) {
-        st.free();
+    // on a device the transfer to host RAM may still run: the write is queued held (its bytes taken
+    // from the disk budget now) and disk_step() starts it once the transfer has settled
+    d.pending = background && st.copy_in_flight;
+    d.file    = host.disk->write(st.tgt.data, st.tgt.size, st.dft.data, st.dft.size, d.pending, r.why, r.error);
+    if (!d.file) {
+        r.ok = false;
+        if (background) {
+            keep_in_ram(st, r);
+        } else {
+            st.free();
+        }
         return r;
     }
     if (background) {
@@ -87,47 +88,62 @@ disk_result disk_park(swap_state & st, swap_host & host, bool background, std::v
     }
     // the host copy does not fit what is left of the RAM: the loop waits for the file
     if (host.disk->settle(d.file) != disk_file::status::written) {
-        r.ok    = false;
-        r.error = d.file->error;
-        r.why   = d.file->why;
+        fail_from(*d.file, r);
         st.free();
         return r;
     }
-    finish_write(st, host, r);
+    note_write(st, host, r);
+    free_host_copy(st);
     return r;
 }
 
-disk_result disk_step(swap_state & st, swap_host & host, bool & written) {
+disk_result disk_step(swap_state & st, swap_host & host, bool keep, bool keep_read, bool & written) {
     disk_result r;
     written = false;
     auto & d = st.disk;
-    if (!d.on() || d.failed()) {
+    if (!d.on() || !d.file) {
         return r;
     }
     if (d.pending) {
-        if (!st.copy_in_flight && !start_write(st, host, r)) {
-            lose(st, r);
+        if (!st.copy_in_flight) {
+            d.pending = false;
+            d.store->start(d.file);
         }
         return r;
     }
-    if (!d.file || !d.in_ram || d.reading || !d.store->is_settled(d.file)) {
+    if (!d.in_ram || !d.store->is_settled(d.file)) {
         return r;
     }
-    if (d.store->settle(d.file) == disk_file::status::written) {
-        finish_write(st, host, r);
+    const auto status = d.store->settle(d.file);
+    if (d.reading) {
+        // read ahead, and the slot is no longer the next back while RAM is short: its RAM goes to
+        // others meanwhile
+        if (status == disk_file::status::read && !keep_read && d.store->unread(d.file)) {
+            free_host_copy(st);
+            d.reading    = false;
+            d.read_ahead = false;
+            r.dropped    = true;
+        }
+        return r;  // a read that failed is reported by the resume
+    }
+    if (status != disk_file::status::written) {
+        fail_from(*d.file, r);
+        keep_in_ram(st, r);
+        return r;
+    }
+    if (!d.write_seen) {
+        note_write(st, host, r);
         written = true;
-        return r;
     }
-    r.ok    = false;
-    r.error = d.file->error;
-    r.why   = d.file->why;
-    lose(st, r);
+    if (!keep) {
+        free_host_copy(st);
+    }
     return r;
 }
 
 bool disk_read_ahead(swap_state & st, swap_host & host) {
     auto & d = st.disk;
-    if (!d.on() || d.failed() || d.in_ram || d.reading || !d.file || !alloc_buffers(st, host)) {
+    if (!d.on() || d.in_ram || d.reading || !d.file || !alloc_buffers(st, host)) {
         return false;
     }
     if (!d.store->read(d.file, st.tgt.data, st.dft.data)) {
@@ -144,19 +160,16 @@ bool disk_read_ahead(swap_state & st, swap_host & host) {
 disk_result disk_read_back(swap_state & st, swap_host & host) {
     disk_result r;
     auto & d = st.disk;
-    if (d.failed()) {
-        // counted when the write failed (disk_step)
-        r.ok  = false;
-        r.why = "its file was lost before the resume (" + d.why + ")";
-        st.free();
-        return r;
-    }
-    if (d.pending || (d.in_ram && !d.reading)) {
-        // the write is queued or still running: the host copy is the state, the file is dropped
-        if (d.file) {
-            d.store->remove(d.file);
-            d.file.reset();
+    if (d.in_ram && !d.reading) {
+        // the write is queued or still running, or the host copy was kept (the slot was next back):
+        // the host copy is the state, the file is dropped; a write that failed since the last step
+        // is counted here
+        if (d.store->is_settled(d.file) && d.store->settle(d.file) == disk_file::status::failed) {
+            r.error = d.file->error;
+            r.why   = d.file->why;
         }
+        d.store->remove(d.file);
+        d.file.reset();
         d.pending     = false;
         r.from_memory = true;
         r.verified    = verify(st);
@@ -196,15 +209,6 @@ disk_result disk_read_back(swap_state & st, swap_host & host) {
     d.file.reset();
     r.verified = verify(st);
     return r;
-}
-
-std::string describe_disk(const swap_state & st) {
-    const auto & d = st.disk;
-    char line[512];
-    snprintf(line, sizeof(line), "disk park: %.2f MiB %s%s%s%s", d.total() / 1048576.0,
-             d.file ? d.file->path.c_str() : "(no file)", d.pending ? ", write waits for the transfer" : "",
-             d.in_ram ? ", host copy held" : ", only on disk", d.failed() ? ", lost" : "");
-    return line;
 }
 
 } // namespace llama_preempt

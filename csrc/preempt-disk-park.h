@@ -7,11 +7,12 @@
 //   1. park: the host copy is written in the background when it fits what is left of
 //      --preempt-ram (its RAM counts against the budget until the file is written), else the park
 //      waits for the write; on a device, the write starts once the park's transfer has settled;
-//   2. each step (disk_step): a finished write frees the host copy (the state is only on disk now);
-//      a failed one frees it too and the resume recomputes;
+//   2. each step (disk_step): a finished write frees the host copy (the state is only on disk now),
+//      unless the slot is the next one back; a failed one keeps it (a RAM park from then on); a
+//      write that cannot be had at the park (no room) keeps it too, when it fits the RAM;
 //   3. restore ahead (disk_read_ahead): the slot that comes back next has its file read into new
 //      host buffers while other slots decode;
-//   4. resume (disk_read_back): a file still being written is dropped and the host copy used; else
+//   4. resume (disk_read_back): a file still being written (or kept) is dropped and the host copy used; else
 //      the read ahead is awaited, or the file is read now; the bytes are checked against the
 //      file's checksum (and with LLAMA_SERVER_PREEMPT_VERIFY byte for byte against upstream's serialization),
 //      then swap_in() copies them back as for any SWAP park.
@@ -31,22 +32,27 @@ struct disk_result {
     std::string why;                       // what failed, for the log
     size_t      bytes = 0;                 // bytes written or read
     int64_t     t_us  = 0;                 // the I/O thread's time for them
-    bool        from_memory = false;       // read back: the write was still running, the host copy was used
+    bool        kept_in_ram = false;       // the file failed but the host copy holds the state: a RAM park now
+    bool        dropped     = false;       // a read ahead was let go (the slot is no longer the next back)
+    bool        from_memory = false;       // read back: the host copy was used (its write still running, or kept)
     bool        read_ahead  = false;       // read back: its read had been queued ahead of the resume
     int         verified    = -1;          // LLAMA_SERVER_PREEMPT_VERIFY: 1 the bytes equal upstream's, 0 they differ
 };
 
 // Right after a successful swap_out(): the state goes to a file. In the background when
 // `background` (the host copy fits what is left of the RAM budget), else before this returns.
-// Not ok: nothing is on disk and the host copy is freed (the caller recomputes instead).
+// Not ok: nothing is on disk; in the background the host copy is kept (kept_in_ram: a RAM park),
+// else it is freed (the caller recomputes instead).
 // `ref`, `verified`: the park's LLAMA_SERVER_PREEMPT_VERIFY result (swap_result), kept to compare
 // the read back with.
 disk_result disk_park(swap_state & st, swap_host & host, bool background, std::vector<uint8_t> && ref, int verified);
 
 // Once per step, for a disk-parked slot: start a write whose transfer has settled, and see to a
-// write that finished. `written`: a write finished this step (its host copy freed). Not ok: the
-// write failed this step; the state is gone and the slot recomputes when it resumes.
-disk_result disk_step(swap_state & st, swap_host & host, bool & written);
+// write that finished: its host copy is freed, unless `keep` (the slot is the next one back: its
+// file would only be read back at once). A finished read ahead is let go unless `keep_read` (the
+// slot is the next one back, or RAM is not short). `written`: a write finished this step. Not ok:
+// the write failed; the host copy is kept and the slot is a RAM park from now on (kept_in_ram).
+disk_result disk_step(swap_state & st, swap_host & host, bool keep, bool keep_read, bool & written);
 
 // Read the slot's file into new host buffers ahead of its resume. False when there is nothing to
 // read (still in RAM, already reading) or its buffers cannot be had.
@@ -55,8 +61,5 @@ bool disk_read_ahead(swap_state & st, swap_host & host);
 // Before swap_in(): the host buffers get the state back (see 4. above). Not ok: the state is lost
 // (the file failed or changed); the buffers and the file are freed and the caller recomputes.
 disk_result disk_read_back(swap_state & st, swap_host & host);
-
-// one line on where a disk park's state is (file, bytes, in RAM or not), for the slot's log
-std::string describe_disk(const swap_state & st);
 
 } // namespace llama_preempt

@@ -42,14 +42,20 @@ void remove_dir(const std::string & path) {
     rmdir(path.c_str());
 }
 
-// A directory of ours whose lock nobody holds belongs to a server that is gone. One without a lock
-// file is left from a crash between mkdir and the lock (ours are renamed into place locked): gone
-// too once it is a minute old.
-bool is_stale(const std::string & path) {
+bool older_than_a_minute(const std::string & path) {
+    struct stat st;
+    return stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode) && time(nullptr) - st.st_mtime > 60;
+}
+
+// A directory of ours whose lock nobody holds belongs to a server that is gone. One being made
+// (NEW_PREFIX) is not locked yet, for a moment: it is left from a crash once a minute old.
+bool is_stale(const std::string & path, bool being_made) {
+    if (being_made) {
+        return older_than_a_minute(path);
+    }
     const int fd = ::open((path + "/lock").c_str(), O_RDWR | O_CLOEXEC);
     if (fd < 0) {
-        struct stat st;
-        return stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode) && time(nullptr) - st.st_mtime > 60;
+        return older_than_a_minute(path);
     }
     const bool free = flock(fd, LOCK_EX | LOCK_NB) == 0;
     close(fd);  // closing drops the lock we may have taken
@@ -211,9 +217,9 @@ std::shared_ptr<disk_store> disk_store::open(const std::string & dir, size_t bud
     if (DIR * d = opendir(dir.c_str())) {
         std::vector<std::string> stale;
         while (dirent * e = readdir(d)) {
-            const bool ours = strncmp(e->d_name, PREFIX, sizeof(PREFIX) - 1) == 0 ||
-                              strncmp(e->d_name, NEW_PREFIX, sizeof(NEW_PREFIX) - 1) == 0;
-            if (ours && is_stale(dir + "/" + e->d_name)) {
+            const bool made       = strncmp(e->d_name, PREFIX, sizeof(PREFIX) - 1) == 0;
+            const bool being_made = strncmp(e->d_name, NEW_PREFIX, sizeof(NEW_PREFIX) - 1) == 0;
+            if ((made || being_made) && is_stale(dir + "/" + e->d_name, being_made)) {
                 stale.push_back(dir + "/" + e->d_name);
             }
         }
@@ -264,23 +270,25 @@ disk_store::~disk_store() {
     }
 }
 
-// under mu_: what a new file may take
-static size_t room_for(size_t budget, size_t held, const std::string & dir) {
-    size_t room = budget - std::min(budget, held);
+// under mu_: the bytes of state a new file may take (its header aside): what is left of the budget
+// and of the disk, less what is queued and not on the disk yet (the disk does not see it)
+size_t disk_store::room_locked() const {
+    size_t room = budget_ - std::min(budget_, bytes_held_);
     struct statvfs vfs;
-    if (statvfs(dir.c_str(), &vfs) == 0) {
+    if (statvfs(dir_.c_str(), &vfs) == 0) {
         const uint64_t avail = (uint64_t) vfs.f_bavail * vfs.f_frsize;
-        room = std::min<uint64_t>(room, avail > disk_store::RESERVE ? avail - disk_store::RESERVE : 0);
+        const uint64_t taken = RESERVE + bytes_unwritten_;
+        room = std::min<uint64_t>(room, avail > taken ? avail - taken : 0);
     }
-    return room;
+    return room > HEADER ? room - HEADER : 0;
 }
 
 size_t disk_store::room() const {
     std::lock_guard<std::mutex> lk(mu_);
-    return room_for(budget_, bytes_held_, dir_);
+    return room_locked();
 }
 
-std::shared_ptr<disk_file> disk_store::write(const uint8_t * a, size_t n_a, const uint8_t * b, size_t n_b,
+std::shared_ptr<disk_file> disk_store::write(const uint8_t * a, size_t n_a, const uint8_t * b, size_t n_b, bool held,
                                              std::string & why, disk_error & error) {
     auto f = std::make_shared<disk_file>();
     f->n_bytes[0] = n_a;
@@ -289,8 +297,8 @@ std::shared_ptr<disk_file> disk_store::write(const uint8_t * a, size_t n_a, cons
     f->src[1]     = b;
     {
         std::lock_guard<std::mutex> lk(mu_);
-        const size_t room = room_for(budget_, bytes_held_, dir_);
-        if (f->total() + HEADER > room) {
+        const size_t room = room_locked();
+        if (f->total() > room) {
             why   = budget_ - std::min(budget_, bytes_held_) < f->total() + HEADER
                   ? "the disk budget (--preempt-disk-mib) has no room left"
                   : "the disk is full (" + std::to_string(room >> 20) + " MiB free beyond its reserve)";
@@ -298,15 +306,36 @@ std::shared_ptr<disk_file> disk_store::write(const uint8_t * a, size_t n_a, cons
             return nullptr;
         }
         f->path = dir_ + "/park-" + std::to_string(++n_files_) + ".kv";
-        bytes_held_ += f->total();
-        n_writing_  += 1;
-        f->counted = true;
-        f->st      = disk_file::status::queued_write;
-        f->busy    = true;
+        bytes_held_      += f->total();
+        bytes_unwritten_ += f->total();
+        n_writing_       += 1;
+        f->counted   = true;
+        f->unwritten = true;
+        f->held      = held;
+        f->st        = disk_file::status::queued_write;
+        f->busy      = true;
         queue_.push_back(f);
     }
     cv_work_.notify_all();
     return f;
+}
+
+void disk_store::start(const std::shared_ptr<disk_file> & f) {
+    {
+        std::lock_guard<std::mutex> lk(mu_);
+        f->held = false;
+    }
+    cv_work_.notify_all();
+}
+
+bool disk_store::unread(const std::shared_ptr<disk_file> & f) {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (f->busy || f->st != disk_file::status::read) {
+        return false;
+    }
+    f->st = disk_file::status::written;
+    f->dst[0] = f->dst[1] = nullptr;
+    return true;
 }
 
 bool disk_store::read(const std::shared_ptr<disk_file> & f, uint8_t * a, uint8_t * b) {
@@ -340,6 +369,14 @@ void disk_store::uncount(disk_file & f) {
     if (f.counted) {
         bytes_held_ -= std::min(bytes_held_, f.total());
         f.counted = false;
+    }
+    settle_unwritten(f);
+}
+
+void disk_store::settle_unwritten(disk_file & f) {
+    if (f.unwritten) {
+        bytes_unwritten_ -= std::min(bytes_unwritten_, f.total());
+        f.unwritten = false;
     }
 }
 
@@ -382,18 +419,23 @@ bool disk_store::cancelled() const {
     return cancel_;
 }
 
+// under mu_: a read first (a resume soon waits for it), else the oldest write that may start
+std::deque<std::shared_ptr<disk_file>>::iterator disk_store::next_job() {
+    auto it = std::find_if(queue_.begin(), queue_.end(), [](const auto & f) { return f->st == disk_file::status::queued_read; });
+    if (it == queue_.end()) {
+        it = std::find_if(queue_.begin(), queue_.end(), [](const auto & f) { return !f->held; });
+    }
+    return it;
+}
+
 void disk_store::run() {
     std::unique_lock<std::mutex> lk(mu_);
     while (true) {
-        cv_work_.wait(lk, [&] { return stop_ || !queue_.empty(); });
+        cv_work_.wait(lk, [&] { return stop_ || next_job() != queue_.end(); });
         if (stop_) {
             return;
         }
-        // a read is awaited by a resume soon: it goes before the writes
-        auto it = std::find_if(queue_.begin(), queue_.end(), [](const auto & f) { return f->st == disk_file::status::queued_read; });
-        if (it == queue_.end()) {
-            it = queue_.begin();
-        }
+        auto it = next_job();
         std::shared_ptr<disk_file> f = *it;
         queue_.erase(it);
         const bool writing = f->st == disk_file::status::queued_write;
@@ -423,6 +465,7 @@ void disk_store::run() {
         f->t_us  = t_us;
         if (writing) {
             n_writing_ -= 1;
+            settle_unwritten(*f);  // on the disk now, or gone
             if (err == disk_error::none) {
                 f->checksum = sum;
                 f->st       = disk_file::status::written;

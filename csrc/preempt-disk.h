@@ -56,7 +56,9 @@ struct disk_file {
     // guarded by the store's mutex
     status      st       = status::queued_write;
     bool        busy     = false;  // queued or in the I/O thread's hands
+    bool        held     = false;  // a queued write that waits for start() (its host copy is still arriving)
     bool        counted  = false;  // its bytes count in the store's bytes_held()
+    bool        unwritten = false; //   and, until its write ends, among the bytes not on the disk yet
     disk_error  error    = disk_error::none;
     std::string why;               // failed: what failed, for the log
     int64_t     t_us     = 0;      // the last write or read took this long (its rate)
@@ -81,11 +83,16 @@ public:
     disk_store(const disk_store &) = delete;
     disk_store & operator=(const disk_store &) = delete;
 
-    // Queue a write of the two parts (either may be empty). Null, with `why` and `error`, when the
-    // file cannot be created or the budget or the disk has no room for it. The memory must stay
-    // until the file settles.
-    std::shared_ptr<disk_file> write(const uint8_t * a, size_t n_a, const uint8_t * b, size_t n_b,
+    // Queue a write of the two parts (either may be empty); `held`: it waits for start() (its bytes
+    // are taken from the budget now). Null, with `why` and `error`, when the budget or the disk has
+    // no room for it. The memory must stay until the file settles.
+    std::shared_ptr<disk_file> write(const uint8_t * a, size_t n_a, const uint8_t * b, size_t n_b, bool held,
                                      std::string & why, disk_error & error);
+    // A held write may start.
+    void start(const std::shared_ptr<disk_file> & f);
+    // The buffers a file was read into were dropped: it is only written again (it can be read
+    // again). False when it was not read.
+    bool unread(const std::shared_ptr<disk_file> & f);
     // Queue a read of a written file into `a` and `b` (its part sizes). False when it is not written.
     bool read(const std::shared_ptr<disk_file> & f, uint8_t * a, uint8_t * b);
     // Wait until the I/O thread is done with the file; its status then.
@@ -96,7 +103,7 @@ public:
     void remove(const std::shared_ptr<disk_file> & f);
 
     size_t  bytes_held() const;  // bytes of this server's files now (written or being written)
-    size_t  room() const;        // bytes a new file may take: what is left of the budget and of the disk
+    size_t  room() const;        // bytes of state a new file may take: what is left of the budget and of the disk
     int32_t n_writes_in_flight() const;
     const std::string & dir() const { return dir_; }
     size_t budget() const { return budget_; }
@@ -110,7 +117,10 @@ private:
     void run();  // the I/O thread
     disk_error do_write(disk_file & f, std::string & why, uint64_t & sum);
     disk_error do_read(disk_file & f, std::string & why);
-    void uncount(disk_file & f);  // under mu_
+    void uncount(disk_file & f);           // under mu_: its bytes leave bytes_held_ (and bytes_unwritten_)
+    void settle_unwritten(disk_file & f);  // under mu_: its bytes are on the disk, or gone
+    size_t room_locked() const;
+    std::deque<std::shared_ptr<disk_file>>::iterator next_job();
     bool cancelled() const;
 
     std::string dir_;
@@ -124,8 +134,9 @@ private:
     std::condition_variable cv_work_;  // the I/O thread waits for work (and a held write for a cancel)
     std::condition_variable cv_done_;  // the loop waits for a file to settle
     std::deque<std::shared_ptr<disk_file>> queue_;
-    size_t  bytes_held_ = 0;
-    int32_t n_writing_  = 0;
+    size_t  bytes_held_      = 0;
+    size_t  bytes_unwritten_ = 0;  // queued or being written: the disk's free space does not show them yet
+    int32_t n_writing_       = 0;
     bool    stop_       = false;
     bool    cancel_     = false;  // the file in the I/O thread's hands is being removed
     std::shared_ptr<disk_file> current_;
@@ -144,8 +155,7 @@ struct disk_copy {
     bool    in_ram  = false;            // the slot's host buffers hold the state
     bool    reading = false;            // a read into them is queued or running (ahead of its turn)
     bool    read_ahead = false;         // the last read was queued ahead of the resume
-    disk_error  error = disk_error::none;  // the write failed: the state is gone, the resume recomputes
-    std::string why;
+    bool    write_seen = false;         // its write was seen written (counted once)
     std::vector<uint8_t> ref;           // LLAMA_SERVER_PREEMPT_VERIFY: upstream's serialization at the park
     bool     has_ref = false;
 
@@ -164,9 +174,8 @@ struct disk_copy {
 
     bool   on() const { return store != nullptr; }
     size_t total() const { return n_bytes[0] + n_bytes[1]; }
-    bool   failed() const { return error != disk_error::none; }
     // bytes its file holds on disk now (written or being written)
-    size_t bytes_on_disk() const { return file && !failed() ? total() : 0; }
+    size_t bytes_on_disk() const { return file ? total() : 0; }
 
     void reset() {
         if (store && file) {
@@ -180,9 +189,7 @@ private:
         store.reset();
         file.reset();
         n_bytes[0] = n_bytes[1] = 0;
-        pending = in_ram = reading = read_ahead = false;
-        error = disk_error::none;
-        why.clear();
+        pending = in_ram = reading = read_ahead = write_seen = false;
         ref.clear();
         ref.shrink_to_fit();
         has_ref = false;
@@ -196,8 +203,7 @@ private:
         in_ram     = o.in_ram;
         reading    = o.reading;
         read_ahead = o.read_ahead;
-        error      = o.error;
-        why        = std::move(o.why);
+        write_seen = o.write_seen;
         ref          = std::move(o.ref);
         has_ref      = o.has_ref;
         o.clear();

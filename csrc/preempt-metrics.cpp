@@ -30,7 +30,7 @@ std::vector<metric_item> metric_items(const preempt_counters & c, const preempt_
         { "n_disk_write_us_total",     "counter", "Microseconds the disk tier's I/O thread spent writing those bytes",  c.n_disk_write_us_total },
         { "n_disk_read_us_total",      "counter", "Microseconds the disk tier's I/O thread spent reading them back",    c.n_disk_read_us_total },
         { "n_disk_read_ahead_total",   "counter", "Disk parks whose file was read back ahead of their resume",              c.n_disk_read_ahead_total },
-        { "n_disk_restore_from_memory_total", "counter", "Disk parks resumed while their file was still being written (restored from the host copy)", c.n_disk_restore_from_memory_total },
+        { "n_disk_restore_from_memory_total", "counter", "Disk parks resumed from their host copy (their file still being written, or the copy kept as the next slot back)", c.n_disk_restore_from_memory_total },
         { "kv_pool_cells",             "gauge",   "Cells in the KV pool the slots share (-c)",                              (uint64_t) c.n_pool_cells },
         { "kv_pool_cells_used",        "gauge",   "Cells of the KV pool the requests in flight hold now (not idle caches, not parked slots)", (uint64_t) g.n_pool_cells_used },
         { "server_draining",           "gauge",   "1 while the server drains on SIGTERM/SIGINT: it takes no new requests", (uint64_t) g.draining },
@@ -50,7 +50,7 @@ std::vector<labeled_metric> labeled_items(const preempt_counters & c) {
         parks.values.emplace_back(park_tier_name((park_tier) i), c.parks_by_tier[i]);
         restores.values.emplace_back(park_tier_name((park_tier) i), c.restores_by_tier[i]);
     }
-    labeled_metric failures { "preempt_disk_failures_total", "kind", "Disk parks that fell back to RECOMPUTE, by what failed", {} };
+    labeled_metric failures { "preempt_disk_failures_total", "kind", "Disk park failures by what failed (a file written in the background keeps its host copy: a RAM park; the others recompute)", {} };
     for (int i = 1; i < N_DISK_ERRORS; ++i) {
         failures.values.emplace_back(disk_error_name((disk_error) i), c.disk_failures[i]);
     }

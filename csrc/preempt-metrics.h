@@ -23,13 +23,13 @@ struct preempt_counters {
     uint64_t parks_by_choice[N_PARK_CHOICES] = {};  // parks by why SWAP or RECOMPUTE was taken (park_choice)
     uint64_t parks_by_tier[N_PARK_TIERS]     = {};  // parks by where the state went: RAM, disk, nowhere (park_tier)
     uint64_t restores_by_tier[N_PARK_TIERS]  = {};  // resumes by where the state came from (a failed swap restore: recompute)
-    uint64_t disk_failures[N_DISK_ERRORS]    = {};  // disk parks that fell back to RECOMPUTE, by what failed (disk_error)
+    uint64_t disk_failures[N_DISK_ERRORS]    = {};  // disk park failures by what failed (disk_error)
     uint64_t n_disk_write_bytes_total  = 0;  // bytes written to the disk tier's files
     uint64_t n_disk_read_bytes_total   = 0;  // bytes read back from them
     uint64_t n_disk_write_us_total     = 0;  // time the I/O thread took for those writes (their rate: bytes over time)
     uint64_t n_disk_read_us_total      = 0;  //   and for the reads
     uint64_t n_disk_read_ahead_total   = 0;  // files read back ahead of their resume
-    uint64_t n_disk_restore_from_memory_total = 0;  // disk parks resumed while their file was still being written (from the host copy)
+    uint64_t n_disk_restore_from_memory_total = 0;  // disk parks resumed from their host copy (file still being written, or kept as next back)
     uint64_t n_swap_verify_total          = 0;  // LLAMA_SERVER_PREEMPT_VERIFY: swap parks compared with upstream's copy
     uint64_t n_swap_verify_mismatch_total = 0;  //   of those, not byte-identical
     // the pool's size, set once: kept here, with what /metrics keeps while the server sleeps

@@ -196,8 +196,10 @@ void sim_server::park(sim_slot & s) {
                 s.t_io_done = t_io_free;
                 s.ram       = bytes;
             } else {
-                t += t_write;  // the loop waits for the write: the host copy does not fit the RAM left
-                s.ram = 0;
+                // the loop waits for the write (behind the I/O thread's queue): the host copy does not fit the RAM left
+                t_io_free = std::max(t_io_free, t) + t_write;
+                t         = t_io_free;
+                s.ram     = 0;
             }
         } else {
             s.ram = bytes;
@@ -256,8 +258,9 @@ void sim_server::resume(sim_slot & s) {
             if (s.reading) {
                 t = std::max(t, s.t_io_done);  // the read ahead lands
             } else if (s.ram == 0) {
-                t += s.bytes / p.disk_read_bps;  // read now, on the loop
-            }  // else its write is still running: restored from the host copy
+                t_io_free = std::max(t_io_free, t) + s.bytes / p.disk_read_bps;  // read now, the loop waits
+                t         = t_io_free;
+            }  // else its write is still running (it stays in the queue's time): restored from the host copy
             disk_bytes -= s.bytes;
         }
         t += s.bytes / p.swap_in_bps;
