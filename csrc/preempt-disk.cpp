@@ -1,17 +1,14 @@
 // llama-preempt: the disk tier's files and its I/O thread (preempt-disk.h).
 #include "preempt-disk.h"
 
+#include "preempt-disk-dir.h"
+
 #include <algorithm>
-#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
-#include <vector>
 
-#include <dirent.h>
 #include <fcntl.h>
-#include <sys/file.h>
-#include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
 
@@ -22,44 +19,9 @@ namespace {
 constexpr char   MAGIC[8] = { 'L', 'P', 'K', 'V', 'S', 'E', 'Q', '1' };
 constexpr size_t HEADER   = 64;                // magic, two part sizes, checksum, padding
 constexpr size_t CHUNK    = (size_t) 1 << 20;   // one pwrite/pread, checksummed while it is in the cache; a cancel waits for one at most
-constexpr char   PREFIX[] = "llama-preempt-";
-constexpr char   NEW_PREFIX[] = ".new-llama-preempt-";  // one being made, not locked in place yet
 
 int64_t now_us() {
     return std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
-// every file of a directory removed, then the directory (ours hold no subdirectories)
-void remove_dir(const std::string & path) {
-    if (DIR * d = opendir(path.c_str())) {
-        while (dirent * e = readdir(d)) {
-            if (strcmp(e->d_name, ".") != 0 && strcmp(e->d_name, "..") != 0) {
-                unlink((path + "/" + e->d_name).c_str());
-            }
-        }
-        closedir(d);
-    }
-    rmdir(path.c_str());
-}
-
-bool older_than_a_minute(const std::string & path) {
-    struct stat st;
-    return stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode) && time(nullptr) - st.st_mtime > 60;
-}
-
-// A directory of ours whose lock nobody holds belongs to a server that is gone. One being made
-// (NEW_PREFIX) is not locked yet, for a moment: it is left from a crash once a minute old.
-bool is_stale(const std::string & path, bool being_made) {
-    if (being_made) {
-        return older_than_a_minute(path);
-    }
-    const int fd = ::open((path + "/lock").c_str(), O_RDWR | O_CLOEXEC);
-    if (fd < 0) {
-        return older_than_a_minute(path);
-    }
-    const bool free = flock(fd, LOCK_EX | LOCK_NB) == 0;
-    close(fd);  // closing drops the lock we may have taken
-    return free;
 }
 
 bool write_all(int fd, const uint8_t * p, size_t n, off_t off) {
@@ -115,6 +77,19 @@ void hash_block(uint64_t lane[4], const uint8_t * p) {
     }
 }
 
+
+// a 64-bit checksum of a byte range, fed in order across calls, fast enough to run beside the disk
+// (four lanes of 8-byte words)
+struct disk_hasher {
+    uint64_t lane[4] = { 0x9E3779B97F4A7C15ull, 0xC2B2AE3D27D4EB4Full, 0x165667B19E3779F9ull, 0x27D4EB2F165667C5ull };
+    uint8_t  tail[32];
+    size_t   n_tail  = 0;
+    uint64_t n_total = 0;
+
+    void     update(const uint8_t * p, size_t n);
+    uint64_t digest() const;
+};
+
 } // namespace
 
 void disk_hasher::update(const uint8_t * p, size_t n) {
@@ -153,12 +128,6 @@ uint64_t disk_hasher::digest() const {
         h = rotl(h ^ tail[i], 11) * 0x9E3779B185EBCA87ull;
     }
     return h ^ (h >> 33);
-}
-
-uint64_t disk_checksum(const uint8_t * p, size_t n) {
-    disk_hasher h;
-    h.update(p, n);
-    return h.digest();
 }
 
 bool parse_disk_fault(const std::string & name, disk_fault & out) {
@@ -200,55 +169,18 @@ const char * disk_error_name(disk_error e) {
 }
 
 std::shared_ptr<disk_store> disk_store::open(const std::string & dir, size_t budget, const disk_knobs & knobs, std::string & err) {
-    struct stat st;
-    if (stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
-        err = "--preempt-disk: '" + dir + "' is not a directory (create it first)";
-        return nullptr;
-    }
-    if (access(dir.c_str(), W_OK | X_OK) != 0) {
-        err = "--preempt-disk: cannot write to '" + dir + "': " + strerror(errno);
-        return nullptr;
-    }
+    // that `dir` is a directory we may write in was checked before the model loaded (preempt-params.h)
     std::shared_ptr<disk_store> s(new disk_store());
-    s->budget_ = budget;
-    s->knobs_  = knobs;
-
-    // what servers that are gone left behind
-    if (DIR * d = opendir(dir.c_str())) {
-        std::vector<std::string> stale;
-        while (dirent * e = readdir(d)) {
-            const bool made       = strncmp(e->d_name, PREFIX, sizeof(PREFIX) - 1) == 0;
-            const bool being_made = strncmp(e->d_name, NEW_PREFIX, sizeof(NEW_PREFIX) - 1) == 0;
-            if ((made || being_made) && is_stale(dir + "/" + e->d_name, being_made)) {
-                stale.push_back(dir + "/" + e->d_name);
-            }
-        }
-        closedir(d);
-        for (const auto & path : stale) {
-            remove_dir(path);
-            s->n_stale_removed_++;
-        }
-    }
-
-    // ours: made under a name no other server scans for, locked, then renamed into place, so no
-    // other server ever sees it unlocked; <n> tells apart two stores of one process (Engines)
-    static std::atomic<int> n_opened{0};
-    const std::string base = PREFIX + std::to_string(getpid()) + "-" + std::to_string(n_opened++);
-    const std::string name = dir + "/" + base;
-    const std::string tmp  = dir + "/" + NEW_PREFIX + base;
-    remove_dir(tmp);
-    if (mkdir(tmp.c_str(), 0700) != 0) {
-        err = "--preempt-disk: cannot create a directory in '" + dir + "': " + strerror(errno);
+    s->budget_          = budget;
+    s->knobs_           = knobs;
+    s->n_stale_removed_ = remove_stale_dirs(dir);
+    own_dir own;
+    if (!make_own_dir(dir, own, err)) {
         return nullptr;
     }
-    s->lock_fd_ = ::open((tmp + "/lock").c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-    if (s->lock_fd_ < 0 || flock(s->lock_fd_, LOCK_EX | LOCK_NB) != 0 || rename(tmp.c_str(), name.c_str()) != 0) {
-        err = "--preempt-disk: cannot lock a directory in '" + dir + "': " + strerror(errno);
-        remove_dir(tmp);
-        return nullptr;
-    }
-    s->dir_    = name;
-    s->worker_ = std::thread([p = s.get()] { p->run(); });
+    s->dir_     = own.path;
+    s->lock_fd_ = own.lock_fd;
+    s->worker_  = std::thread([p = s.get()] { p->run(); });
     return s;
 }
 

@@ -3,11 +3,10 @@
 // where it can be) on resume. No llama or server types: the disk parks (preempt-disk-park.h) hand
 // it bytes and ask what became of them.
 //
-// The directory holds only this server's files: a subdirectory llama-preempt-<pid>-<n> with a lock
-// held for the store's life (flock), files of mode 0600 in a directory of mode 0700, all removed
-// when the store closes; at the next start, any such subdirectory whose lock nobody holds (its
-// server crashed or was killed) is removed. Every file carries a checksum of its bytes, so a short
-// read or a file changed on disk is caught and the slot recomputes instead.
+// The directory holds only this server's files (preempt-disk-dir.h: a subdirectory of its own,
+// locked, mode 0700; those of servers that are gone removed at the start): files of mode 0600, all
+// removed when the store closes. Every file carries a checksum of its bytes, so a short read or a
+// file changed on disk is caught and the slot recomputes instead.
 #pragma once
 
 #include <condition_variable>
@@ -156,8 +155,7 @@ struct disk_copy {
     bool    reading = false;            // a read into them is queued or running (ahead of its turn)
     bool    read_ahead = false;         // the last read was queued ahead of the resume
     bool    write_seen = false;         // its write was seen written (counted once)
-    std::vector<uint8_t> ref;           // LLAMA_SERVER_PREEMPT_VERIFY: upstream's serialization at the park
-    bool     has_ref = false;
+    std::vector<uint8_t> ref;           // LLAMA_SERVER_PREEMPT_VERIFY: upstream's serialization at the park (else empty)
 
     disk_copy() = default;
     disk_copy(const disk_copy &) = delete;
@@ -192,7 +190,6 @@ private:
         pending = in_ram = reading = read_ahead = write_seen = false;
         ref.clear();
         ref.shrink_to_fit();
-        has_ref = false;
     }
     void take(disk_copy & o) {
         store      = std::move(o.store);
@@ -205,22 +202,8 @@ private:
         read_ahead = o.read_ahead;
         write_seen = o.write_seen;
         ref          = std::move(o.ref);
-        has_ref      = o.has_ref;
         o.clear();
     }
 };
-
-// a 64-bit checksum of a byte range, fed in order across calls, fast enough to run beside the disk
-// (four lanes of 8-byte words)
-struct disk_hasher {
-    uint64_t lane[4] = { 0x9E3779B97F4A7C15ull, 0xC2B2AE3D27D4EB4Full, 0x165667B19E3779F9ull, 0x27D4EB2F165667C5ull };
-    uint8_t  tail[32];
-    size_t   n_tail  = 0;
-    uint64_t n_total = 0;
-
-    void     update(const uint8_t * p, size_t n);
-    uint64_t digest() const;
-};
-uint64_t disk_checksum(const uint8_t * p, size_t n);
 
 } // namespace llama_preempt
