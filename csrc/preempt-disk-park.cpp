@@ -6,25 +6,16 @@
 
 namespace llama_preempt {
 
-// host buffers for the state read back, from the same warm pool as a park's
+// host buffers for the state read back, as a park's
 static bool alloc_buffers(swap_state & st, swap_host & host) {
-    ggml_backend_buffer_type_t pinned = host.copier->host_buft();
-    if (host.knobs.fail_alloc || !st.tgt.alloc(st.disk.n_bytes[0], host.pool, pinned) ||
-        !st.dft.alloc(st.disk.n_bytes[1], host.pool, pinned)) {
-        st.tgt.reset();
-        st.dft.reset();
-        return false;
-    }
-    st.tgt.copier = host.copier;
-    st.dft.copier = host.copier;
-    return true;
+    return alloc_host_buffers(st, { st.disk.n_bytes[0], st.disk.n_bytes[1] }, host);
 }
 
 // LLAMA_SERVER_PREEMPT_VERIFY: what came back equals upstream's serialization at the park, byte for byte
 static int verify(const swap_state & st) {
     const auto & ref = st.disk.ref;
-    if (!st.disk.has_ref) {
-        return -1;
+    if (ref.empty()) {
+        return -1;  // not verifying
     }
     return ref.size() == st.bytes() && memcmp(ref.data(), st.tgt.data, st.tgt.size) == 0 &&
            (st.dft.size == 0 || memcmp(ref.data() + st.tgt.size, st.dft.data, st.dft.size) == 0) ? 1 : 0;
@@ -58,14 +49,13 @@ static void fail_from(const disk_file & f, disk_result & r) {
     r.why   = f.why;
 }
 
-disk_result disk_park(swap_state & st, swap_host & host, bool background, std::vector<uint8_t> && ref, int verified) {
+disk_result disk_park(swap_state & st, swap_host & host, bool background, std::vector<uint8_t> && ref) {
     disk_result r;
     auto & d = st.disk;
     d.store      = host.disk;
     d.n_bytes[0] = st.tgt.size;
     d.n_bytes[1] = st.dft.size;
     d.in_ram     = true;
-    d.has_ref    = verified >= 0;
     d.ref        = std::move(ref);
     if (!background) {
         settle_copy(st, *host.copier);  // written now: the bytes must be in host RAM

@@ -43,9 +43,9 @@ struct disk_result {
 // `background` (the host copy fits what is left of the RAM budget), else before this returns.
 // Not ok: nothing is on disk; in the background the host copy is kept (kept_in_ram: a RAM park),
 // else it is freed (the caller recomputes instead).
-// `ref`, `verified`: the park's LLAMA_SERVER_PREEMPT_VERIFY result (swap_result), kept to compare
-// the read back with.
-disk_result disk_park(swap_state & st, swap_host & host, bool background, std::vector<uint8_t> && ref, int verified);
+// `ref`: upstream's bytes of the state when LLAMA_SERVER_PREEMPT_VERIFY compared the park
+// (swap_result::ref; empty otherwise), kept to compare the read back with.
+disk_result disk_park(swap_state & st, swap_host & host, bool background, std::vector<uint8_t> && ref);
 
 // Once per step, for a disk-parked slot: start a write whose transfer has settled, and see to a
 // write that finished: its host copy is freed, unless `keep` (the slot is the next one back: its

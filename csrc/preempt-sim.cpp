@@ -150,6 +150,10 @@ size_t sim_server::ram_budget() const {
     return p.ram_budget_bytes < 0 ? SIZE_MAX : (size_t) p.ram_budget_bytes;
 }
 
+size_t sim_server::disk_budget() const {
+    return p.disk_budget_bytes < 0 ? SIZE_MAX : (size_t) p.disk_budget_bytes;
+}
+
 void sim_server::park(sim_slot & s) {
     // the server's own decisions (preempt-policy.h), priced with the simulated costs
     park_input in;
@@ -165,14 +169,13 @@ void sim_server::park(sim_slot & s) {
     rates.prefill_tps    = 1.0 / p.prefill_token_s;
     rates.disk_write_bps = p.disk_write_bps;
     rates.disk_read_bps  = p.disk_read_bps;
-    const size_t disk_budget = p.disk_budget_bytes < 0 ? SIZE_MAX : (size_t) p.disk_budget_bytes;
     park_options o;
     o.bytes        = has_swap_state(in) ? (size_t) bytes : 0;
     o.n_tokens     = in.n_held;
     o.ram_left     = ram_left(ram_budget(), (size_t) parked_bytes);
-    o.disk_left    = p.disk_budget_bytes == 0 ? 0 : ram_left(disk_budget, (size_t) disk_bytes);
+    o.disk_left    = ram_left(disk_budget(), (size_t) disk_bytes);
     o.waits_behind = o.disk_left > 0 && waits_behind_parked(views(), s.id);
-    const park_decision how = choose_park(effective_mode(p.mode, ram_budget(), p.disk_budget_bytes == 0 ? 0 : disk_budget), o, rates);
+    const park_decision how = choose_park(effective_mode(p.mode, ram_budget(), disk_budget()), o, rates);
     const park_shape shape = shape_park(in, how.swap, p.n_batch);
     res.parks_by_choice[(int) how.why]++;
 
@@ -189,17 +192,14 @@ void sim_server::park(sim_slot & s) {
             disk_bytes += bytes;
             res.peak_disk_bytes = std::max(res.peak_disk_bytes, disk_bytes);
             res.n_park_disk++;
-            const double t_write = bytes / p.disk_write_bps;
+            // one I/O thread: the write queues behind what it is doing
+            t_io_free = std::max(t_io_free, t) + bytes / p.disk_write_bps;
             if (o.bytes <= o.ram_left) {
-                // written in the background from the host copy, which is held until then
-                t_io_free   = std::max(t_io_free, t) + t_write;
-                s.t_io_done = t_io_free;
+                s.t_io_done = t_io_free;  // written in the background from the host copy, held until then
                 s.ram       = bytes;
             } else {
-                // the loop waits for the write (behind the I/O thread's queue): the host copy does not fit the RAM left
-                t_io_free = std::max(t_io_free, t) + t_write;
-                t         = t_io_free;
-                s.ram     = 0;
+                t     = t_io_free;  // the loop waits for the write: the host copy does not fit the RAM left
+                s.ram = 0;
             }
         } else {
             s.ram = bytes;
@@ -231,7 +231,9 @@ void sim_server::park(sim_slot & s) {
 
 void sim_server::settle_disk() {
     for (auto & s : slots) {
-        if (s.phase == slot_phase::parked && s.on_disk && !s.reading && s.ram > 0 && t >= s.t_io_done) {
+        // as the server, the slot that came back next in the last plan keeps its host copy
+        if (s.phase == slot_phase::parked && s.on_disk && !s.reading && s.ram > 0 && t >= s.t_io_done &&
+            s.id != restore_next) {
             parked_bytes -= s.ram;  // written: the state is only on disk now
             s.ram = 0;
         }
@@ -336,8 +338,9 @@ bool sim_server::step(double t_next) {
         for (int32_t id : pl.hold) {
             hold[id] = 1;
         }
-        if (pl.restore_next >= 0) {
-            read_ahead(slots[pl.restore_next]);
+        restore_next = pl.restore_next;
+        if (restore_next >= 0) {
+            read_ahead(slots[restore_next]);
         }
     }
 

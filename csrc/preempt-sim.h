@@ -123,6 +123,7 @@ struct sim_server {
     double parked_bytes = 0;  // host RAM the parked slots hold
     double disk_bytes   = 0;  // bytes in the disk tier's files
     double t_io_free    = 0;  // the disk's I/O thread is free then (its writes and reads run one at a time)
+    int32_t restore_next = -1; // the last plan's: it keeps a written disk park's host copy
     bool   stopped = false;  // gave up: the step limit, or held requests that nothing can unblock
 
     explicit sim_server(const sim_params & p);
@@ -154,6 +155,7 @@ struct sim_server {
     void settle_disk();                // writes done free their host copy
     void read_ahead(sim_slot & s);     // the next one back has its file read while others decode
     size_t ram_budget() const;
+    size_t disk_budget() const;  // 0: no disk tier
     bool last_resort();
     int32_t cells_used() const;
 };

@@ -95,20 +95,29 @@ static bool same_as_upstream(swap_state & st, const seq_contexts & sc, seq_copie
     return ok && ok_dft;
 }
 
-swap_result swap_out(swap_state & st, const seq_contexts & sc, const state_sizes & n, swap_host & host) {
-    swap_result r;
-    const int64_t t0 = ggml_time_us();
-    // a budget can promise more than the machine has: an allocation that fails means recompute
+bool alloc_host_buffers(swap_state & st, const state_sizes & n, swap_host & host) {
     ggml_backend_buffer_type_t pinned = host.copier->host_buft();
     if (host.knobs.fail_alloc || !st.tgt.alloc(n.tgt, host.pool, pinned) || !st.dft.alloc(n.dft, host.pool, pinned)) {
-        st.free();
-        r.why = "cannot allocate host RAM to swap";
-        return r;
+        st.tgt.reset();
+        st.dft.reset();
+        return false;
     }
     // the buffers are freed through the copier: a transfer into them, or an upload ahead of their
     // restore, may still be running then
     st.tgt.copier = host.copier;
     st.dft.copier = host.copier;
+    return true;
+}
+
+swap_result swap_out(swap_state & st, const seq_contexts & sc, const state_sizes & n, swap_host & host) {
+    swap_result r;
+    const int64_t t0 = ggml_time_us();
+    // a budget can promise more than the machine has: an allocation that fails means recompute
+    if (!alloc_host_buffers(st, n, host)) {
+        st.free();
+        r.why = "cannot allocate host RAM to swap";
+        return r;
+    }
     if (!copy_state(st, sc, *host.copier, true, r.report)) {
         st.free();
         r.why = "copying the sequence state to host RAM failed";

@@ -134,6 +134,10 @@ struct swap_result {
     std::vector<uint8_t> ref;    //   and upstream's bytes, both parts in order (a disk park's read back is held to them)
 };
 
+// Host buffers for a state of these sizes, from the warm pool (pinned where the device offers it),
+// freed through the copier; false (and none) when they cannot be had or LLAMA_SERVER_PREEMPT_FAIL_ALLOC.
+bool alloc_host_buffers(swap_state & st, const state_sizes & n, swap_host & host);
+
 // Copy the state (sized by size_state) to host RAM. On failure the buffers are freed and the
 // caller recomputes instead. On a device the transfer may still be running on return
 // (st.copy_in_flight): the cells are free to reuse, the buffer is settled before it is read.

@@ -21,7 +21,7 @@ PREEMPT_MODES: tuple[str, ...] = tuple(_core.PREEMPT_MODES)
 PARK_CHOICES: tuple[str, ...] = tuple(_core.PARK_CHOICES)
 # where a parked slot's state waits: the `tier` labels of preempt_parks_by_tier_total (ram, disk, recompute)
 PARK_TIERS: tuple[str, ...] = tuple(_core.PARK_TIERS)
-# what failed in a disk park that fell back to RECOMPUTE: the `kind` labels of preempt_disk_failures_total
+# what failed in a disk park: the `kind` labels of preempt_disk_failures_total
 DISK_FAILURES: tuple[str, ...] = tuple(_core.DISK_FAILURES)
 # the counters with one label, as the server reports them: (name, label) -> the PreemptStats field
 # holding them, the name without "preempt_" and "_total" (preempt_parks_by_tier_total: parks_by_tier)
@@ -114,7 +114,7 @@ class PreemptStats:
     n_disk_write_us_total: int = 0        # the I/O thread's time for those bytes: their rate
     n_disk_read_us_total: int = 0
     n_disk_read_ahead_total: int = 0      # files read back ahead of their resume
-    n_disk_restore_from_memory_total: int = 0  # disk parks resumed from their host copy (file still being written)
+    n_disk_restore_from_memory_total: int = 0  # disk parks resumed from their host copy (still held)
     kv_pool_cells: int = 0                # cells in the pool (-c)
     kv_pool_cells_used: int = 0           # cells the slots hold now
     server_draining: int = 0              # 1 while the server drains on SIGTERM/SIGINT

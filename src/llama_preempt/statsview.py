@@ -77,6 +77,11 @@ def rates(prev: Snapshot | None, cur: Snapshot) -> dict[str, float] | None:
     return {n: (getattr(cur.stats, n) - getattr(prev.stats, n)) / dt for n in COUNTERS}
 
 
+def _budget_bytes(mib: int | None) -> int | None:
+    """A budget flag in MiB (-1: no limit) as bytes (-1 kept); None when the server did not say."""
+    return None if mib is None else (-1 if mib < 0 else mib << 20)
+
+
 def to_json(snap: Snapshot, r: dict[str, float] | None) -> dict[str, Any]:
     st = snap.stats
     return {
@@ -87,11 +92,9 @@ def to_json(snap: Snapshot, r: dict[str, float] | None) -> dict[str, Any]:
         "counters": {n: getattr(st, n) for n in COUNTERS},
         "rates_per_s": r,
         "requests_preempted": st.requests_preempted,
-        "ram": {"held_bytes": st.preempt_ram_bytes,
-                "budget_bytes": None if snap.budget_mib is None else (-1 if snap.budget_mib < 0 else snap.budget_mib << 20)},
+        "ram": {"held_bytes": st.preempt_ram_bytes, "budget_bytes": _budget_bytes(snap.budget_mib)},
         "disk": None if snap.disk_dir is None else {
-            "dir": snap.disk_dir, "held_bytes": st.preempt_disk_bytes,
-            "budget_bytes": None if snap.disk_mib is None else (-1 if snap.disk_mib < 0 else snap.disk_mib << 20),
+            "dir": snap.disk_dir, "held_bytes": st.preempt_disk_bytes, "budget_bytes": _budget_bytes(snap.disk_mib),
             "writes_in_flight": st.preempt_disk_writes_in_flight,
             "write_bytes_per_second": st.preempt_disk_write_bytes_per_second,
             "read_bytes_per_second": st.preempt_disk_read_bytes_per_second,
