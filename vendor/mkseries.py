@@ -64,7 +64,8 @@ TOPICS = [
     Topic("flags", "our flags in upstream's parser (csrc/preempt-args.inc) and their fields in common_params",
           lambda f, t: f.startswith("common/") and not _ENGINE_WORDS(t) and not _in("batch_invariant")(t)),
     Topic("loop-split", "server_queue::start_loop() split into its parts, so a host can run one iteration at a time",
-          lambda f, t: f == "tools/server/server-queue.h" or (f == "tools/server/server-queue.cpp" and "deadline" not in t)),
+          lambda f, t: (f == "tools/server/server-queue.h" or (f == "tools/server/server-queue.cpp" and "deadline" not in t))
+          and "n_waiting" not in t),
     Topic("server-hooks", "the hooks of the park/resume mechanics (csrc/preempt-context.inc) in upstream's server loop",
           lambda f, t: f in ("tools/server/server-context.cpp", "tools/server/server-common.h", "tools/server/server-task.h",
                              "tools/server/server-task.cpp")
