@@ -52,6 +52,9 @@ preempt_config make_preempt_config(const common_params & params, bool has_memory
 
     cfg.disk.hold_us = (int64_t) env_int("LLAMA_SERVER_PREEMPT_DISK_HOLD_MS") * 1000;
     cfg.disk_always  = env_int("LLAMA_SERVER_PREEMPT_DISK_ALWAYS") > 0;
+    if (const char * env = getenv("LLAMA_SERVER_PREEMPT_DISK_NAME")) {
+        cfg.disk.first_name = env;
+    }
     if (const char * env = getenv("LLAMA_SERVER_PREEMPT_DISK_FAIL")) {
         if (!parse_disk_fault(env, cfg.disk.fault)) {
             CFG_WRN("preemption: ignoring LLAMA_SERVER_PREEMPT_DISK_FAIL='%s' (want write, read, remove, corrupt, truncate or full)\n", env);
@@ -120,6 +123,8 @@ void log_preempt_config(const preempt_config & cfg, size_t n_slots, int32_t n_ct
         { cfg.disk.hold_us > 0, string_format("LLAMA_SERVER_PREEMPT_DISK_HOLD_MS keeps each disk write in flight for %lld ms",
                                               (long long) (cfg.disk.hold_us / 1000)) },
         { cfg.disk_always, "LLAMA_SERVER_PREEMPT_DISK_ALWAYS sends every SWAP park to disk" },
+        { !cfg.disk.first_name.empty(), string_format("LLAMA_SERVER_PREEMPT_DISK_NAME=%s is the disk tier's first directory name tried",
+                                                      cfg.disk.first_name.c_str()) },
         { cfg.swap.copy_in_flight_us > 0, string_format("LLAMA_SERVER_PREEMPT_COPY_HOLD_MS keeps each swap copy in flight for %lld ms",
                                                         (long long) (cfg.swap.copy_in_flight_us / 1000)) },
         { cfg.swap.fail_restore, "LLAMA_SERVER_PREEMPT_FAIL_RESTORE makes every SWAP restore fail" },

@@ -26,7 +26,7 @@ struct preempt_config {
     std::string  disk_dir;                   // --preempt-disk ("" : no disk tier)
     int32_t      disk_mib    = -1;           // --preempt-disk-mib as given
     size_t       disk_budget = 0;            // bytes parked files may take at once (SIZE_MAX: the disk's free space; 0: no disk tier)
-    disk_knobs   disk;                       // LLAMA_SERVER_PREEMPT_DISK_FAIL, LLAMA_SERVER_PREEMPT_DISK_HOLD_MS
+    disk_knobs   disk;                       // LLAMA_SERVER_PREEMPT_DISK_FAIL, _DISK_HOLD_MS, _DISK_NAME
     bool         disk_always = false;        // LLAMA_SERVER_PREEMPT_DISK_ALWAYS: every SWAP park goes to disk where it fits
     cost_rates   rates;                      // LLAMA_SERVER_PREEMPT_RATES fixes them (tests)
     swap_knobs   swap;                       // knobs that reach into a swap

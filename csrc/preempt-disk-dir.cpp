@@ -1,10 +1,11 @@
 // llama-preempt: the disk tier's directory (preempt-disk-dir.h).
 #include "preempt-disk-dir.h"
 
-#include <atomic>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <ctime>
+#include <random>
 #include <vector>
 
 #include <dirent.h>
@@ -18,83 +19,252 @@ namespace llama_preempt {
 namespace {
 
 constexpr char PREFIX[]     = "llama-preempt-";
-constexpr char NEW_PREFIX[] = ".new-llama-preempt-";  // one being made, not locked in place yet
+constexpr char NEW_PREFIX[] = ".new-llama-preempt-";  // made by earlier versions before they renamed it into place
+constexpr char LOCK[]       = "lock";
+constexpr int  N_TRIES      = 64;                      // names tried before giving up
 
-bool older_than_a_minute(const std::string & path) {
-    struct stat st;
-    return stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode) && time(nullptr) - st.st_mtime > 60;
+bool starts_with(const char * s, const char * prefix) {
+    return strncmp(s, prefix, strlen(prefix)) == 0;
 }
 
-// A directory of ours whose lock nobody holds belongs to a server that is gone. One being made
-// (NEW_PREFIX) is not locked yet, for a moment: it is left from a crash once a minute old.
-bool is_stale(const std::string & path, bool being_made) {
-    if (being_made) {
-        return older_than_a_minute(path);
+// past a run of at least one character of `set` at p; null when there is none
+const char * skip_run(const char * p, const char * set) {
+    const char * start = p;
+    while (*p && strchr(set, *p)) {
+        ++p;
     }
-    const int fd = ::open((path + "/lock").c_str(), O_RDWR | O_CLOEXEC);
+    return p > start ? p : nullptr;
+}
+
+// a name a store's directory has: llama-preempt-<pid>-<hex> (earlier versions: <pid>-<n>, and
+// while being made, .new-llama-preempt-<pid>-<n>)
+bool is_store_name(const char * name) {
+    const char * p = starts_with(name, PREFIX) ? name + strlen(PREFIX)
+                   : starts_with(name, NEW_PREFIX) ? name + strlen(NEW_PREFIX) : nullptr;
+    if (p == nullptr || (p = skip_run(p, "0123456789")) == nullptr || *p++ != '-') {
+        return false;
+    }
+    p = skip_run(p, "0123456789abcdef");
+    return p != nullptr && *p == '\0';
+}
+
+// a file name a store makes: its lock, or park-<digits>.kv
+bool is_store_file(const char * name) {
+    if (strcmp(name, LOCK) == 0) {
+        return true;
+    }
+    const char * p = starts_with(name, "park-") ? skip_run(name + strlen("park-"), "0123456789") : nullptr;
+    return p != nullptr && strcmp(p, ".kv") == 0;
+}
+
+// what others could do to entries of a directory with this mode and owner: "" when nothing
+std::string others_may_write(const struct stat & st) {
+    char mode[8];
+    snprintf(mode, sizeof(mode), "%04o", (unsigned) (st.st_mode & 07777));
+    if ((st.st_mode & (S_IWGRP | S_IWOTH)) != 0 && (st.st_mode & S_ISVTX) == 0) {
+        return std::string("other users may write in it (mode ") + mode + ") and it has no sticky bit: they could "
+               "rename this server's files away and put their own in their place; use a directory only this server's "
+               "user may write in (chmod go-w), or set the sticky bit as /tmp has (chmod +t)";
+    }
+    if (st.st_uid != geteuid() && st.st_uid != 0) {
+        return "it belongs to another user (uid " + std::to_string(st.st_uid) + "), who could replace this server's "
+               "files in it; use a directory of this server's user (uid " + std::to_string(geteuid()) + ") or of root";
+    }
+    return "";
+}
+
+// a directory only we could have filled: ours, and nobody else may write in it
+bool ours_alone(const struct stat & st) {
+    return S_ISDIR(st.st_mode) && st.st_uid == geteuid() && (st.st_mode & (S_IWGRP | S_IWOTH)) == 0;
+}
+
+// Removes what a store makes (its lock and park files; a link among them is unlinked, never
+// followed) from the directory `fd`. Anything else stays, and so does the directory then.
+void empty_store(int fd) {
+    const int it_fd = dup(fd);
+    DIR * d = it_fd >= 0 ? fdopendir(it_fd) : nullptr;
+    if (d == nullptr) {
+        if (it_fd >= 0) {
+            close(it_fd);
+        }
+        return;
+    }
+    std::vector<std::string> names;
+    while (dirent * e = readdir(d)) {
+        if (is_store_file(e->d_name)) {
+            names.emplace_back(e->d_name);
+        }
+    }
+    closedir(d);
+    for (const auto & name : names) {
+        struct stat st;
+        if (fstatat(fd, name.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0 && (S_ISREG(st.st_mode) || S_ISLNK(st.st_mode))) {
+            unlinkat(fd, name.c_str(), 0);
+        }
+    }
+}
+
+// `name` in `parent_fd`, removed if it is a store of a server that is gone: a real directory of
+// ours that nobody else may write in, whose lock (a regular file of ours) nobody holds. A store
+// without a lock is one whose server died between its mkdir and its lock: stale once a minute
+// old (its own age, never a link's target's). False, and nothing touched, for anything else.
+bool remove_if_stale(int parent_fd, const char * name) {
+    const int fd = openat(parent_fd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
     if (fd < 0) {
-        return older_than_a_minute(path);
+        return false;  // a link (ELOOP, ENOTDIR), not a directory, or gone
     }
-    const bool free = flock(fd, LOCK_EX | LOCK_NB) == 0;
-    close(fd);  // closing drops the lock we may have taken
-    return free;
+    struct stat st;
+    bool stale = fstat(fd, &st) == 0 && ours_alone(st);
+    int lock = -1;
+    if (stale) {
+        lock = openat(fd, LOCK, O_RDWR | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+        if (lock >= 0) {
+            struct stat ls;
+            // held while we empty it: another server that scans now sees it locked and keeps off
+            stale = fstat(lock, &ls) == 0 && S_ISREG(ls.st_mode) && ls.st_uid == geteuid() &&
+                    flock(lock, LOCK_EX | LOCK_NB) == 0;
+        } else {
+            stale = errno == ENOENT && time(nullptr) - st.st_mtime > 60;
+        }
+    }
+    bool removed = false;
+    if (stale) {
+        empty_store(fd);
+        // still the directory we opened (the entry cannot be swapped by others: DIR is checked
+        // to be ours or sticky), and rmdir never follows a link
+        struct stat again;
+        removed = fstatat(parent_fd, name, &again, AT_SYMLINK_NOFOLLOW) == 0 && again.st_dev == st.st_dev &&
+                  again.st_ino == st.st_ino && unlinkat(parent_fd, name, AT_REMOVEDIR) == 0;
+    }
+    if (lock >= 0) {
+        close(lock);
+    }
+    close(fd);
+    return removed;
+}
+
+std::string random_name() {
+    std::random_device rd;  // the kernel's randomness: nobody can guess the name ahead
+    char buf[17];
+    snprintf(buf, sizeof(buf), "%08x%08x", (unsigned) rd(), (unsigned) rd());
+    return std::string(PREFIX) + std::to_string(getpid()) + "-" + buf;
 }
 
 } // namespace
 
-void remove_dir(const std::string & path) {
-    if (DIR * d = opendir(path.c_str())) {
-        while (dirent * e = readdir(d)) {
-            if (strcmp(e->d_name, ".") != 0 && strcmp(e->d_name, "..") != 0) {
-                unlink((path + "/" + e->d_name).c_str());
-            }
-        }
-        closedir(d);
-    }
-    rmdir(path.c_str());
+std::string park_file_name(unsigned long long n) {
+    return "park-" + std::to_string(n) + ".kv";
 }
 
-int remove_stale_dirs(const std::string & dir) {
-    std::vector<std::string> stale;
-    if (DIR * d = opendir(dir.c_str())) {
-        while (dirent * e = readdir(d)) {
-            const bool made       = strncmp(e->d_name, PREFIX, sizeof(PREFIX) - 1) == 0;
-            const bool being_made = strncmp(e->d_name, NEW_PREFIX, sizeof(NEW_PREFIX) - 1) == 0;
-            if ((made || being_made) && is_stale(dir + "/" + e->d_name, being_made)) {
-                stale.push_back(dir + "/" + e->d_name);
-            }
-        }
-        closedir(d);
+std::string disk_dir_unsafe(const std::string & dir) {
+    struct stat st;
+    if (stat(dir.c_str(), &st) != 0) {
+        return "--preempt-disk: no directory at '" + dir + "' (create it first)";
     }
-    for (const auto & path : stale) {
-        remove_dir(path);
+    if (!S_ISDIR(st.st_mode)) {
+        return "--preempt-disk: '" + dir + "' is not a directory";
     }
-    return (int) stale.size();
+    const std::string why = others_may_write(st);
+    return why.empty() ? "" : "--preempt-disk: '" + dir + "' is not safe for the disk tier: " + why;
 }
 
-bool make_own_dir(const std::string & dir, own_dir & out, std::string & err) {
-    // <n> tells apart two stores of one process (Engines)
-    static std::atomic<int> n_made{0};
-    const std::string base = PREFIX + std::to_string(getpid()) + "-" + std::to_string(n_made++);
-    const std::string name = dir + "/" + base;
-    const std::string tmp  = dir + "/" + NEW_PREFIX + base;
-    remove_dir(tmp);
-    if (mkdir(tmp.c_str(), 0700) != 0) {
-        err = "--preempt-disk: cannot create a directory in '" + dir + "': " + strerror(errno);
+bool make_own_dir(const std::string & dir, const std::string & first_name, own_dir & out, std::string & err) {
+    // DIR itself is the operator's choice and may be a link; nothing below it is followed
+    const int parent = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    struct stat pst;
+    if (parent < 0 || fstat(parent, &pst) != 0) {
+        err = "--preempt-disk: cannot open '" + dir + "': " + strerror(errno);
+        if (parent >= 0) {
+            close(parent);
+        }
         return false;
     }
-    const int fd = ::open((tmp + "/lock").c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-    if (fd < 0 || flock(fd, LOCK_EX | LOCK_NB) != 0 || rename(tmp.c_str(), name.c_str()) != 0) {
-        err = "--preempt-disk: cannot lock a directory in '" + dir + "': " + strerror(errno);
-        if (fd >= 0) {
+    if (const std::string why = others_may_write(pst); !why.empty()) {  // checked before the model loaded; again, on what we opened
+        err = "--preempt-disk: '" + dir + "' is not safe for the disk tier: " + why;
+        close(parent);
+        return false;
+    }
+    for (int i = 0; i < N_TRIES; ++i) {
+        const std::string name = i == 0 && !first_name.empty() ? first_name : random_name();
+        if (mkdirat(parent, name.c_str(), 0700) != 0) {
+            if (errno == EEXIST) {
+                continue;  // somebody's entry (a link, a directory) at that name: never ours to use
+            }
+            err = "--preempt-disk: cannot create a directory in '" + dir + "': " + strerror(errno);
+            break;
+        }
+        const int fd = openat(parent, name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+        struct stat st;
+        if (fd < 0 || fstat(fd, &st) != 0 || st.st_uid != geteuid() || fchmod(fd, 0700) != 0) {
+            err = "--preempt-disk: cannot open the directory made in '" + dir + "': " + strerror(errno);
+            if (fd >= 0) {
+                close(fd);
+            }
+            break;
+        }
+        const int lock = openat(fd, LOCK, O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+        if (lock < 0 || flock(lock, LOCK_EX | LOCK_NB) != 0) {
+            err = "--preempt-disk: cannot lock a directory in '" + dir + "': " + strerror(errno);
+            if (lock >= 0) {
+                close(lock);
+            }
+            unlinkat(fd, LOCK, 0);
             close(fd);
+            unlinkat(parent, name.c_str(), AT_REMOVEDIR);
+            break;
         }
-        remove_dir(tmp);
-        return false;
+        out.path      = dir + "/" + name;
+        out.name      = name;
+        out.parent_fd = parent;
+        out.fd        = fd;
+        out.lock_fd   = lock;
+        return true;
     }
-    out.path    = name;
-    out.lock_fd = fd;
-    return true;
+    if (err.empty()) {
+        err = "--preempt-disk: no free name for a directory in '" + dir + "' after " + std::to_string(N_TRIES) + " tries";
+    }
+    close(parent);
+    return false;
+}
+
+int remove_stale_dirs(const own_dir & own) {
+    const int it_fd = dup(own.parent_fd);
+    DIR * d = it_fd >= 0 ? fdopendir(it_fd) : nullptr;
+    if (d == nullptr) {
+        if (it_fd >= 0) {
+            close(it_fd);
+        }
+        return 0;
+    }
+    std::vector<std::string> names;
+    while (dirent * e = readdir(d)) {
+        if (is_store_name(e->d_name) && own.name != e->d_name) {
+            names.emplace_back(e->d_name);
+        }
+    }
+    closedir(d);
+    int n = 0;
+    for (const auto & name : names) {
+        n += remove_if_stale(own.parent_fd, name.c_str()) ? 1 : 0;
+    }
+    return n;
+}
+
+void remove_own_dir(own_dir & own) {
+    if (own.fd >= 0) {
+        empty_store(own.fd);  // the lock file too: the lock goes with its descriptor below
+        close(own.fd);
+        own.fd = -1;
+    }
+    if (own.parent_fd >= 0) {
+        unlinkat(own.parent_fd, own.name.c_str(), AT_REMOVEDIR);
+        close(own.parent_fd);
+        own.parent_fd = -1;
+    }
+    if (own.lock_fd >= 0) {
+        close(own.lock_fd);
+        own.lock_fd = -1;
+    }
 }
 
 } // namespace llama_preempt

@@ -1,27 +1,47 @@
 // llama-preempt: the disk tier's directory. Each store (preempt-disk.h) keeps its files in a
-// subdirectory of --preempt-disk of its own, llama-preempt-<pid>-<n> (mode 0700), locked (flock)
-// for its life; at the next start, any such subdirectory whose lock nobody holds (its server
-// crashed or was killed) is removed. No llama types.
+// subdirectory of --preempt-disk of its own, llama-preempt-<pid>-<random> (mode 0700), locked
+// (flock) for its life; at the next start, any such subdirectory whose lock nobody holds (its
+// server crashed or was killed) is removed. No llama types.
+//
+// DIR may be shared with other users (a /var/tmp), so no name in it is trusted: everything works
+// from descriptors (openat, fstatat and O_NOFOLLOW: a link is never followed), and only a real
+// directory of this server's own user, with our name and no write bits for others, is ever
+// emptied, and only of the files a store makes. A store's name is random and made with mkdir's
+// O_EXCL semantics, so a link or a directory planted at it is skipped, never used.
 #pragma once
 
 #include <string>
 
 namespace llama_preempt {
 
-// a store's own directory and the descriptor that holds its lock (closing it drops the lock)
+// a store's own directory: the descriptors it works from, and the one that holds its lock
+// (closing it drops the lock)
 struct own_dir {
-    std::string path;
-    int         lock_fd = -1;
+    std::string path;            // DIR/name, for messages
+    std::string name;            // its name in DIR
+    int         parent_fd = -1;  // DIR, opened once: never looked up by name again
+    int         fd        = -1;  // the store's directory: its files are made, read and removed relative to it
+    int         lock_fd   = -1;
 };
 
-// Makes a directory of our own in `dir`, locked, under a name no other server scans for until it
-// is renamed into place: no other server ever sees it unlocked. False with `err`.
-bool make_own_dir(const std::string & dir, own_dir & out, std::string & err);
+// Why DIR may not hold the disk tier ("" when it may): not a directory, writable by other users
+// without the sticky bit (they could rename the store away and put theirs in its place), or owned
+// by another user than this server's or root (who could do the same). Names --preempt-disk.
+std::string disk_dir_unsafe(const std::string & dir);
 
-// Removes the subdirectories of `dir` that servers which are gone left behind; how many.
-int remove_stale_dirs(const std::string & dir);
+// Makes a directory of our own in `dir` (a random name, 0700, locked before anyone may judge it
+// stale). `first_name`, when not empty, is the first name tried (LLAMA_SERVER_PREEMPT_DISK_NAME:
+// tests plant things there). False with `err`.
+bool make_own_dir(const std::string & dir, const std::string & first_name, own_dir & out, std::string & err);
 
-// Every file of a directory removed, then the directory (ours hold no subdirectories).
-void remove_dir(const std::string & path);
+// Removes the stores in `dir` that servers which are gone left behind; how many.
+int remove_stale_dirs(const own_dir & own);
+
+// Removes the store's files and its directory, and closes its descriptors (the lock last).
+void remove_own_dir(own_dir & own);
+
+// The name of a store's file for park number n ("park-<n>.kv"), the only names a store makes
+// beside its lock.
+std::string park_file_name(unsigned long long n);
 
 } // namespace llama_preempt

@@ -9,6 +9,7 @@
 #include <cstring>
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
 
@@ -173,13 +174,10 @@ std::shared_ptr<disk_store> disk_store::open(const std::string & dir, size_t bud
     std::shared_ptr<disk_store> s(new disk_store());
     s->budget_          = budget;
     s->knobs_           = knobs;
-    s->n_stale_removed_ = remove_stale_dirs(dir);
-    own_dir own;
-    if (!make_own_dir(dir, own, err)) {
+    if (!make_own_dir(dir, knobs.first_name, s->dir_, err)) {
         return nullptr;
     }
-    s->dir_     = own.path;
-    s->lock_fd_ = own.lock_fd;
+    s->n_stale_removed_ = remove_stale_dirs(s->dir_);
     s->worker_  = std::thread([p = s.get()] { p->run(); });
     return s;
 }
@@ -194,12 +192,7 @@ disk_store::~disk_store() {
     if (worker_.joinable()) {
         worker_.join();
     }
-    if (!dir_.empty()) {
-        remove_dir(dir_);  // the lock file too: the lock goes with the descriptor below
-    }
-    if (lock_fd_ >= 0) {
-        close(lock_fd_);
-    }
+    remove_own_dir(dir_);
 }
 
 // under mu_: the bytes of state a new file may take (its header aside): what is left of the budget
@@ -207,7 +200,7 @@ disk_store::~disk_store() {
 size_t disk_store::room_locked() const {
     size_t room = budget_ - std::min(budget_, bytes_held_);
     struct statvfs vfs;
-    if (statvfs(dir_.c_str(), &vfs) == 0) {
+    if (fstatvfs(dir_.fd, &vfs) == 0) {
         const uint64_t avail = (uint64_t) vfs.f_bavail * vfs.f_frsize;
         const uint64_t taken = RESERVE + bytes_unwritten_;
         room = std::min<uint64_t>(room, avail > taken ? avail - taken : 0);
@@ -237,7 +230,8 @@ std::shared_ptr<disk_file> disk_store::write(const uint8_t * a, size_t n_a, cons
             error = disk_error::full;
             return nullptr;
         }
-        f->path = dir_ + "/park-" + std::to_string(++n_files_) + ".kv";
+        f->name = park_file_name(++n_files_);
+        f->path = dir_.path + "/" + f->name;
         bytes_held_      += f->total();
         bytes_unwritten_ += f->total();
         n_writing_       += 1;
@@ -333,7 +327,7 @@ void disk_store::remove(const std::shared_ptr<disk_file> & f) {
     uncount(*f);
     f->st = disk_file::status::removed;
     lk.unlock();
-    unlink(f->path.c_str());
+    unlinkat(dir_.fd, f->name.c_str(), 0);  // a link planted in its place goes, never what it points at
 }
 
 size_t disk_store::bytes_held() const {
@@ -404,7 +398,7 @@ void disk_store::run() {
             } else {
                 f->st = disk_file::status::failed;
                 uncount(*f);  // the file is gone: its budget comes back
-                unlink(f->path.c_str());
+                unlinkat(dir_.fd, f->name.c_str(), 0);
             }
         } else {
             // a read that failed leaves the file to its owner, who recomputes and removes it
@@ -422,12 +416,19 @@ disk_error disk_store::do_write(disk_file & f, std::string & why, uint64_t & sum
         why = "writing " + f.path + " failed: " + strerror(EIO) + " (LLAMA_SERVER_PREEMPT_DISK_FAIL=write)";
         return disk_error::write;
     }
-    // made with its mode, 0600, before a byte is in it
-    const int fd = ::open(f.path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-    if (fd < 0) {
+    // made with its mode, 0600, before a byte is in it; never over anything already at its name
+    const int fd = openat(dir_.fd, f.name.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+    struct stat st;
+    if (fd < 0 || fstat(fd, &st) != 0) {
         why = "cannot create " + f.path + ": " + strerror(errno);
-        return errno == ENOSPC || errno == EDQUOT ? disk_error::full : disk_error::write;
+        const bool full = errno == ENOSPC || errno == EDQUOT;
+        if (fd >= 0) {
+            close(fd);
+        }
+        return full ? disk_error::full : disk_error::write;
     }
+    f.dev = (uint64_t) st.st_dev;
+    f.ino = (uint64_t) st.st_ino;
     disk_hasher h;
     off_t off = HEADER;
     int   err = 0;
@@ -476,7 +477,7 @@ disk_error disk_store::do_write(disk_file & f, std::string & why, uint64_t & sum
     }
     // the faults that strike a written file, found when it is read back
     if (knobs_.fault == disk_fault::corrupt) {
-        const int cfd = ::open(f.path.c_str(), O_RDWR | O_CLOEXEC);
+        const int cfd = openat(dir_.fd, f.name.c_str(), O_RDWR | O_NOFOLLOW | O_CLOEXEC);
         uint8_t byte = 0;
         const off_t at = (off_t) (HEADER + f.total() / 2);
         if (cfd >= 0 && pread(cfd, &byte, 1, at) == 1) {
@@ -487,9 +488,13 @@ disk_error disk_store::do_write(disk_file & f, std::string & why, uint64_t & sum
             close(cfd);
         }
     } else if (knobs_.fault == disk_fault::truncate) {
-        (void) !truncate(f.path.c_str(), (off_t) (HEADER + f.total() / 2));
+        const int tfd = openat(dir_.fd, f.name.c_str(), O_WRONLY | O_NOFOLLOW | O_CLOEXEC);
+        if (tfd >= 0) {
+            (void) !ftruncate(tfd, (off_t) (HEADER + f.total() / 2));
+            close(tfd);
+        }
     } else if (knobs_.fault == disk_fault::remove) {
-        unlink(f.path.c_str());
+        unlinkat(dir_.fd, f.name.c_str(), 0);
     }
     return disk_error::none;
 }
@@ -499,16 +504,21 @@ disk_error disk_store::do_read(disk_file & f, std::string & why) {
         why = "reading " + f.path + " failed: " + strerror(EIO) + " (LLAMA_SERVER_PREEMPT_DISK_FAIL=read)";
         return disk_error::read;
     }
-    const int fd = ::open(f.path.c_str(), O_RDONLY | O_CLOEXEC);
+    // the file this park wrote, or nothing: a link in its place is not opened, another file is refused
+    const int fd = openat(dir_.fd, f.name.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
     if (fd < 0) {
-        why = "opening " + f.path + " failed: " + strerror(errno);
-        return errno == ENOENT ? disk_error::missing : disk_error::read;
+        why = "opening " + f.path + " failed: " + strerror(errno) + (errno == ELOOP ? " (a link in its place)" : "");
+        return errno == ENOENT ? disk_error::missing : errno == ELOOP ? disk_error::checksum : disk_error::read;
     }
     auto fail = [&](disk_error e, const std::string & what) {
         why = what;
         close(fd);
         return e;
     };
+    struct stat st;
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || (uint64_t) st.st_dev != f.dev || (uint64_t) st.st_ino != f.ino) {
+        return fail(disk_error::checksum, f.path + ": not the file this park wrote (another file is in its place)");
+    }
     uint8_t header[HEADER];
     if (!read_all(fd, header, HEADER, 0)) {
         return fail(errno == 0 ? disk_error::short_read : disk_error::read, f.path + ": its header cannot be read");

@@ -5,9 +5,13 @@
 //
 // The directory holds only this server's files (preempt-disk-dir.h: a subdirectory of its own,
 // locked, mode 0700; those of servers that are gone removed at the start): files of mode 0600, all
-// removed when the store closes. Every file carries a checksum of its bytes, so a short read or a
-// file changed on disk is caught and the slot recomputes instead.
+// removed when the store closes. Files are made, read and removed relative to the directory's
+// descriptor, never through a link. Every file carries a checksum of its bytes, and a read back
+// opens the very file (inode) that was written, so a short read, a file changed or replaced on
+// disk is caught and the slot recomputes instead.
 #pragma once
+
+#include "preempt-disk-dir.h"
 
 #include <condition_variable>
 #include <cstddef>
@@ -45,7 +49,8 @@ const char * disk_error_name(disk_error e);
 struct disk_file {
     enum class status { queued_write, writing, written, queued_read, reading, read, failed, removed };
 
-    std::string path;
+    std::string name;                   // in the store's directory
+    std::string path;                   // the store's directory and name, for messages
     size_t      n_bytes[2] = { 0, 0 };  // the two parts (target and draft context), in file order
 
     // the I/O thread reads from `src` (a write) or fills `dst` (a read)
@@ -62,6 +67,7 @@ struct disk_file {
     std::string why;               // failed: what failed, for the log
     int64_t     t_us     = 0;      // the last write or read took this long (its rate)
     uint64_t    checksum = 0;      // of the bytes written
+    uint64_t    dev = 0, ino = 0;  // the file written: a read back opens this one, or fails
 
     size_t total() const { return n_bytes[0] + n_bytes[1]; }
 };
@@ -69,12 +75,13 @@ struct disk_file {
 struct disk_knobs {
     disk_fault fault   = disk_fault::none;  // LLAMA_SERVER_PREEMPT_DISK_FAIL
     int64_t    hold_us = 0;                 // LLAMA_SERVER_PREEMPT_DISK_HOLD_MS: a write stays in flight this long
+    std::string first_name;                 // LLAMA_SERVER_PREEMPT_DISK_NAME: the store's directory name tried first
 };
 
 class disk_store {
 public:
-    // Creates DIR/llama-preempt-<pid>-<n> (mode 0700) and locks it; removes the directories of
-    // servers that no longer run. `budget` bytes of files at once (SIZE_MAX: no limit but the
+    // Creates DIR/llama-preempt-<pid>-<random> (mode 0700) and locks it; removes the directories
+    // of servers that no longer run. `budget` bytes of files at once (SIZE_MAX: no limit but the
     // disk's free space). Null and `err` set when the directory cannot be used.
     static std::shared_ptr<disk_store> open(const std::string & dir, size_t budget, const disk_knobs & knobs, std::string & err);
     ~disk_store();  // stops the I/O thread; removes every file and the directory
@@ -104,7 +111,7 @@ public:
     size_t  bytes_held() const;  // bytes of this server's files now (written or being written)
     size_t  room() const;        // bytes of state a new file may take: what is left of the budget and of the disk
     int32_t n_writes_in_flight() const;
-    const std::string & dir() const { return dir_; }
+    const std::string & dir() const { return dir_.path; }
     size_t budget() const { return budget_; }
     int32_t n_stale_removed() const { return n_stale_removed_; }  // for open()'s log line
 
@@ -122,8 +129,7 @@ private:
     std::deque<std::shared_ptr<disk_file>>::iterator next_job();
     bool cancelled() const;
 
-    std::string dir_;
-    int         lock_fd_ = -1;
+    own_dir     dir_;
     size_t      budget_  = 0;
     disk_knobs  knobs_;
     uint64_t    n_files_ = 0;

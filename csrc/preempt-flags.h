@@ -25,6 +25,34 @@ inline bool parse_whole(const std::string & value, long long & out) {
     return n_read > 0 && n_read == value.size();
 }
 
+// an integer flag's value (upstream's parser, for every flag that takes an int): a whole number
+// within int, else std::invalid_argument quoting it (std::stoi read "2.7" as 2 and "12abc" as 12,
+// and said only "stoi" for "abc")
+inline int parse_int_flag(const std::string & value) {
+    long long v = 0;
+    if (!parse_whole(value, v)) {
+        throw std::invalid_argument("expected a whole number, got '" + value + "'");
+    }
+    if (v < INT_MIN || v > INT_MAX) {
+        throw std::invalid_argument("'" + value + "' is out of range (" + std::to_string(INT_MIN) + " to " +
+                                    std::to_string(INT_MAX) + ")");
+    }
+    return (int) v;
+}
+
+// what a flag's handler threw, in words: std::stoi and its kin name only themselves ("stoi")
+inline std::string flag_error_text(const std::exception & e, const std::string & value) {
+    static const char * const converters[] = { "stoi", "stol", "stoll", "stoul", "stoull", "stof", "stod", "stold" };
+    for (const char * name : converters) {
+        if (name == std::string(e.what())) {
+            return dynamic_cast<const std::out_of_range *>(&e) != nullptr
+                       ? "'" + value + "' is out of range"
+                       : "expected a number, got '" + value + "'";
+        }
+    }
+    return e.what();
+}
+
 // --preempt-ram N: -1 (no limit), 0 (always recompute) or a size in MiB; throws std::invalid_argument
 inline int32_t parse_preempt_ram_mib(const std::string & value) {
     long long mib = 0;

@@ -3,6 +3,7 @@
 #pragma once
 
 #include "common.h"
+#include "preempt-disk-dir.h"
 #include "preempt-drain.h"
 #include "preempt-version.h"
 #include "server-common.h"
@@ -111,19 +112,16 @@ inline std::string missing_model_file(const common_params & params) {
     return "";
 }
 
-// --preempt-disk DIR must be a directory this server can write in: checked before the model loads
-// (the server's own subdirectory in it is made once the slots exist, preempt-disk.h); "" otherwise
+// --preempt-disk DIR must be a directory this server can write in, that others cannot turn against
+// it (preempt-disk-dir.h): checked before the model loads (the server's own subdirectory in it is
+// made once the slots exist, preempt-disk.h); "" otherwise
 inline std::string preempt_disk_error(const common_params & params) {
     const std::string & dir = params.preempt_disk_dir;
     if (dir.empty()) {
         return "";
     }
-    struct stat st;
-    if (stat(dir.c_str(), &st) != 0) {
-        return "--preempt-disk: no directory at '" + dir + "' (create it first)";
-    }
-    if (!S_ISDIR(st.st_mode)) {
-        return "--preempt-disk: '" + dir + "' is not a directory";
+    if (std::string why = disk_dir_unsafe(dir); !why.empty()) {
+        return why;
     }
     if (access(dir.c_str(), W_OK | X_OK) != 0) {
         return "--preempt-disk: cannot write to '" + dir + "': " + std::string(strerror(errno));
@@ -184,7 +182,8 @@ inline json props_json(const common_params & params) {
 } // namespace llama_preempt
 
 // upstream's own, in tools/server/server.cpp (made callable by the patches), for the in-process
-// Engine: the parameters' finalisation before the model loads (0 or 1 after printing the error),
-// and the wrapper that turns a route handler's exception into upstream's error response
-int server_prepare_params(common_params & params, bool is_router_server);
+// Engine: the parameters' finalisation before the model loads (0, or 1 after printing the error,
+// or with `refusal` set to it instead: the Engine raises it), and the wrapper that turns a route
+// handler's exception into upstream's error response
+int server_prepare_params(common_params & params, bool is_router_server, std::string * refusal = nullptr);
 server_http_context::handler_t ex_wrapper(server_http_context::handler_t func);

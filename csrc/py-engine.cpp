@@ -124,7 +124,10 @@ public:
                 params.lr.init();
             } catch (const std::exception & e) {  // upstream's parser throws std::invalid_argument, and others
                 params = defaults;
-                throw engine_argument_error(string_strip(e.what()));
+                // its first paragraph: the flag, the value and what is wrong with it (then comes the
+                // usage text of a terminal, which the exception's one line cannot hold)
+                const std::string what = string_strip(e.what());
+                throw engine_argument_error(what.substr(0, what.find("\n\n")));
             }
         }
 
@@ -137,8 +140,9 @@ public:
 
         // what llama_server() does to the parsed params before it loads the model: upstream's own
         // function (tools/server/server.cpp, made callable by the patches), which prints a refusal
-        if (server_prepare_params(params, /* is_router_server = */ false) != 0) {
-            throw engine_argument_error("error: " + llama_preempt::server_params_error(params));  // llama.cpp would assert
+        std::string refusal;  // raised, not printed
+        if (server_prepare_params(params, /* is_router_server = */ false, &refusal) != 0) {
+            throw engine_argument_error("error: " + refusal);  // llama.cpp would assert
         }
 
         ctx = std::make_unique<server_context>();

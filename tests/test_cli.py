@@ -190,8 +190,45 @@ def test_stats_once_draws_the_tables(parked_server: Any) -> None:
     assert "parked" in p.stdout and "n_preempt_total" in p.stdout and "8192 MiB" in p.stdout
 
 
-def test_stats_of_an_unreachable_url_is_a_one_line_error() -> None:
-    assert_one_line_error(cli("stats", f"http://127.0.0.1:{free_port()}", "--once"), "cannot reach")
+def test_stats_takes_host_and_port_without_a_scheme(parked_server: Any) -> None:
+    p = cli("stats", f"{parked_server.host}:{parked_server.port}", "--once", "--json")
+    assert p.returncode == 0, p.stderr
+    snap = json.loads(p.stdout)
+    assert snap["url"] == parked_server.url and snap["requests_preempted"] == 1
+
+
+@pytest.fixture
+def not_llama_server() -> Iterator[str]:
+    """Something that answers HTTP on loopback but is not llama-server: 404 for every path."""
+    class NotFound(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802
+            self.send_error(404)
+
+        def log_message(self, *a: Any) -> None:
+            pass
+
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), NotFound)
+    t = threading.Thread(target=httpd.serve_forever, daemon=True)
+    t.start()
+    yield f"127.0.0.1:{httpd.server_address[1]}"
+    httpd.shutdown()
+
+
+def test_stats_tells_nothing_answering_from_not_llama_server_from_no_metrics(
+        start_server, stories_model: Path, not_llama_server: str) -> None:
+    port = free_port()
+    for url in (f"http://127.0.0.1:{port}", f"127.0.0.1:{port}", f"localhost:{port}"):
+        assert_one_line_error(cli("stats", url, "--once"), "nothing answers at http://", f":{port}")
+    assert_one_line_error(cli("stats", not_llama_server, "--once"),
+                          f"http://{not_llama_server} answers, but is not llama-server")
+    no_metrics = start_server(stories_model, n_ctx=256, n_parallel=2, metrics=False)
+    assert_one_line_error(cli("stats", f"{no_metrics.host}:{no_metrics.port}", "--once"),
+                          f"llama-server at {no_metrics.url} has no /metrics: start it with --metrics")
+
+
+@pytest.mark.parametrize("url", ["ftp://127.0.0.1:21", "http://", ":8080", "127.0.0.1:notaport"])
+def test_stats_of_a_url_that_names_no_server_says_so(url: str) -> None:
+    assert_one_line_error(cli("stats", url, "--once"), repr(url))
 
 
 def test_stats_of_a_server_without_metrics_or_slots_says_which_flag(start_server, stories_model: Path) -> None:
@@ -278,10 +315,17 @@ def test_simulate_reads_a_recorded_workload(tmp_path: Path) -> None:
     (["--sweep", "threads=2"], ["--sweep"]),
     (["--ctx", "1"], ["--ctx"]),
     (["--decode-ms", "-1"], ["--decode-token-ms must be positive"]),
-    (["--calibrate", "http://127.0.0.1:9"], ["--calibrate"]),
+    (["--calibrate", "http://127.0.0.1:9"], ["--calibrate: nothing answers at http://127.0.0.1:9"]),
+    (["--calibrate", "127.0.0.1:9"], ["--calibrate: nothing answers at http://127.0.0.1:9"]),
+    (["--calibrate", "ftp://127.0.0.1:9"], ["--calibrate", "not an http:// or https:// URL"]),
 ])
 def test_simulate_errors_are_one_line(args: list[str], needles: list[str]) -> None:
     assert_one_line_error(cli("simulate", *args), *needles)
+
+
+def test_simulate_calibrate_against_something_that_is_not_llama_server_says_so(not_llama_server: str) -> None:
+    assert_one_line_error(cli("simulate", "--calibrate", not_llama_server),
+                          f"--calibrate: http://{not_llama_server} answers, but is not llama-server")
 
 
 @pytest.mark.parametrize("n_ctx, n_gen, ram", [(256, 100, 8192), (256, 100, 0), (512, 200, 0)])
@@ -392,7 +436,7 @@ def test_ctrl_c_ends_the_demo_cleanly(stories_model: Path, engine: str) -> None:
 
 def test_simulate_calibrates_its_costs_from_a_running_server(start_server, stories_model: Path) -> None:
     srv = start_server(stories_model, n_ctx=2048, n_parallel=4)
-    p = cli("simulate", "--calibrate", srv.url, "--requests", "8", "--rate", "0", "--json")
+    p = cli("simulate", "--calibrate", f"{srv.host}:{srv.port}", "--requests", "8", "--rate", "0", "--json")
     assert p.returncode == 0, p.stderr
     costs = json.loads(p.stdout)["costs"]
     # stories260K decodes far faster than the SmolLM2 defaults: these were measured, not defaulted

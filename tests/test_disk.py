@@ -390,7 +390,7 @@ def test_the_disk_tier_shows_in_props_and_the_startup_line(start_server, stories
     assert props["preempt_disk"] == str(tmp_path) and props["preempt_disk_mib"] == 64
     assert "SWAP to RAM or disk, or RECOMPUTE, by measured cost within 8192 MiB of host RAM, disk (64 MiB) above it" \
         in srv.log_text()
-    assert re.search(r"disk tier in .*llama-preempt-\d+-\d+ \(mode 0700", srv.log_text())
+    assert re.search(r"disk tier in .*llama-preempt-\d+-[0-9a-f]{16} \(mode 0700", srv.log_text())
     plain = start_server(stories_model, n_ctx=256, n_parallel=2)
     assert plain.props()["llama_preempt"]["preempt_disk"] is None
 

@@ -55,7 +55,7 @@ def _only_includes(hunk: str) -> bool:
 _CLIENT_WORDS = _in("preempt-notice.h", "notices", "keepalive", "preempt_slot_action", "SLOT_PARK", "SLOT_UNPARK",
                     "preempt-routes.inc", "handle_slots_preempt", "unknown_slot_action", "props_json",
                     "preempt_observe_final", "client_json_error", "version_line", "preempt-version.h",
-                    "priority", "n_preempt\"", "preempted_ms")
+                    "priority", "n_preempt\"", "preempted_ms", "checked_number")
 _ENGINE_WORDS = _in("preempt-engine.inc", "preempt_note_error", "common_params_parse_ex", "server_prepare_params",
                     "ex_wrapper", "step_report", "preempt-events.h")
 

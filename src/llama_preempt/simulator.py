@@ -290,11 +290,15 @@ def calibrate(url: str, base: Costs = Costs(), timeout: float = 120.0) -> Costs:
     per cell and the copy bandwidths cannot be seen over HTTP and stay as in `base`."""
     import requests
 
-    url = url.rstrip("/")
+    from .probe import NothingAnswers, NotLlamaServer, ServerURLError, llama_server_props, server_url
+
     try:
-        props = requests.get(url + "/props", timeout=10).json()
-    except (requests.RequestException, ValueError) as e:
-        raise CalibrationError(f"--calibrate {url}: no llama-server answers there ({e.__class__.__name__})") from None
+        url = server_url(url, "--calibrate")
+        props = llama_server_props(requests.Session(), url, timeout=10)
+    except ServerURLError as e:
+        raise CalibrationError(str(e)) from None
+    except (NothingAnswers, NotLlamaServer) as e:
+        raise CalibrationError(f"--calibrate: {e}") from None
     n_par = max(1, min(4, int(props.get("total_slots", 1))))
     words = ("once upon a time there was a little girl who loved to play in the park with her red ball "
              "and her dog ").split()

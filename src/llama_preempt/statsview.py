@@ -12,6 +12,7 @@ from rich.table import Table
 from rich.text import Text
 
 from .metrics import MetricsFormatError, parse_prometheus
+from .probe import NothingAnswers, NotLlamaServer, ServerURLError, get, llama_server_props, server_url
 from .stats import COUNTERS, PreemptStats
 
 
@@ -34,29 +35,33 @@ class Snapshot:
 
 
 def fetch(url: str, session: requests.Session | None = None, timeout: float = 5.0) -> Snapshot:
-    """One snapshot of the server at url; StatsError with what to do when it cannot be had."""
+    """One snapshot of the server at url (`host:port` or a URL); StatsError with what to do when it
+    cannot be had: nothing answers there, something that is not llama-server does, or llama-server
+    without --metrics or --slots."""
     s = session or requests.Session()
-    base = url.rstrip("/")
     try:
-        m = s.get(base + "/metrics", timeout=timeout)
-    except requests.RequestException as e:
-        raise StatsError(f"cannot reach {url}: {e.__class__.__name__} (is the server running, and is the URL right?)") from None
+        base = server_url(url)
+        m = get(s, base, "/metrics", timeout)
+        if m.status_code != 200:
+            llama_server_props(s, base, timeout)  # says when it is not llama-server at all
+    except (ServerURLError, NothingAnswers, NotLlamaServer) as e:
+        raise StatsError(str(e)) from None
     if m.status_code in (404, 501):
-        raise StatsError(f"{url} has no /metrics: start llama-server with --metrics")
+        raise StatsError(f"llama-server at {base} has no /metrics: start it with --metrics")
     if m.status_code != 200:
-        raise StatsError(f"{url}/metrics answered {m.status_code}: {m.text[:200]}")
+        raise StatsError(f"{base}/metrics answered {m.status_code}: {m.text[:200]}")
     try:
         snap = parse_prometheus(m.text)
     except MetricsFormatError as e:
-        raise StatsError(f"{url}/metrics is not llama-server's metrics text ({e})") from None
+        raise StatsError(f"{base}/metrics is not llama-server's metrics text ({e})") from None
     if "n_preempt_total" not in snap:
-        raise StatsError(f"{url} shows no preemption metrics: it is not llama-preempt's llama-server "
+        raise StatsError(f"{base} shows no preemption metrics: it is not llama-preempt's llama-server "
                          f"(a stock llama.cpp server?); run `llama-preempt serve ...` instead")
     sl = s.get(base + "/slots", timeout=timeout)
     if sl.status_code in (404, 501):
-        raise StatsError(f"{url} has no /slots: start llama-server with --slots (it is on by default)")
+        raise StatsError(f"llama-server at {base} has no /slots: start it with --slots (it is on by default)")
     if sl.status_code != 200:
-        raise StatsError(f"{url}/slots answered {sl.status_code}: {sl.text[:200]}")
+        raise StatsError(f"{base}/slots answered {sl.status_code}: {sl.text[:200]}")
     props: dict[str, Any] = {}
     try:
         props = dict(s.get(base + "/props", timeout=timeout).json().get("llama_preempt", {}))
@@ -64,7 +69,7 @@ def fetch(url: str, session: requests.Session | None = None, timeout: float = 5.
         pass
     values = {name: metric.value for name, metric in snap.metrics.items()}
     stats = PreemptStats.from_series(values, list(sl.json()), snap.labeled)
-    return Snapshot(url, time.monotonic(), stats, values, props.get("preempt_ram_mib"), props.get("preempt_disk"),
+    return Snapshot(base, time.monotonic(), stats, values, props.get("preempt_ram_mib"), props.get("preempt_disk"),
                     props.get("preempt_disk_mib"), props.get("version"), props.get("preempt_active"),
                     props.get("preempt_inactive_reason"))
 
