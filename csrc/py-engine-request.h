@@ -12,11 +12,33 @@
 #include <mutex>
 #include <string>
 
+#include <cerrno>
+#include <unistd.h>
+
 namespace py = pybind11;
+
+// Where requests tell an event loop that they have news (the Engine's notify pipe, for asyncio):
+// each piece of news writes the request's id, 8 bytes, to a non-blocking pipe the event loop
+// watches; a full pipe loses the id but sets `missed`, and the reader then looks at every request.
+struct engine_notifier {
+    int               fd = -1;  // the pipe's write end
+    std::atomic<bool> missed{false};
+
+    void tell(uint64_t id) {
+        while (write(fd, &id, sizeof(id)) < 0) {
+            if (errno != EINTR) {
+                missed = true;  // EAGAIN: the reader is behind, and will look at everything
+                return;
+            }
+        }
+    }
+};
 
 // One request, answered by an upstream route handler on its own thread. The Python side reads
 // the status and either the body or the stream's chunks.
 struct engine_request {
+    uint64_t id = 0;                          // the Engine's count of requests, from 1
+    std::shared_ptr<engine_notifier> notify;  // set while an event loop listens (AsyncEngine)
     std::atomic<bool> cancelled{false};
     const std::function<bool()> should_stop = [this]() { return cancelled.load(); };
 
@@ -37,7 +59,7 @@ struct engine_request {
             data      = std::move(body);
             started   = true;
         }
-        cv.notify_all();
+        news();
     }
 
     void push_chunk(std::string chunk) {
@@ -45,7 +67,7 @@ struct engine_request {
             std::lock_guard<std::mutex> lk(mtx);
             chunks.push_back(std::move(chunk));
         }
-        cv.notify_all();
+        news();
     }
 
     void set_done() {
@@ -54,7 +76,15 @@ struct engine_request {
             started = true;
             done    = true;
         }
+        news();
+    }
+
+    // wake the threads that wait on it, and the event loop that listens
+    void news() {
         cv.notify_all();
+        if (notify) {
+            notify->tell(id);
+        }
     }
 
     // wait (GIL released) until pred holds or the timeout passes; a negative timeout waits forever

@@ -24,11 +24,14 @@
 #include "preempt-params.h"
 #include "preempt-notice.h"
 #include "py-engine-request.h"
+#include "py-json.h"
 
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <cstring>
 #include <deque>
+#include <fcntl.h>
 #include <filesystem>
 #include <map>
 #include <memory>
@@ -62,30 +65,6 @@ struct engine_argument_error : std::invalid_argument {
 const char * const k_exiting_flags[] = {
     "-h", "--help", "--usage", "--version", "--completion-bash", "--list-devices", "-cl", "--cache-list",
 };
-
-// a JSON document as the Python objects it spells (dict, list, str, int, float, bool, None),
-// handed over without a string in between
-py::object to_python(const json & j) {
-    if (j.is_object()) {
-        py::dict d;
-        for (const auto & [k, v] : j.items()) {
-            d[py::str(k)] = to_python(v);
-        }
-        return std::move(d);
-    }
-    if (j.is_array()) {
-        py::list l;
-        for (size_t i = 0; i < j.size(); ++i) {
-            l.append(to_python(j.at(i)));
-        }
-        return std::move(l);
-    }
-    if (j.is_string())         return py::str(j.get<std::string>());
-    if (j.is_boolean())        return py::bool_(j.get<bool>());
-    if (j.is_number_integer()) return py::int_(j.get<long long>());
-    if (j.is_number_float())   return py::float_(j.get<double>());
-    return py::none();
-}
 
 server_http_res_ptr not_found(const std::string & method, const std::string & path) {
     auto res    = std::make_unique<server_http_res>();
@@ -162,6 +141,7 @@ public:
         build_route_table();
         ctx->step_begin();
         looping = true;
+        publish_snapshot();
     }
 
     ~engine() {
@@ -194,6 +174,8 @@ public:
 
         py::gil_scoped_release nogil;
         std::lock_guard<std::mutex> lk_submit(mtx_submit);  // one submit at a time: the count below is ours
+        req->id     = ++n_submitted;
+        req->notify = notifier;
         const size_t n_before = ctx->step_wait(0);
         {
             std::lock_guard<std::mutex> lk(mtx_requests);
@@ -227,7 +209,13 @@ public:
         } clear{ in_step };
         py::gil_scoped_release nogil;
         std::lock_guard<std::mutex> lk(mtx_step);  // stats() may be reading the slots
-        return ctx->step();
+        auto rep = ctx->step();
+        // for stats() calls made while a step runs: a fresh snapshot when one found this step
+        // running (and took the one before), else at most every 20 ms (a few tens of us each)
+        if (snapshot_wanted.exchange(false) || now_us() - snapshot_us.load() > 20000) {
+            publish_snapshot();
+        }
+        return rep;
     }
 
     // wait until a task is queued or a request finished, at most timeout_s; true if either happened
@@ -256,15 +244,50 @@ public:
         }
     }
 
+    // The stats as of the last step boundary, never waiting for a step: between steps they are
+    // read now; while a step runs (a long prefill can take seconds) the snapshot published at the
+    // end of the step before is returned, and the running step publishes a fresh one when it ends.
+    // "age_ms": how old they are.
     py::object stats() {
         check_open();
         json out;
         {
             py::gil_scoped_release nogil;
-            std::lock_guard<std::mutex> lk(mtx_step);  // between steps: the slots are not moving
-            out = ctx->preempt_stats();
+            std::unique_lock<std::mutex> lk(mtx_step, std::try_to_lock);
+            if (lk.owns_lock()) {
+                publish_snapshot();  // between steps: the slots are not moving
+            } else {
+                snapshot_wanted = true;
+            }
+            std::lock_guard<std::mutex> lk_snap(mtx_snapshot);
+            out = snapshot;
+            out["while_stepping"] = !lk.owns_lock();  // answered without waiting for the step that runs
+            out["age_ms"] = (double) (now_us() - snapshot_us.load()) / 1000.0;
         }
         return to_python(out);
+    }
+
+    // The read end of a pipe that carries, 8 bytes each, the ids of requests with news (submitted
+    // from now on); made once. What an event loop watches instead of polling (AsyncEngine).
+    int notify_fd() {
+        check_open();
+        std::lock_guard<std::mutex> lk(mtx_submit);
+        if (!notifier) {
+            int fds[2];
+            if (pipe2(fds, O_NONBLOCK | O_CLOEXEC) != 0) {
+                throw engine_error(std::string("cannot make the notify pipe: ") + strerror(errno));
+            }
+            notify_read_fd   = fds[0];
+            auto n           = std::make_shared<engine_notifier>();
+            n->fd            = fds[1];
+            notifier         = n;
+        }
+        return notify_read_fd;
+    }
+
+    // whether the pipe lost news since the last call (it was full): look at every request then
+    bool take_missed() {
+        return notifier && notifier->missed.exchange(false);
     }
 
     size_t n_queued() {
@@ -314,6 +337,11 @@ public:
         table.clear();
         routes.reset();
         ctx.reset();
+        if (notifier) {  // every handler has returned: nobody writes any more
+            ::close(notifier->fd);
+            ::close(notify_read_fd);
+            notifier.reset();
+        }
     }
 
 private:
@@ -328,6 +356,13 @@ private:
     std::map<std::string, server_http_context::handler_t> table;  // "POST /completion" -> handler
 
     std::mutex                   mtx_step;      // held by step(); stats() reads between steps
+    std::mutex                   mtx_snapshot;  // the stats as of the last step boundary
+    json                         snapshot;
+    std::atomic<int64_t>         snapshot_us{0};  // when it was taken (now_us())
+    std::atomic<bool>            snapshot_wanted{false};
+    uint64_t                     n_submitted = 0;  // under mtx_submit
+    std::shared_ptr<engine_notifier> notifier;     // made by notify_fd()
+    int                          notify_read_fd = -1;
     std::atomic<bool>            in_step{false}; // a second thread stepping at once is an error, not a wait
     std::mutex                   mtx_requests;
     std::mutex                   mtx_submit;
@@ -344,6 +379,18 @@ private:
             common_init();
             llama_backend_init();
         });
+    }
+
+    // under mtx_step: the stats now, for stats() calls made while a step runs
+    void publish_snapshot() {
+        json fresh = ctx->preempt_stats();
+        std::lock_guard<std::mutex> lk(mtx_snapshot);
+        snapshot = std::move(fresh);
+        snapshot_us = now_us();
+    }
+
+    static int64_t now_us() {
+        return std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now().time_since_epoch()).count();
     }
 
     void check_open() const {
@@ -484,6 +531,7 @@ void register_engine(py::module_ & m) {
             r.cv.notify_all();
         }, "ask the handler to stop, as a client disconnect does")
         .def_property_readonly("cancelled", [](engine_request & r) { return r.cancelled.load(); })
+        .def_property_readonly("id", [](engine_request & r) { return r.id; })
         .def_property_readonly("done", [](engine_request & r) {
             std::lock_guard<std::mutex> lk(r.mtx);
             return r.done;
@@ -538,7 +586,11 @@ void register_engine(py::module_ & m) {
         .def("wait", &engine::wait, py::arg("timeout_s"),
              "wait (GIL released) until a task is queued or a request finished; True if either happened")
         .def("stats", &engine::stats, "preemption counters and gauges (every series of metric_names()), the parks by "
-             "choice and the slots (the fields /slots shows), as Python objects, read between steps")
+             "choice and the slots (the fields /slots shows), as Python objects, as of the last step boundary (never waits "
+             "for a step); age_ms: how old")
+        .def("notify_fd", &engine::notify_fd, "the read end of a pipe carrying the ids (uint64, native order) of "
+             "requests with news, for an event loop to watch; made once, closed with the Engine")
+        .def("take_missed", &engine::take_missed, "whether the pipe lost news since the last call (look at every request)")
         .def("n_pending", &engine::n_pending, "requests whose handler has not finished")
         .def("n_queued", &engine::n_queued, "tasks queued for the loop's next step")
         .def_property_readonly("closed", &engine::is_closed)

@@ -1,11 +1,59 @@
-"""llama-preempt: KV preemption for llama.cpp's HTTP server."""
+"""llama-preempt: KV preemption for llama.cpp's HTTP server, and the same server in process.
+
+    from llama_preempt import Engine, AsyncEngine, SamplingParams
+
+    with Engine("model.gguf", n_ctx=2048, n_parallel=4) as eng:
+        outs = eng.generate(["Once upon a time", "The dog"], SamplingParams(max_tokens=64, temperature=0))
+        chat = eng.create_chat_completion(messages=[{"role": "user", "content": "Hi"}])  # llama-cpp-python's call
+
+Everything public is importable from here; the compiled core is loaded on first use of a name that
+needs it, so `import llama_preempt` (and the `llama-preempt` command) work without it.
+"""
 from __future__ import annotations
 
-from typing import Any
+import importlib
+from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
-__all__ = ["__version__", "simulate"]
+# name -> the module that holds it
+_EXPORTS = {
+    "Engine": "engine", "Request": "engine", "RequestError": "engine", "RequestCancelled": "engine",
+    "GenerateError": "engine", "EngineError": "engine", "EngineClosedError": "engine", "EngineBusyError": "engine",
+    "ModelLoadError": "engine", "EngineArgumentError": "engine",
+    "AsyncEngine": "aio", "StreamNotice": "aio",
+    "SamplingParams": "sampling",
+    "Completion": "reports", "StepReport": "reports", "ParkEvent": "reports", "ResumeEvent": "reports",
+    "EndEvent": "reports", "FailEvent": "reports", "stream_text": "reports",
+    "PreemptStats": "stats", "SlotStats": "stats",
+    "LlamaServer": "server", "ServerConfig": "server", "ServerStartError": "server",
+    "Workload": "simulator", "SimReport": "simulator",
+}
+
+__all__ = ["__version__", "simulate", *_EXPORTS]
+
+if TYPE_CHECKING:  # what type checkers and IDEs see; at run time the names load on first use
+    from .aio import AsyncEngine, StreamNotice
+    from .engine import (Engine, EngineArgumentError, EngineBusyError, EngineClosedError, EngineError, GenerateError,
+                         ModelLoadError, Request, RequestCancelled, RequestError)
+    from .reports import Completion, EndEvent, FailEvent, ParkEvent, ResumeEvent, StepReport, stream_text
+    from .sampling import SamplingParams
+    from .server import LlamaServer, ServerConfig, ServerStartError
+    from .simulator import SimReport, Workload
+    from .stats import PreemptStats, SlotStats
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'llama_preempt' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)
 
 
 def simulate(*args: Any, **kwargs: Any) -> Any:

@@ -24,8 +24,10 @@ from typing import Any, Callable, Iterator, Sequence, Union
 
 from . import _core
 from .flags import server_flags
+from .llamacpp_api import LlamaCppCalls
 from .metrics import MetricsSnapshot, parse_prometheus
 from .reports import Completion, EndEvent, FailEvent, ParkEvent, ResumeEvent, StepReport, stream_text  # noqa: F401
+from .sampling import SamplingParams, per_prompt
 from .stats import PreemptStats
 
 # errors raised by the compiled core (re-exported so callers need only this module)
@@ -125,6 +127,9 @@ class Request:
         return body
 
     def completion(self, timeout: float | None = None) -> Completion:
+        """The answer as a Completion; a streamed request's chunks are read to its end and joined."""
+        if self.is_stream:
+            return Completion.from_stream(list(self.stream(timeout=timeout)))
         return Completion.from_response(self.result(timeout))
 
     def sse(self, timeout: float | None = None) -> Iterator[str]:
@@ -154,7 +159,11 @@ class Request:
             raise RequestCancelled(f"{self.path}: cancelled")
 
     def stream(self, timeout: float | None = None) -> Iterator[dict[str, Any]]:
-        """The streamed chunks, JSON-decoded: the same `data:` payloads as the SSE stream."""
+        """The streamed chunks, JSON-decoded: the same `data:` payloads as the SSE stream. A request
+        submitted without stream=True yields its whole answer as one chunk."""
+        if not self.is_stream:
+            yield self.result(timeout)
+            return
         for chunk in self.sse(timeout):
             yield from _sse_data(chunk)
 
@@ -203,8 +212,13 @@ Prompt = Union[str, Sequence[dict[str, Any]]]
 Until = Union[None, Callable[[], bool], Request, Sequence[Request]]
 
 
-class Engine:
-    """The patched llama-server in process. Always close() it, or use it as a context manager."""
+class Engine(LlamaCppCalls):
+    """The patched llama-server in process. Always close() it, or use it as a context manager.
+
+        with Engine("model.gguf", n_ctx=1024, n_parallel=4) as eng:
+            print(eng.submit("Once upon a time", n_predict=32).completion().text)
+            out = eng.create_chat_completion(messages=[{"role": "user", "content": "Hi"}])  # llama-cpp-python's call
+    """
 
     def __init__(self, model: str | os.PathLike[str], args: Sequence[str] | str = (), *,
                  n_ctx: int | None = None, n_parallel: int | None = None, kv_unified: bool | None = None,
@@ -234,6 +248,7 @@ class Engine:
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self._loop_error: BaseException | None = None
+        self._on_loop_error: Callable[[], None] | None = None  # AsyncEngine: wake the event loop's waiters
         self._closed = False
         self._draining = False
 
@@ -298,6 +313,17 @@ class Engine:
         (n_predict, temperature, priority, ...): `priority` (default 0) orders who is parked
         first (lowest) and resumed first (highest) when the pool is full."""
         self._check_open()
+        if prompt is not None and messages is not None:
+            raise TypeError("submit(): give either prompt (for /completion) or messages (for /v1/chat/completions), "
+                            "not both")
+        if prompt is not None and not isinstance(prompt, (str, list)):
+            raise TypeError(f"submit(): prompt must be a string (or a list of token ids), got {type(prompt).__name__}")
+        if messages is not None and (isinstance(messages, (str, bytes)) or not all(isinstance(m, dict) for m in messages)):
+            raise TypeError("submit(): messages must be a list of {'role': ..., 'content': ...} dicts")
+        if not isinstance(stream, bool):
+            raise TypeError(f"submit(): stream must be True or False, got {stream!r}")
+        if body is not None and not isinstance(body, dict):
+            raise TypeError(f"submit(): body must be a dict, got {type(body).__name__}")
         if self._draining:
             raise EngineError("the Engine is draining (stop(drain=...) or close(drain=...)): it takes no new requests")
         payload: dict[str, Any] = dict(body or {})
@@ -350,10 +376,12 @@ class Engine:
         return dict(self.request("POST", f"/slots/{int(slot)}?action=unpark"))
 
     def stats(self) -> PreemptStats:
-        """Preemption counters, gauges and the slots, read directly from the server's slots."""
+        """Preemption counters, gauges and the slots, read directly from the server's slots. Never
+        waits for the loop: while a step runs (a long prefill can take seconds) they are those of
+        the step boundary before it; `age_ms` says how old they are."""
         self._check_open()
         d = self._core.stats()
-        return PreemptStats.from_series(d["metrics"], d["slots"], d.get("labeled"))
+        return PreemptStats.from_series(d["metrics"], d["slots"], d.get("labeled"), d.get("age_ms", 0.0))
 
     # --- the loop ---
 
@@ -407,31 +435,52 @@ class Engine:
                 on_step(rep)
         return reports
 
-    def generate(self, prompts: Sequence[Prompt], *, progress: Callable[[int, int, StepReport | None], None] | None = None,
+    def generate(self, prompts: Sequence[Prompt], params: SamplingParams | Sequence[SamplingParams] | None = None, *,
+                 progress: Callable[[int, int, StepReport | None], None] | None = None,
                  timeout: float | None = None, return_exceptions: bool = False,
-                 **params: Any) -> list[Any]:
+                 **fields: Any) -> list[Any]:
         """Submit every prompt (a string for /completion, a list of chat messages for
-        /v1/chat/completions), run until all finish, and return the answers in input order.
+        /v1/chat/completions), run until all finish, and return the answers (Completion) in input
+        order. `params`: a SamplingParams for all prompts or one per prompt, as vLLM's generate()
+        takes them; keywords are request fields for all (n_predict, temperature, ...), over those.
+
+            eng.generate(["Once", "The dog"], SamplingParams(max_tokens=32, temperature=0))
+            eng.generate(["Once", "The dog"], [SamplingParams(seed=1), SamplingParams(seed=2)])
+
         `progress(n_done, n_total, report)` is called after each step (report is None in
         background mode). If any request failed: with return_exceptions, its RequestError (or
         RequestCancelled) stands in its place in the list; else GenerateError is raised once all
-        are done, carrying every result in `.results` (answers and errors in input order)."""
-        reqs = [self.submit(messages=p, **params) if not isinstance(p, str) else self.submit(p, **params)
-                for p in prompts]
+        are done, carrying every result in `.results` (answers and errors in input order). Past
+        `timeout` seconds every request not done is cancelled and TimeoutError says how many."""
+        if isinstance(prompts, (str, bytes)):
+            raise TypeError("generate(): prompts must be a list (of strings, or of chat message lists); "
+                            "for one prompt, pass [prompt]")
+        if fields.get("stream"):
+            raise ValueError("generate() returns whole answers: for a stream, submit(..., stream=True).stream()")
+        each = per_prompt(params, len(prompts))
+        reqs = [self.submit(messages=p, **{**f, **fields}) if not isinstance(p, str) else self.submit(p, **{**f, **fields})
+                for p, f in zip(prompts, each)]
         total = len(reqs)
-        if self._thread is None:
-            on_step = None
-            if progress is not None:
-                on_step = lambda rep: progress(sum(r.done for r in reqs), total, rep)  # noqa: E731
-            self.run(reqs, timeout=timeout, on_step=on_step)
-        else:
-            deadline = None if timeout is None else time.monotonic() + timeout
-            for r in reqs:
-                left = None if deadline is None else max(0.0, deadline - time.monotonic())
-                if not r.wait(left):
-                    raise TimeoutError(f"generate(): not done within {timeout} s")
+        try:
+            if self._thread is None:
+                on_step = None
                 if progress is not None:
-                    progress(sum(q.done for q in reqs), total, None)
+                    on_step = lambda rep: progress(sum(r.done for r in reqs), total, rep)  # noqa: E731
+                self.run(reqs, timeout=timeout, on_step=on_step)
+            else:
+                deadline = None if timeout is None else time.monotonic() + timeout
+                for r in reqs:
+                    left = None if deadline is None else max(0.0, deadline - time.monotonic())
+                    if not r.wait(left):
+                        raise TimeoutError
+                    if progress is not None:
+                        progress(sum(q.done for q in reqs), total, None)
+        except TimeoutError:
+            left_over = [r for r in reqs if not r.done]
+            for r in left_over:
+                r.cancel()
+            raise TimeoutError(f"generate(): not done within {timeout} s; cancelled the {len(left_over)} of its "
+                               f"{total} requests still running") from None
         out: list[Any] = []
         for r in reqs:
             try:
@@ -489,6 +538,8 @@ class Engine:
                     return
         except BaseException as e:  # surfaced to the threads that wait on the loop
             self._loop_error = e
+            if self._on_loop_error is not None:
+                self._on_loop_error()
 
     # --- helpers ---
 

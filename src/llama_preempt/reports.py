@@ -72,6 +72,24 @@ class Completion:
         return cls(body.get("content", ""), int(body.get("tokens_evaluated", 0)),
                    int(body.get("tokens_predicted", 0)), str(body.get("stop_type", "")), timings, body)
 
+    @classmethod
+    def from_stream(cls, chunks: list[dict[str, Any]]) -> "Completion":
+        """From a streamed answer's chunks: the text joined, the counts and stop of its last chunk
+        (`response` is that last chunk)."""
+        last = chunks[-1] if chunks else {}
+        text = "".join(stream_text(c) for c in chunks)
+        timings = last.get("timings") or {}
+        if "choices" in last:  # the OpenAI endpoints: usage and finish_reason on the last chunks
+            usage = next((c["usage"] for c in reversed(chunks) if c.get("usage")), {})
+            reason = next((ch.get("finish_reason") for c in reversed(chunks) for ch in c.get("choices", [])
+                           if ch.get("finish_reason")), None)
+            # usage only with stream_options.include_usage; llama-server's timings always
+            timings = next((c["timings"] for c in reversed(chunks) if c.get("timings")), timings)
+            return cls(text, int(usage.get("prompt_tokens", timings.get("prompt_n", 0))),
+                       int(usage.get("completion_tokens", timings.get("predicted_n", 0))), str(reason), timings, last)
+        return cls(text, int(last.get("tokens_evaluated", 0)), int(last.get("tokens_predicted", 0)),
+                   str(last.get("stop_type", "")), timings, last)
+
 
 def stream_text(chunk: dict[str, Any]) -> str:
     """The text a streamed chunk adds, for /completion and the OpenAI endpoints alike."""

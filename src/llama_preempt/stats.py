@@ -125,6 +125,7 @@ class PreemptStats:
     parks_by_tier: Mapping[str, int] = field(default_factory=dict)    # preempt_parks_by_tier_total: ram, disk, recompute
     restores_by_tier: Mapping[str, int] = field(default_factory=dict)  # preempt_restores_by_tier_total
     disk_failures: Mapping[str, int] = field(default_factory=dict)    # preempt_disk_failures_total: kind -> failures
+    age_ms: float = 0.0  # how old they are: the Engine's are as of its last step boundary (never waiting for a step)
 
     # the rates by their shorter names
     @property
@@ -141,7 +142,7 @@ class PreemptStats:
 
     @classmethod
     def from_series(cls, values: Mapping[str, float], slots: list[Mapping[str, Any]],
-                    labeled: Mapping[str, Mapping[str, float]] | None = None) -> "PreemptStats":
+                    labeled: Mapping[str, Mapping[str, float]] | None = None, age_ms: float = 0.0) -> "PreemptStats":
         """From the series by name (every one of SERIES), the slots and the labeled counters by
         series name (preempt_parks_by_choice_total: {"swap_cheaper": 3, ...}; those absent stay empty)."""
         missing = [n for n, _ in SERIES if n not in values]
@@ -150,7 +151,7 @@ class PreemptStats:
         by_label = {labeled_field(name): {k: int(v) for k, v in (labeled or {}).get(name, {}).items()}
                     for name, _ in LABELED}
         return cls(**{n: int(values[n]) for n, _ in SERIES}, slots=tuple(SlotStats.from_json(s) for s in slots),
-                   **by_label)
+                   age_ms=float(age_ms), **by_label)
 
     def parked(self) -> list[SlotStats]:
         return [s for s in self.slots if s.is_preempted]

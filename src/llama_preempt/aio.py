@@ -1,0 +1,230 @@
+"""asyncio for the in-process Engine. `AsyncEngine` runs the Engine's loop on its own thread; the
+event loop is woken only when one of its requests has news (the core's notify pipe, watched with
+`loop.add_reader`), never by polling, so thousands of idle streams cost nothing.
+
+    async with await AsyncEngine.create("model.gguf", n_ctx=2048, n_parallel=8) as eng:
+        done = await eng.complete("Once upon a time", n_predict=32)
+        reply = await eng.chat([{"role": "user", "content": "Hi"}], max_tokens=32)
+        async for chunk in eng.stream(messages=[{"role": "user", "content": "Hi"}], max_tokens=64):
+            print(stream_text(chunk), end="")
+
+Cancelling the task that awaits a request (a client that disconnected) cancels the request: its
+slot, and any parked state, is freed. With `notices=True` a stream also yields a `StreamNotice`
+where the request was parked, resumed, or kept alive while parked.
+"""
+from __future__ import annotations
+
+import asyncio
+import os
+import struct
+from dataclasses import dataclass
+from typing import Any, AsyncIterator, Callable, Sequence
+
+from .engine import (Engine, EngineError, GenerateError, Request, RequestCancelled, RequestError, _decode,
+                     _sse_data)
+from .reports import Completion
+from .sampling import SamplingParams, per_prompt
+from .stats import PreemptStats
+
+_NOTICES = {": preempted": "preempted", ": resumed": "resumed", ": preempt-keepalive": "keepalive"}
+
+
+@dataclass(frozen=True)
+class StreamNotice:
+    """A park notice in a stream (stream(..., notices=True)): `kind` is "preempted" (the request
+    was parked to make room), "resumed" (it is back) or "keepalive" (still parked)."""
+
+    kind: str
+
+
+class AsyncEngine:
+    """The Engine for asyncio; see the module's docstring. Always `await aclose()` it, or use
+    `async with`. Serves one event loop (the first it is used in)."""
+
+    def __init__(self, model: str | os.PathLike[str], args: Sequence[str] | str = (), **kwargs: Any) -> None:
+        """Load the model (this blocks: from a running event loop, `await AsyncEngine.create(...)`);
+        the keywords are Engine's (n_ctx, n_parallel, preempt_ram_mib, ...)."""
+        self.engine = Engine(model, args, **kwargs)
+        self._fd = self.engine._core.notify_fd()
+        self.engine.start()
+        self._events: dict[int, asyncio.Event] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    @classmethod
+    async def create(cls, model: str | os.PathLike[str], args: Sequence[str] | str = (), **kwargs: Any) -> "AsyncEngine":
+        """Load the model on a worker thread, so the event loop keeps serving meanwhile."""
+        return await asyncio.to_thread(cls, model, args, **kwargs)
+
+    async def __aenter__(self) -> "AsyncEngine":
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def aclose(self, *, drain: float = 0.0) -> None:
+        """Cancel what is pending (after letting it finish for up to `drain` seconds) and free the
+        model, on a worker thread; the requests awaited meanwhile end with RequestCancelled."""
+        if self.engine.closed:
+            return
+        await asyncio.to_thread(self.engine.close, drain=drain)
+        if self._loop is not None and not self._loop.is_closed():
+            self._loop.remove_reader(self._fd)
+        self._wake_all()
+
+    @property
+    def closed(self) -> bool:
+        return self.engine.closed
+
+    # --- requests ---
+
+    async def complete(self, prompt: str | None = None, *, messages: Sequence[dict[str, Any]] | None = None,
+                       **fields: Any) -> Completion:
+        """One answer (a prompt for /completion, messages for /v1/chat/completions); the keywords
+        are request fields (n_predict, temperature, priority, ...). RequestError for an error answer."""
+        if fields.pop("stream", False):
+            raise ValueError("complete() returns a whole answer: for a stream, use stream()")
+        req = self._submit(prompt, messages, fields)
+        try:
+            await self._until(req, lambda: req.done)
+        finally:
+            self._forget(req)
+        return req.completion()
+
+    async def chat(self, messages: Sequence[dict[str, Any]], **fields: Any) -> Completion:
+        """A chat answer (the model's own chat template): `await eng.chat([{"role": "user", ...}])`."""
+        return await self.complete(messages=messages, **fields)
+
+    async def stream(self, prompt: str | None = None, *, messages: Sequence[dict[str, Any]] | None = None,
+                     notices: bool = False, **fields: Any) -> AsyncIterator[Any]:
+        """The streamed chunks (dicts, as the server's SSE `data:` payloads; `stream_text(chunk)` is
+        the text each adds), and with `notices` the StreamNotice of each park notice. Leaving the
+        loop early, or cancelling the task, cancels the request."""
+        fields["stream"] = True
+        req = self._submit(prompt, messages, fields)
+        h = req._handle
+        try:
+            await self._until(req, lambda: h.started)
+            if not h.is_stream:  # an error before the first token is an ordinary error answer
+                status, body = int(h.status), _decode(bytes(h.data))
+                if h.cancelled and not body:
+                    raise RequestCancelled(f"{req.path}: cancelled")
+                raise RequestError.from_body(status if status != 200 else 500, body)
+            ev = self._event(req)
+            while True:
+                ev.clear()
+                done = h.done
+                chunks = h.take_chunks()
+                for chunk in chunks:
+                    for item in _items(bytes(chunk).decode("utf-8"), notices):
+                        yield item
+                if done:
+                    break
+                if not chunks:
+                    await self._wait(ev)
+            if h.cancelled:
+                raise RequestCancelled(f"{req.path}: cancelled")
+        finally:
+            if not h.done:
+                req.cancel()  # the consumer left, or its task was cancelled
+            self._forget(req)
+
+    async def generate(self, prompts: Sequence[Any], params: SamplingParams | Sequence[SamplingParams] | None = None,
+                       *, return_exceptions: bool = False, **fields: Any) -> list[Any]:
+        """Every prompt at once, the answers in input order (as Engine.generate, vLLM-style params)."""
+        if isinstance(prompts, (str, bytes)):
+            raise TypeError("generate(): prompts must be a list; for one prompt, pass [prompt]")
+        each = per_prompt(params, len(prompts))
+        calls = [self.complete(messages=p, **{**f, **fields}) if not isinstance(p, str)
+                 else self.complete(p, **{**f, **fields}) for p, f in zip(prompts, each)]
+        out = list(await asyncio.gather(*calls, return_exceptions=True))
+        for x in out:
+            if isinstance(x, BaseException) and not isinstance(x, (RequestError, RequestCancelled)):
+                raise x
+        if not return_exceptions and any(isinstance(x, Exception) for x in out):
+            raise GenerateError(out)
+        return out
+
+    def stats(self) -> PreemptStats:
+        """The preemption stats; never waits for the loop (see Engine.stats, `age_ms`)."""
+        return self.engine.stats()
+
+    # --- waking on news ---
+
+    def _submit(self, prompt: str | None, messages: Sequence[dict[str, Any]] | None, fields: dict[str, Any]) -> Request:
+        self._listen()
+        req = self.engine.submit(prompt, messages=messages, **fields)
+        self._events[req._handle.id] = asyncio.Event()
+        return req
+
+    def _listen(self) -> None:
+        loop = asyncio.get_running_loop()
+        if self._loop is loop:
+            return
+        if self._loop is not None and not self._loop.is_closed():
+            raise RuntimeError("this AsyncEngine serves another event loop: use one AsyncEngine per loop")
+        loop.add_reader(self._fd, self._on_news)
+        self._loop = loop
+        self.engine._on_loop_error = lambda: loop.call_soon_threadsafe(self._wake_all)
+
+    def _on_news(self) -> None:
+        """The pipe is readable: wake the requests whose ids it carries."""
+        ids: set[int] = set()
+        while True:
+            try:
+                data = os.read(self._fd, 8 * 4096)
+            except (BlockingIOError, InterruptedError):
+                break
+            except OSError:  # closed with the Engine
+                break
+            n = len(data) // 8
+            ids.update(struct.unpack(f"={n}Q", data[:8 * n]))
+            if len(data) < 8 * 4096:
+                break
+        if self.engine._core.take_missed():
+            ids = set(self._events)
+        for i in ids:
+            ev = self._events.get(i)
+            if ev is not None:
+                ev.set()
+
+    def _wake_all(self) -> None:
+        for ev in self._events.values():
+            ev.set()
+
+    def _event(self, req: Request) -> asyncio.Event:
+        return self._events.setdefault(req._handle.id, asyncio.Event())
+
+    def _forget(self, req: Request) -> None:
+        self._events.pop(req._handle.id, None)
+
+    async def _wait(self, ev: asyncio.Event) -> None:
+        await ev.wait()
+        err = self.engine._loop_error
+        if err is not None:
+            raise EngineError(f"the Engine's loop ended with an error: {err!r}") from err
+        if self.engine.closed:
+            raise RequestCancelled("the AsyncEngine was closed")
+
+    async def _until(self, req: Request, pred: Callable[[], bool]) -> None:
+        """Until pred() holds, woken by the request's news; a cancelled task cancels the request."""
+        ev = self._event(req)
+        try:
+            while True:
+                ev.clear()
+                if pred():
+                    return
+                await self._wait(ev)
+        except asyncio.CancelledError:
+            req.cancel()
+            raise
+
+
+def _items(chunk: str, notices: bool) -> list[Any]:
+    """The data payloads of one SSE chunk, and its park notices when asked for."""
+    out: list[Any] = []
+    for line in chunk.splitlines():
+        if line.startswith("data: "):
+            out.extend(_sse_data(line))
+        elif notices and line in _NOTICES:
+            out.append(StreamNotice(_NOTICES[line]))
+    return out
