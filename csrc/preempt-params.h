@@ -175,7 +175,8 @@ inline json props_json(const common_params & params) {
         { "preempt_disk",            params.preempt_disk_dir.empty() ? json(nullptr) : json(params.preempt_disk_dir) },
         { "preempt_disk_mib",        params.preempt_disk_dir.empty() ? json(nullptr) : json(params.preempt_disk_mib) },
         { "deterministic",           params.batch_invariant },
-        { "ui",                      ui_embedded() },
+        { "ui",                      ui_embedded() },            // built into this binary
+        { "ui_served",               ui_embedded() && params.ui },  // and served at GET / (never by the Engine)
     };
 }
 

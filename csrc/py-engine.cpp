@@ -110,6 +110,8 @@ public:
             }
         }
 
+        params.ui = false;  // no HTTP server, so no web UI: /props must not say there is one
+
         if (params.model.path.empty()) {
             throw engine_argument_error("error: the Engine needs a local model file: pass -m PATH (nothing is downloaded)");
         }

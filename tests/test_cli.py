@@ -435,10 +435,18 @@ def test_ctrl_c_ends_the_demo_cleanly(stories_model: Path, engine: str) -> None:
 
 
 def test_simulate_calibrates_its_costs_from_a_running_server(start_server, stories_model: Path) -> None:
-    srv = start_server(stories_model, n_ctx=2048, n_parallel=4)
+    srv = start_server(stories_model, n_ctx=1024, n_parallel=3)
     p = cli("simulate", "--calibrate", f"{srv.host}:{srv.port}", "--requests", "8", "--rate", "0", "--json")
     assert p.returncode == 0, p.stderr
-    costs = json.loads(p.stdout)["costs"]
+    res = json.loads(p.stdout)
+    # the server's own pool and slots, not the simulator's defaults (1536 cells, 4 slots)
+    assert [(r["n_ctx"], r["n_parallel"]) for r in res["results"]] == [(1024, 3)]
+    table = cli("simulate", "--calibrate", srv.url, "--requests", "8", "--rate", "0", "--parallel", "2",
+                env={"COLUMNS": "80"})
+    assert table.returncode == 0, table.stderr
+    assert "pool from the server: -c 1024" in table.stdout and "2 slots" in table.stdout
+    assert max(len(x) for x in table.stdout.splitlines()) <= 80
+    costs = res["costs"]
     # stories260K decodes far faster than the SmolLM2 defaults: these were measured, not defaulted
     assert 0 < costs["prefill_token_ms"] < 2.2 and costs["decode_token_ms"] < 4.6
     assert costs["bytes_per_cell"] == 23040  # not visible over HTTP: stays as given
@@ -459,3 +467,20 @@ def test_stats_live_json_prints_a_line_per_interval_with_rates(start_server, sto
     assert first["rates_per_s"] is None
     assert set(second["rates_per_s"]) == set(first["counters"])
     assert len(second["slots"]) == 2
+
+
+def test_stats_piped_to_a_file_writes_every_refresh(parked_server: Any) -> None:
+    import os
+
+    proc = subprocess.Popen([sys.executable, "-m", "llama_preempt.cli", "stats", parked_server.url, "--interval", "0.2"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "COLUMNS": "120"})
+    try:
+        titles = 0
+        while titles < 3:  # three refreshes, each written whole
+            line = readline_within(proc.stdout, 30)
+            assert line, proc.stderr.read() if proc.stderr else ""
+            titles += parked_server.url in line
+    finally:
+        proc.terminate()
+        proc.wait(30)

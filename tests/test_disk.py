@@ -481,3 +481,15 @@ def test_stats_show_the_disk_tier(start_server, stories_model: Path, tmp_path: P
         assert "disk held / budget" in p.stdout and "32 MiB" in p.stdout and "disk" in p.stdout
     finally:
         sock.close()
+
+
+def test_park_lines_price_the_disk_only_where_there_is_a_disk_tier(start_server, stories_model: Path,
+                                                                   tmp_path: Path) -> None:
+    plain = start_server(stories_model, n_ctx=512, n_parallel=2, env=FORCED, extra_args=["--preempt-mode", "swap"])
+    complete(plain, "Once upon a time", 24)
+    parks = [x for x in plain.log_text().splitlines() if "parked by swap" in x]
+    assert parks and all("(predicted swap" in x and ", disk " not in x for x in parks)
+    srv = start_server(stories_model, n_ctx=512, n_parallel=2, env=FORCED, extra_args=[*ON_LOOP, *disk_args(tmp_path)])
+    complete(srv, "Once upon a time", 24)
+    parks = [x for x in srv.log_text().splitlines() if "parked by swap" in x]
+    assert parks and all(re.search(r"\(predicted swap [\d.]+ ms, disk [\d.]+ ms, recompute", x) for x in parks)

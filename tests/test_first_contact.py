@@ -214,8 +214,11 @@ def test_simulate_reads_whole_at_80_columns_and_its_default_load_parks() -> None
     assert p.returncode == 0, p.stderr
     assert "…" not in p.stdout and max(len(x) for x in p.stdout.splitlines()) <= 80
     header = next(x for x in p.stdout.splitlines() if "done" in x)
-    for col in ("-c", "RAM", "done", "failed", "parks s/r", "TTFT p99", "makespan"):
+    for col in ("-c", "RAM", "done", "failed", "parks", "TTFT p99", "makespan"):
         assert col in header
+    assert "parks: by SWAP / by RECOMPUTE" in p.stdout  # what the column's two numbers are
+    costs = next(x for x in p.stdout.splitlines() if x.startswith("costs:"))
+    assert re.fullmatch(r"costs: step [\d.]+ ms, decode [\d.]+ ms/token, prefill [\d.]+ ms/token", costs.strip())
     row = next(x for x in p.stdout.splitlines() if "MiB" in x and "│" in x)
     swaps, recomputes = (int(n) for n in re.search(r"(\d+)/(\d+)", row).groups())
     assert swaps + recomputes > 0  # the default load shows what the tool is for

@@ -21,3 +21,12 @@ def test_the_server_serves_the_web_ui_and_no_ui_turns_it_off(start_server, stori
     off = start_server(stories_model, n_ctx=256, n_parallel=2, extra_args=["--no-ui"])
     assert off.get("/").status_code == 404
     assert off.props()["llama_preempt"]["ui"]  # built in, turned off at run time
+    assert srv.props()["llama_preempt"]["ui_served"] and not off.props()["llama_preempt"]["ui_served"]
+
+
+def test_the_engines_props_claim_no_web_ui(stories_model: Path) -> None:
+    from llama_preempt import Engine
+
+    with Engine(stories_model, n_ctx=256, n_parallel=2) as eng:
+        props = eng.request("GET", "/props")
+    assert props["ui"] is False and props["llama_preempt"]["ui_served"] is False

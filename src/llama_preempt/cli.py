@@ -169,6 +169,13 @@ def cmd_stats(args: argparse.Namespace) -> int:
             print(json.dumps(to_json(snap, rates(prev, snap))), flush=True)
             time.sleep(args.interval)
             prev, snap = snap, fetch(args.url, session)
+    if not sys.stdout.isatty():  # piped or to a file: every refresh written, one after another
+        con = _console()
+        while True:
+            con.print(render(snap, rates(prev, snap)))
+            sys.stdout.flush()
+            time.sleep(args.interval)
+            prev, snap = snap, fetch(args.url, session)
     from rich.live import Live
 
     with Live(render(snap, None), console=_console(), refresh_per_second=4) as live:
@@ -179,6 +186,9 @@ def cmd_stats(args: argparse.Namespace) -> int:
 
 
 # --- simulate ---
+
+DEFAULT_SIM_CTX = 1536      # the default synthetic load overflows it, so the table shows parks
+DEFAULT_SIM_PARALLEL = 4
 
 def _parse_sweep(items: Sequence[str]) -> dict[str, list[int]]:
     out: dict[str, list[int]] = {}
@@ -203,15 +213,26 @@ def _sim_json(args: argparse.Namespace, wl: Any, costs: Any, elapsed: float, **r
 def cmd_simulate(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
-    from .simulator import Costs, Workload, calibrate, sweep
+    from .simulator import Costs, Workload, calibrate, server_pool, sweep
 
     if args.workload is not None:
         wl = Workload.from_jsonl(args.workload)
     else:
         wl = Workload.synthetic(args.requests, rate=args.rate, prompt=args.prompt_len, gen=args.gen_len, seed=args.seed)
     costs = Costs()
+    pool_from = ""
     if args.calibrate:
+        # the server's own pool and slots, unless given: a simulation of another pool says little
+        cells, slots = server_pool(args.calibrate)
+        if args.ctx is None and cells:
+            args.ctx = cells
+            pool_from = f"-c {cells}"
+        if args.parallel is None and slots:
+            args.parallel = slots
+            pool_from += f"{', ' if pool_from else ''}-np {slots}"
         costs = calibrate(args.calibrate, costs)
+    args.ctx = DEFAULT_SIM_CTX if args.ctx is None else args.ctx
+    args.parallel = DEFAULT_SIM_PARALLEL if args.parallel is None else args.parallel
     overrides = {k: v for k, v in (("step_ms", args.step_ms), ("decode_token_ms", args.decode_ms),
                                    ("prefill_token_ms", args.prefill_ms), ("bytes_per_cell", args.bytes_per_cell),
                                    ("swap_out_gbps", args.swap_out_gbps), ("swap_in_gbps", args.swap_in_gbps),
@@ -244,10 +265,13 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         cols.append(("RAM", lambda r: "no limit" if r.preempt_ram_mib < 0 else f"{r.preempt_ram_mib} MiB"))
     cols += [("done", lambda r: str(r.completed)),
              ("failed", lambda r: f"[red]{r.failed}[/]" if r.failed else "0")]
+    legend = ""
     if not args.no_preempt and args.preempt_disk_mib != 0:
-        cols.append(("parks r/d/c", lambda r: f"{r.parks_swap - r.parks_disk}/{r.parks_disk}/{r.parks_recompute}"))
+        cols.append(("parks", lambda r: f"{r.parks_swap - r.parks_disk}/{r.parks_disk}/{r.parks_recompute}"))
+        legend = "parks: SWAP to RAM / SWAP to disk / RECOMPUTE"
     elif not args.no_preempt:
-        cols.append(("parks s/r", lambda r: f"{r.parks_swap}/{r.parks_recompute}"))
+        cols.append(("parks", lambda r: f"{r.parks_swap}/{r.parks_recompute}"))
+        legend = "parks: by SWAP / by RECOMPUTE"
     cols += [("TTFT p99", lambda r: _secs(r.ttft_p99_s)), ("makespan", lambda r: f"{r.makespan_s:.1f} s")]
     if args.wide:
         cols[-1:-1] = [("recomputed tok", lambda r: str(r.recomputed_tokens)),
@@ -261,8 +285,13 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         t.add_row(*[f(r) for _, f in cols])
     con = _console()
     con.print(t)
-    con.print(f"[dim]costs: step {costs.step_ms:g} ms, decode {costs.decode_token_ms:g} ms/token, prefill "
-              f"{costs.prefill_token_ms:g} ms/token, {costs.bytes_per_cell:g} B/cell"
+    if legend:
+        con.print(f"[dim]{legend}[/]")
+    # rounded, a line each that fits 80 columns
+    con.print(f"[dim]costs: step {costs.step_ms:.3g} ms, decode {costs.decode_token_ms:.3g} ms/token, "
+              f"prefill {costs.prefill_token_ms:.3g} ms/token[/]")
+    con.print(f"[dim]       {costs.bytes_per_cell:.0f} B/cell"
+              f"{f'; pool from the server: {pool_from}' if pool_from else ''}"
               f"{'' if args.wide else '; --wide for every column'}[/]")
     con.print(f"[dim]{len(reports)} simulation(s) in {elapsed:.2f} s[/]")
     return 0
@@ -416,9 +445,11 @@ def build_parser() -> argparse.ArgumentParser:
     src.add_argument("--gen-len", default="100-400", help="synthetic: generated tokens, N or LO-HI (default 100-400)")
     src.add_argument("--seed", type=int, default=0)
     srv = m.add_argument_group("server")
-    srv.add_argument("--ctx", type=int, default=1536,
-                     help="cells in the unified pool (-c; default 1536: the default load overflows it, so it parks)")
-    srv.add_argument("--parallel", type=int, default=4, help="slots (-np; default 4)")
+    srv.add_argument("--ctx", type=int, default=None,
+                     help=f"cells in the unified pool (-c; default: the --calibrate server's, else {DEFAULT_SIM_CTX}: "
+                          "the default load overflows it, so it parks)")
+    srv.add_argument("--parallel", type=int, default=None,
+                     help=f"slots (-np; default: the --calibrate server's, else {DEFAULT_SIM_PARALLEL})")
     srv.add_argument("--batch", type=int, default=512, help="n_batch (-b; default 512)")
     srv.add_argument("--preempt-ram", type=int, default=8192, help="MiB (-1 no limit, 0 recompute only; default 8192)")
     srv.add_argument("--preempt-mode", choices=PREEMPT_MODES, default="auto",

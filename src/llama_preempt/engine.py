@@ -220,13 +220,19 @@ class Engine(LlamaCppCalls):
             out = eng.create_chat_completion(messages=[{"role": "user", "content": "Hi"}])  # llama-cpp-python's call
     """
 
-    def __init__(self, model: str | os.PathLike[str], args: Sequence[str] | str = (), *,
-                 n_ctx: int | None = None, n_parallel: int | None = None, kv_unified: bool | None = None,
+    def __init__(self, model: str | os.PathLike[str] | None = None, args: Sequence[str] | str = (), *,
+                 model_path: str | os.PathLike[str] | None = None, n_ctx: int | None = None, n_parallel: int | None = None, kv_unified: bool | None = None,
                  preempt: bool | None = None, preempt_ram_mib: int | None = None,
                  preempt_mode: str | None = None, preempt_disk: str | os.PathLike[str] | None = None,
                  preempt_disk_mib: int | None = None, n_threads: int | None = None, n_gpu_layers: int | None = None,
                  seed: int | None = None, n_batch: int | None = None, metrics: bool = True, slots: bool = True,
                  deterministic: bool = False, verbose: bool = False) -> None:
+        if (model is None) == (model_path is None):
+            raise TypeError("Engine(): give the model file once, as Engine(path) or Engine(model_path=path) "
+                            "(llama_cpp.Llama's name)")
+        model = model if model is not None else model_path
+        if not isinstance(args, (str, bytes)) and not isinstance(args, Sequence):
+            raise TypeError(f"Engine(): args must be llama-server flags, a list or one string, got {type(args).__name__}")
         argv = server_flags(model, n_ctx=n_ctx, n_parallel=n_parallel, preempt_ram_mib=preempt_ram_mib,
                             preempt_mode=preempt_mode, threads=n_threads, n_gpu_layers=n_gpu_layers, seed=seed,
                             preempt_disk=preempt_disk, preempt_disk_mib=preempt_disk_mib, n_batch=n_batch,

@@ -48,13 +48,23 @@ def _common(max_tokens: int | None, temperature: float, top_p: float, top_k: int
     return body
 
 
+def _without_null_deltas(chunk: dict[str, Any]) -> dict[str, Any]:
+    """A chat chunk as llama-cpp-python streams it: a delta holds only what it carries (llama-server
+    sends "content": null beside the role), so `delta.get("content", "")` is always a string."""
+    for choice in chunk.get("choices") or []:
+        delta = choice.get("delta")
+        if isinstance(delta, dict):
+            choice["delta"] = {k: v for k, v in delta.items() if v is not None}
+    return chunk
+
+
 class LlamaCppCalls:
     """The mixin that gives the Engine llama-cpp-python's calls; see the module's docstring."""
 
     def _answer(self, path: str, body: dict[str, Any], stream: bool) -> dict[str, Any] | Iterator[dict[str, Any]]:
         req = self.submit(path=path, body=body, stream=stream)  # type: ignore[attr-defined]
         if stream:
-            return req.stream()
+            return (_without_null_deltas(c) for c in req.stream())
         return dict(req.result())
 
     def create_completion(self, prompt: str | list[int], suffix: str | None = None, max_tokens: int | None = 16,

@@ -284,6 +284,37 @@ class CalibrationError(RuntimeError):
     pass
 
 
+def server_pool(url: str, timeout: float = 10.0) -> tuple[int | None, int | None]:
+    """The pool (cells, -c) and the slots (-np) of the llama-server at `url`, where it says them:
+    the cells from llama-preempt's /metrics (kv_pool_cells), else a slot's context in /props; None
+    where neither says."""
+    import requests
+
+    from .metrics import MetricsFormatError, parse_prometheus
+    from .probe import NothingAnswers, NotLlamaServer, ServerURLError, llama_server_props, server_url
+
+    try:
+        url = server_url(url, "--calibrate")
+        s = requests.Session()
+        props = llama_server_props(s, url, timeout)
+        cells: int | None = None
+        m = s.get(url + "/metrics", timeout=timeout)
+        if m.status_code == 200:
+            try:
+                cells = int(parse_prometheus(m.text)["kv_pool_cells"]) or None
+            except (MetricsFormatError, KeyError, ValueError):
+                cells = None
+    except ServerURLError as e:
+        raise CalibrationError(str(e)) from None
+    except (NothingAnswers, NotLlamaServer, requests.RequestException) as e:
+        raise CalibrationError(f"--calibrate: {e}") from None
+    if cells is None:
+        settings = props.get("default_generation_settings") or {}
+        cells = int(settings.get("n_ctx", 0)) or None
+    slots = int(props.get("total_slots", 0)) or None
+    return cells, slots
+
+
 def calibrate(url: str, base: Costs = Costs(), timeout: float = 120.0) -> Costs:
     """Measure the prefill and decode costs of the server at `url` (llama-preempt's or stock):
     one request alone, then several at once, all at temperature 0 with a fixed length. The KV bytes
