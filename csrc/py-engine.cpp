@@ -143,7 +143,8 @@ public:
         build_route_table();
         ctx->step_begin();
         looping = true;
-        publish_snapshot();
+        publish(snap_stats, false);
+        publish(snap_views, true);
     }
 
     ~engine() {
@@ -212,10 +213,15 @@ public:
         py::gil_scoped_release nogil;
         std::lock_guard<std::mutex> lk(mtx_step);  // stats() may be reading the slots
         auto rep = ctx->step();
-        // for stats() calls made while a step runs: a fresh snapshot when one found this step
-        // running (and took the one before), else at most every 20 ms (a few tens of us each)
-        if (snapshot_wanted.exchange(false) || now_us() - snapshot_us.load() > 20000) {
-            publish_snapshot();
+        // for the calls made while a step runs: a fresh snapshot when one found this step running
+        // (and took the one before), else the stats at most every 20 ms (a few tens of us each),
+        // and the /slots and /metrics views, dearer, every 100 ms once they were asked for
+        const int64_t now = now_us();
+        if (snap_stats.wanted.exchange(false) || now - snap_stats.t_us.load() > 20000) {
+            publish(snap_stats, false);
+        }
+        if (snap_views.wanted.exchange(false) || (snap_views.used && now - snap_views.t_us.load() > 100000)) {
+            publish(snap_views, true);
         }
         return rep;
     }
@@ -248,25 +254,16 @@ public:
 
     // The stats as of the last step boundary, never waiting for a step: between steps they are
     // read now; while a step runs (a long prefill can take seconds) the snapshot published at the
-    // end of the step before is returned, and the running step publishes a fresh one when it ends.
-    // "age_ms": how old they are.
+    // end of a step before is returned, and the running step publishes a fresh one when it ends.
+    // "age_ms": how old they are; "while_stepping": a step was running.
     py::object stats() {
-        check_open();
-        json out;
-        {
-            py::gil_scoped_release nogil;
-            std::unique_lock<std::mutex> lk(mtx_step, std::try_to_lock);
-            if (lk.owns_lock()) {
-                publish_snapshot();  // between steps: the slots are not moving
-            } else {
-                snapshot_wanted = true;
-            }
-            std::lock_guard<std::mutex> lk_snap(mtx_snapshot);
-            out = snapshot;
-            out["while_stepping"] = !lk.owns_lock();  // answered without waiting for the step that runs
-            out["age_ms"] = (double) (now_us() - snapshot_us.load()) / 1000.0;
-        }
-        return to_python(out);
+        return to_python(read_snapshot(snap_stats, false));
+    }
+
+    // upstream's /slots entries and /metrics text, the same way: {"slots", "metrics_text", "age_ms", ...}
+    py::object views() {
+        snap_views.used = true;
+        return to_python(read_snapshot(snap_views, true));
     }
 
     // The read end of a pipe that carries, 8 bytes each, the ids of requests with news (submitted
@@ -358,10 +355,16 @@ private:
     std::map<std::string, server_http_context::handler_t> table;  // "POST /completion" -> handler
 
     std::mutex                   mtx_step;      // held by step(); stats() reads between steps
-    std::mutex                   mtx_snapshot;  // the stats as of the last step boundary
-    json                         snapshot;
-    std::atomic<int64_t>         snapshot_us{0};  // when it was taken (now_us())
-    std::atomic<bool>            snapshot_wanted{false};
+    // what stats() and views() answer while a step runs: as of a step boundary
+    struct snapshot {
+        std::mutex           mtx;
+        json                 data;
+        std::atomic<int64_t> t_us{0};         // when it was taken (now_us())
+        std::atomic<bool>    wanted{false};   // a call found a step running: publish at its end
+        std::atomic<bool>    used{false};     // asked for at least once (the views: publish them on)
+    };
+    snapshot snap_stats;
+    snapshot snap_views;
     uint64_t                     n_submitted = 0;  // under mtx_submit
     std::shared_ptr<engine_notifier> notifier;     // made by notify_fd()
     int                          notify_read_fd = -1;
@@ -383,12 +386,28 @@ private:
         });
     }
 
-    // under mtx_step: the stats now, for stats() calls made while a step runs
-    void publish_snapshot() {
-        json fresh = ctx->preempt_stats();
-        std::lock_guard<std::mutex> lk(mtx_snapshot);
-        snapshot = std::move(fresh);
-        snapshot_us = now_us();
+    // under mtx_step: the stats (or the views) now, for the calls made while a step runs
+    void publish(snapshot & snap, bool views) {
+        json fresh = ctx->preempt_stats(views);
+        std::lock_guard<std::mutex> lk(snap.mtx);
+        snap.data = std::move(fresh);
+        snap.t_us = now_us();
+    }
+
+    json read_snapshot(snapshot & snap, bool views) {
+        check_open();
+        py::gil_scoped_release nogil;
+        std::unique_lock<std::mutex> lk(mtx_step, std::try_to_lock);
+        if (lk.owns_lock()) {
+            publish(snap, views);  // between steps: the slots are not moving
+        } else {
+            snap.wanted = true;
+        }
+        std::lock_guard<std::mutex> lk_snap(snap.mtx);
+        json out = snap.data;
+        out["while_stepping"] = !lk.owns_lock();  // answered without waiting for the step that runs
+        out["age_ms"] = (double) (now_us() - snap.t_us.load()) / 1000.0;
+        return out;
     }
 
     static int64_t now_us() {
@@ -590,6 +609,8 @@ void register_engine(py::module_ & m) {
         .def("stats", &engine::stats, "preemption counters and gauges (every series of metric_names()), the parks by "
              "choice and the slots (the fields /slots shows), as Python objects, as of the last step boundary (never waits "
              "for a step); age_ms: how old")
+        .def("views", &engine::views, "upstream's /slots entries and /metrics text as of the last step boundary "
+             "(never waits for a step): {'slots', 'metrics_text', 'age_ms', 'while_stepping'}")
         .def("notify_fd", &engine::notify_fd, "the read end of a pipe carrying the ids (uint64, native order) of "
              "requests with news, for an event loop to watch; made once, closed with the Engine")
         .def("take_missed", &engine::take_missed, "whether the pipe lost news since the last call (look at every request)")

@@ -358,8 +358,10 @@ def test_a_request_the_server_rejects_raises_its_error_and_the_engine_keeps_runn
     with pytest.raises(RequestError) as e:
         eng.submit(long_prompt(300), n_predict=8).result()
     assert e.value.status == 400 and e.value.type == "exceed_context_size_error"
-    with pytest.raises(RequestError) as e:
-        eng.submit(messages="not a list", n_predict=8).result()  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="messages must be a list"):  # the caller's mistake, before anything is sent
+        eng.submit(messages="not a list", n_predict=8)  # type: ignore[arg-type]
+    with pytest.raises(RequestError) as e:  # the server's judgement of a well-formed request
+        eng.submit(messages=[{"role": "nobody", "content": 5}], n_predict=8).result()
     assert e.value.status in (400, 500) and e.value.message
     with pytest.raises(RequestError) as e:
         list(eng.submit(long_prompt(300), n_predict=8, stream=True).stream())

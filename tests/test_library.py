@@ -156,9 +156,13 @@ def test_stats_answer_while_a_long_prefill_runs_without_waiting_for_it(stories_m
         seen: list[dict[str, Any]] = []
         stop = threading.Event()
 
+        views: list[dict[str, Any]] = []
+
         def reader() -> None:
-            while not stop.is_set() and not any(d["while_stepping"] for d in seen):
+            while not stop.is_set() and not (any(d["while_stepping"] for d in seen) and
+                                              any(v["while_stepping"] for v in views)):
                 seen.append(eng._core.stats())
+                views.append(eng._core.views())  # what slots() and metrics() read
 
         t = threading.Thread(target=reader)
         t.start()
@@ -168,6 +172,8 @@ def test_stats_answer_while_a_long_prefill_runs_without_waiting_for_it(stories_m
         t.join(30)
         during = [d for d in seen if d["while_stepping"]]
         assert during, f"no stats() call landed inside a step ({len(seen)} calls)"
+        assert any(v["while_stepping"] for v in views), f"no slots()/metrics() call landed inside a step"
+        assert len(eng.slots()) == 2 and eng.metrics()["prompt_tokens_total"] > 1800
         st = eng.stats()
         assert isinstance(st, PreemptStats) and st.age_ms >= 0.0
         assert req.completion().n_generated == 4

@@ -366,11 +366,16 @@ class Engine(LlamaCppCalls):
         return list(self.request("POST", "/tokenize", {"content": text, "add_special": add_special})["tokens"])
 
     def slots(self) -> list[dict[str, Any]]:
-        return list(self.request("GET", "/slots"))
+        """The slots as /slots shows them, as of the last step boundary: never waits for the loop
+        (`request("GET", "/slots")` asks the loop itself)."""
+        self._check_open()
+        return list(self._core.views()["slots"])
 
     def metrics(self) -> MetricsSnapshot:
-        """/metrics through the server's own route (needs metrics=True, the default)."""
-        return parse_prometheus(str(self.request("GET", "/metrics")))
+        """/metrics as the server's route renders it, as of the last step boundary: never waits
+        for the loop (`request("GET", "/metrics")` asks the loop itself, and needs metrics=True)."""
+        self._check_open()
+        return parse_prometheus(str(self._core.views()["metrics_text"]))
 
     def park(self, slot: int) -> dict[str, Any]:
         """Park the request in `slot` now (POST /slots/{slot}?action=park). It stays parked until
