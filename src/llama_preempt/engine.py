@@ -1,6 +1,6 @@
 """The in-process Engine: the patched llama-server in this process, its loop driven from Python.
 
-    from llama_preempt.engine import Engine
+    from llama_preempt import Engine
 
     with Engine("model.gguf", n_ctx=1024, n_parallel=4) as eng:
         outs = eng.generate(["Once upon a time", "The dog"], n_predict=64, temperature=0)
