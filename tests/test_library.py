@@ -174,6 +174,7 @@ def test_stats_answer_while_a_long_prefill_runs_without_waiting_for_it(stories_m
         assert during, f"no stats() call landed inside a step ({len(seen)} calls)"
         assert any(v["while_stepping"] for v in views), f"no slots()/metrics() call landed inside a step"
         assert len(eng.slots()) == 2 and eng.metrics()["prompt_tokens_total"] > 1800
+        assert eng.metrics().age_ms >= 0.0
         st = eng.stats()
         assert isinstance(st, PreemptStats) and st.age_ms >= 0.0
         assert req.completion().n_generated == 4

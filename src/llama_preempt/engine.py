@@ -375,7 +375,10 @@ class Engine(LlamaCppCalls):
         """/metrics as the server's route renders it, as of the last step boundary: never waits
         for the loop (`request("GET", "/metrics")` asks the loop itself, and needs metrics=True)."""
         self._check_open()
-        return parse_prometheus(str(self._core.views()["metrics_text"]))
+        views = self._core.views()
+        snap = parse_prometheus(str(views["metrics_text"]))
+        snap.age_ms = float(views["age_ms"])
+        return snap
 
     def park(self, slot: int) -> dict[str, Any]:
         """Park the request in `slot` now (POST /slots/{slot}?action=park). It stays parked until

@@ -35,6 +35,7 @@ class MetricsSnapshot:
     # counters with one label: name -> label value -> value (preempt_parks_by_choice_total{choice=...},
     # preempt_parks_by_tier_total{tier=...}, ...)
     labeled: dict[str, dict[str, float]] = field(default_factory=dict)
+    age_ms: float = 0.0  # how old: the Engine's metrics() are as of its last step boundary (0 over HTTP)
 
     def __getitem__(self, name: str) -> float:
         return self.metrics[name].value
