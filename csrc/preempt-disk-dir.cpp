@@ -21,6 +21,7 @@ namespace {
 constexpr char PREFIX[]     = "llama-preempt-";
 constexpr char NEW_PREFIX[] = ".new-llama-preempt-";  // made by earlier versions before they renamed it into place
 constexpr char LOCK[]       = "lock";
+constexpr char NEW_LOCK[]   = "lock.new";                // locked before it is renamed to LOCK
 constexpr int  N_TRIES      = 64;                      // names tried before giving up
 
 bool starts_with(const char * s, const char * prefix) {
@@ -50,7 +51,7 @@ bool is_store_name(const char * name) {
 
 // a file name a store makes: its lock, or park-<digits>.kv
 bool is_store_file(const char * name) {
-    if (strcmp(name, LOCK) == 0) {
+    if (strcmp(name, LOCK) == 0 || strcmp(name, NEW_LOCK) == 0) {
         return true;
     }
     const char * p = starts_with(name, "park-") ? skip_run(name + strlen("park-"), "0123456789") : nullptr;
@@ -78,24 +79,36 @@ bool ours_alone(const struct stat & st) {
     return S_ISDIR(st.st_mode) && st.st_uid == geteuid() && (st.st_mode & (S_IWGRP | S_IWOTH)) == 0;
 }
 
-// Removes what a store makes (its lock and park files; a link among them is unlinked, never
-// followed) from the directory `fd`. Anything else stays, and so does the directory then.
-void empty_store(int fd) {
-    const int it_fd = dup(fd);
+// The names in the directory `fd`, read through a descriptor of its own (its own offset,
+// close-on-exec), so `fd` is left as it was.
+std::vector<std::string> entries(int fd) {
+    std::vector<std::string> out;
+    const int it_fd = openat(fd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     DIR * d = it_fd >= 0 ? fdopendir(it_fd) : nullptr;
     if (d == nullptr) {
         if (it_fd >= 0) {
             close(it_fd);
         }
-        return;
+        return out;
     }
-    std::vector<std::string> names;
     while (dirent * e = readdir(d)) {
-        if (is_store_file(e->d_name)) {
-            names.emplace_back(e->d_name);
+        if (strcmp(e->d_name, ".") != 0 && strcmp(e->d_name, "..") != 0) {
+            out.emplace_back(e->d_name);
         }
     }
     closedir(d);
+    return out;
+}
+
+// Removes what a store makes (its lock and park files; a link among them is unlinked, never
+// followed) from the directory `fd`. Anything else stays, and so does the directory then.
+void empty_store(int fd) {
+    std::vector<std::string> names;
+    for (const auto & name : entries(fd)) {
+        if (is_store_file(name.c_str())) {
+            names.push_back(name);
+        }
+    }
     for (const auto & name : names) {
         struct stat st;
         if (fstatat(fd, name.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0 && (S_ISREG(st.st_mode) || S_ISLNK(st.st_mode))) {
@@ -109,12 +122,17 @@ void empty_store(int fd) {
 // without a lock is one whose server died between its mkdir and its lock: stale once a minute
 // old (its own age, never a link's target's). False, and nothing touched, for anything else.
 bool remove_if_stale(int parent_fd, const char * name) {
-    const int fd = openat(parent_fd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    struct stat pst;
+    if (fstat(parent_fd, &pst) != 0) {
+        return false;
+    }
+    const int fd = openat(parent_fd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
     if (fd < 0) {
         return false;  // a link (ELOOP, ENOTDIR), not a directory, or gone
     }
     struct stat st;
-    bool stale = fstat(fd, &st) == 0 && ours_alone(st);
+    // on DIR's own file system: a mount point planted at a store's name is not a store
+    bool stale = fstat(fd, &st) == 0 && ours_alone(st) && st.st_dev == pst.st_dev;
     int lock = -1;
     if (stale) {
         lock = openat(fd, LOCK, O_RDWR | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
@@ -184,6 +202,11 @@ bool make_own_dir(const std::string & dir, const std::string & first_name, own_d
         close(parent);
         return false;
     }
+    if (first_name.find('/') != std::string::npos || first_name == "." || first_name == "..") {
+        err = "LLAMA_SERVER_PREEMPT_DISK_NAME: '" + first_name + "' is not a name within --preempt-disk";
+        close(parent);
+        return false;
+    }
     for (int i = 0; i < N_TRIES; ++i) {
         const std::string name = i == 0 && !first_name.empty() ? first_name : random_name();
         if (mkdirat(parent, name.c_str(), 0700) != 0) {
@@ -195,20 +218,23 @@ bool make_own_dir(const std::string & dir, const std::string & first_name, own_d
         }
         const int fd = openat(parent, name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
         struct stat st;
-        if (fd < 0 || fstat(fd, &st) != 0 || st.st_uid != geteuid() || fchmod(fd, 0700) != 0) {
+        if (fd < 0 || fstat(fd, &st) != 0 || fchmod(fd, 0700) != 0) {
             err = "--preempt-disk: cannot open the directory made in '" + dir + "': " + strerror(errno);
             if (fd >= 0) {
                 close(fd);
             }
+            unlinkat(parent, name.c_str(), AT_REMOVEDIR);
             break;
         }
-        const int lock = openat(fd, LOCK, O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
-        if (lock < 0 || flock(lock, LOCK_EX | LOCK_NB) != 0) {
+        // locked before it is named `lock`: a server that scans now finds no lock (a store that
+        // young is never stale) or a held one, never a free one to take
+        const int lock = openat(fd, NEW_LOCK, O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+        if (lock < 0 || flock(lock, LOCK_EX | LOCK_NB) != 0 || renameat(fd, NEW_LOCK, fd, LOCK) != 0) {
             err = "--preempt-disk: cannot lock a directory in '" + dir + "': " + strerror(errno);
             if (lock >= 0) {
                 close(lock);
             }
-            unlinkat(fd, LOCK, 0);
+            unlinkat(fd, NEW_LOCK, 0);
             close(fd);
             unlinkat(parent, name.c_str(), AT_REMOVEDIR);
             break;
@@ -228,24 +254,14 @@ bool make_own_dir(const std::string & dir, const std::string & first_name, own_d
 }
 
 int remove_stale_dirs(const own_dir & own) {
-    const int it_fd = dup(own.parent_fd);
-    DIR * d = it_fd >= 0 ? fdopendir(it_fd) : nullptr;
-    if (d == nullptr) {
-        if (it_fd >= 0) {
-            close(it_fd);
-        }
-        return 0;
-    }
-    std::vector<std::string> names;
-    while (dirent * e = readdir(d)) {
-        if (is_store_name(e->d_name) && own.name != e->d_name) {
-            names.emplace_back(e->d_name);
-        }
-    }
-    closedir(d);
+    // this process's other stores (Engines) are live: skipped without asking their locks, which
+    // some file systems (NFS) emulate per process, so that they would look free to us
+    const std::string ours = std::string(PREFIX) + std::to_string(getpid()) + "-";
     int n = 0;
-    for (const auto & name : names) {
-        n += remove_if_stale(own.parent_fd, name.c_str()) ? 1 : 0;
+    for (const auto & name : entries(own.parent_fd)) {
+        if (is_store_name(name.c_str()) && name != own.name && name.rfind(ours, 0) != 0) {
+            n += remove_if_stale(own.parent_fd, name.c_str()) ? 1 : 0;
+        }
     }
     return n;
 }

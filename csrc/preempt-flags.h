@@ -29,8 +29,12 @@ inline bool parse_whole(const std::string & value, long long & out) {
 // within int, else std::invalid_argument quoting it (std::stoi read "2.7" as 2 and "12abc" as 12,
 // and said only "stoi" for "abc")
 inline int parse_int_flag(const std::string & value) {
+    // surrounding blanks are no part of it (an env file written on Windows ends its lines in \r)
+    const size_t b = value.find_first_not_of(" \t\r\n");
+    const size_t e = value.find_last_not_of(" \t\r\n");
+    const std::string v_text = b == std::string::npos ? "" : value.substr(b, e - b + 1);
     long long v = 0;
-    if (!parse_whole(value, v)) {
+    if (!parse_whole(v_text, v)) {
         throw std::invalid_argument("expected a whole number, got '" + value + "'");
     }
     if (v < INT_MIN || v > INT_MAX) {

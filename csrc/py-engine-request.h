@@ -25,6 +25,9 @@ struct engine_notifier {
     std::atomic<bool> missed{false};
 
     void tell(uint64_t id) {
+        if (fd < 0) {
+            return;  // closed with the Engine
+        }
         while (write(fd, &id, sizeof(id)) < 0) {
             if (errno != EINTR) {
                 missed = true;  // EAGAIN: the reader is behind, and will look at everything

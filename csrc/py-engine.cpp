@@ -273,8 +273,12 @@ public:
         std::lock_guard<std::mutex> lk(mtx_submit);
         if (!notifier) {
             int fds[2];
-            if (pipe2(fds, O_NONBLOCK | O_CLOEXEC) != 0) {
+            if (pipe(fds) != 0) {
                 throw engine_error(std::string("cannot make the notify pipe: ") + strerror(errno));
+            }
+            for (int fd : fds) {  // pipe2() is Linux's: the flags one by one, as macOS needs
+                fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
+                fcntl(fd, F_SETFD, FD_CLOEXEC);
             }
             notify_read_fd   = fds[0];
             auto n           = std::make_shared<engine_notifier>();
@@ -286,6 +290,7 @@ public:
 
     // whether the pipe lost news since the last call (it was full): look at every request then
     bool take_missed() {
+        std::lock_guard<std::mutex> lk(mtx_submit);  // close() lets the notifier go
         return notifier && notifier->missed.exchange(false);
     }
 
@@ -336,9 +341,12 @@ public:
         table.clear();
         routes.reset();
         ctx.reset();
+        std::lock_guard<std::mutex> lk_submit(mtx_submit);
         if (notifier) {  // every handler has returned: nobody writes any more
             ::close(notifier->fd);
             ::close(notify_read_fd);
+            notifier->fd   = -1;
+            notify_read_fd = -1;
             notifier.reset();
         }
     }
@@ -399,6 +407,9 @@ private:
         py::gil_scoped_release nogil;
         std::unique_lock<std::mutex> lk(mtx_step, std::try_to_lock);
         if (lk.owns_lock()) {
+            if (!ctx) {  // closed after the check above
+                throw engine_closed_error("the Engine is closed: create a new one");
+            }
             publish(snap, views);  // between steps: the slots are not moving
         } else {
             snap.wanted = true;

@@ -118,3 +118,15 @@ def test_async_errors_are_the_callers_or_the_servers(stories_model: Path) -> Non
             assert isinstance(g.value.results[0], Completion) and isinstance(g.value.results[1], RequestError)
 
     asyncio.run(main())
+
+
+def test_aclose_with_drain_lets_the_requests_in_flight_finish(stories_model: Path) -> None:
+    async def main() -> list[Completion]:
+        eng = AsyncEngine(stories_model, n_ctx=512, n_parallel=2)
+        tasks = [asyncio.create_task(eng.complete(p, n_predict=48, ignore_eos=True)) for p in PROMPTS[:2]]
+        await until(lambda: sum(s.is_processing for s in eng.stats().slots) == 2, 30, "both requests to start")
+        await eng.aclose(drain=60)
+        assert eng.closed
+        return list(await asyncio.gather(*tasks))
+
+    assert [c.n_generated for c in asyncio.run(main())] == [48, 48]

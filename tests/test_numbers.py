@@ -201,6 +201,12 @@ def test_a_bad_number_in_a_flag_is_a_startup_error_naming_flag_and_value(start_s
         start_server(stories_model, n_ctx=256, n_parallel=2, extra_args=args)
 
 
+def test_an_integer_flag_with_surrounding_blanks_is_taken(start_server, stories_model: Path) -> None:
+    # an env file written on Windows ends its lines in \r
+    srv = start_server(stories_model, n_ctx=256, n_parallel=2, env={"LLAMA_ARG_PREEMPT_KEEPALIVE": " 7\r"})
+    assert srv.get("/health").status_code == 200
+
+
 def test_a_bad_number_in_a_flags_environment_variable_names_it(start_server, stories_model: Path) -> None:
     with pytest.raises(ServerStartError, match="\"LLAMA_ARG_CTX_SIZE\": expected a whole number, got 'lots'"):
         start_server(stories_model, n_ctx=256, n_parallel=2, env={"LLAMA_ARG_CTX_SIZE": "lots"})

@@ -66,10 +66,14 @@ class AsyncEngine:
         model, on a worker thread; the requests awaited meanwhile end with RequestCancelled."""
         if self.engine.closed:
             return
-        await asyncio.to_thread(self.engine.close, drain=drain)
+        # the pipe leaves the event loop before it is closed (its number may be reused at once)
         if self._loop is not None and not self._loop.is_closed():
             self._loop.remove_reader(self._fd)
-        self._wake_all()
+        self._loop = None
+        try:
+            await asyncio.to_thread(self.engine.close, drain=drain)
+        finally:
+            self._wake_all()
 
     @property
     def closed(self) -> bool:
@@ -120,7 +124,7 @@ class AsyncEngine:
                 if done:
                     break
                 if not chunks:
-                    await self._wait(ev)
+                    await self._wait(ev, lambda: h.done or h.has_chunks())
             if h.cancelled:
                 raise RequestCancelled(f"{req.path}: cancelled")
         finally:
@@ -151,6 +155,7 @@ class AsyncEngine:
     # --- waking on news ---
 
     def _submit(self, prompt: str | None, messages: Sequence[dict[str, Any]] | None, fields: dict[str, Any]) -> Request:
+        self.engine._check_open()
         self._listen()
         req = self.engine.submit(prompt, messages=messages, **fields)
         self._events[req._handle.id] = asyncio.Event()
@@ -197,8 +202,11 @@ class AsyncEngine:
     def _forget(self, req: Request) -> None:
         self._events.pop(req._handle.id, None)
 
-    async def _wait(self, ev: asyncio.Event) -> None:
+    async def _wait(self, ev: asyncio.Event, pred: Callable[[], bool]) -> None:
+        """Until woken; then, unless pred() holds already, the loop's error or the close."""
         await ev.wait()
+        if pred():
+            return
         err = self.engine._loop_error
         if err is not None:
             raise EngineError(f"the Engine's loop ended with an error: {err!r}") from err
@@ -213,7 +221,7 @@ class AsyncEngine:
                 ev.clear()
                 if pred():
                     return
-                await self._wait(ev)
+                await self._wait(ev, pred)
         except asyncio.CancelledError:
             req.cancel()
             raise
