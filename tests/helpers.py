@@ -2,7 +2,10 @@
 from __future__ import annotations
 
 import json
+import os
 import socket
+import subprocess
+import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -10,6 +13,7 @@ from typing import Any, Callable, TypeVar
 
 import requests
 
+from llama_preempt.metrics import parse_prometheus
 from llama_preempt.server import LlamaServer
 
 T = TypeVar("T")
@@ -178,3 +182,20 @@ def assert_restored_ahead_exactly(ref_srv: LlamaServer, srv: LlamaServer) -> Any
     assert_every_swap_verified(m)
     assert "(uploaded ahead)" in srv.log_text()
     return m
+
+
+def labeled(srv: LlamaServer) -> dict[str, dict[str, float]]:
+    """The server's one-label series by name, then label value (preempt_parks_by_choice_total, ...)."""
+    return parse_prometheus(requests.get(f"{srv.url}/metrics", timeout=30).text).labeled
+
+
+def run_cli(*args: str, env: dict[str, str] | None = None, columns: str | None = "160",
+            timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    """`llama-preempt ARGS` as a child, its output captured; `columns` sets COLUMNS (None: unset, as
+    a pipe has it)."""
+    full = {k: v for k, v in os.environ.items() if k != "COLUMNS"}
+    if columns:
+        full["COLUMNS"] = columns
+    full.update(env or {})
+    return subprocess.run([sys.executable, "-m", "llama_preempt.cli", *args], capture_output=True, text=True,
+                          timeout=timeout, env=full)

@@ -13,7 +13,7 @@ from typing import IO, Any, Iterator
 import pytest
 import requests
 
-from helpers import long_prompt, wait_for_parked, wait_until
+from helpers import long_prompt, run_cli, wait_for_parked, wait_until
 from llama_preempt import models
 from llama_preempt.engine import Engine, RequestError
 from llama_preempt.server import free_port
@@ -21,11 +21,7 @@ from llama_preempt.simulator import Workload, simulate
 
 
 def cli(*args: str, env: dict[str, str] | None = None, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    import os
-
-    full_env = {**os.environ, "COLUMNS": "160", **(env or {})}
-    return subprocess.run([sys.executable, "-m", "llama_preempt.cli", *args], capture_output=True, text=True,
-                          timeout=timeout, env=full_env)
+    return run_cli(*args, env=env, timeout=timeout)
 
 
 def readline_within(stream: IO[str] | None, timeout: float) -> str:

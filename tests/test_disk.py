@@ -18,12 +18,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import requests
 
-from helpers import (THREE_PROMPTS, BackgroundStream, complete, complete_all, long_prompt, open_raw_stream, wait_for_parked,
+from helpers import (THREE_PROMPTS, BackgroundStream, complete, complete_all, labeled, long_prompt, open_raw_stream, wait_for_parked,
                      wait_until)
 from llama_preempt.engine import Engine
-from llama_preempt.metrics import parse_prometheus
 from llama_preempt.server import LlamaServer, ServerConfig, ServerStartError
 
 FORCED = {"LLAMA_SERVER_PREEMPT_EVERY": "8"}
@@ -36,10 +34,6 @@ MTP_ARGS = ["--spec-type", "draft-mtp", "--spec-draft-n-max", "2"]
 
 def disk_args(d: Path, *more: str) -> list[str]:
     return ["--preempt-disk", str(d), *more]
-
-
-def labeled(srv: LlamaServer) -> dict[str, dict[str, float]]:
-    return parse_prometheus(requests.get(f"{srv.url}/metrics", timeout=30).text).labeled
 
 
 def our_dirs(d: Path) -> list[Path]:

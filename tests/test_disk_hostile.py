@@ -20,11 +20,9 @@ from pathlib import Path
 from typing import Callable
 
 import pytest
-import requests
 
-from helpers import BackgroundStream, complete, wait_for_slot, wait_until
+from helpers import BackgroundStream, complete, labeled, wait_for_slot, wait_until
 from llama_preempt.engine import Engine, EngineArgumentError
-from llama_preempt.metrics import parse_prometheus
 from llama_preempt.server import LlamaServer, ServerStartError
 
 FORCED = {"LLAMA_SERVER_PREEMPT_EVERY": "8"}
@@ -80,10 +78,6 @@ def victims(tmp_path: Path) -> Victims:
 def our_dirs(d: Path, srv: LlamaServer) -> list[Path]:
     assert srv.proc is not None
     return sorted(p for p in d.iterdir() if p.name.startswith(f"llama-preempt-{srv.proc.pid}-"))
-
-
-def labeled(srv: LlamaServer) -> dict[str, dict[str, float]]:
-    return parse_prometheus(requests.get(f"{srv.url}/metrics", timeout=30).text).labeled
 
 
 def serves_with_disk_parks(srv: LlamaServer) -> None:

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from helpers import complete, long_prompt, open_raw_stream, run_concurrently, wait_for_parked
+from helpers import complete, long_prompt, open_raw_stream, run_cli, run_concurrently, wait_for_parked
 from llama_preempt.binary import server_binary
 from llama_preempt.server import free_port
 from llama_preempt.statsview import fetch, render
@@ -202,11 +202,7 @@ def test_a_missing_model_file_is_one_clear_line(tmp_path: Path) -> None:
 # --- output that fits ---
 
 def _cli(*args: str, columns: str | None) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if k != "COLUMNS"}
-    if columns:
-        env["COLUMNS"] = columns
-    return subprocess.run([sys.executable, "-m", "llama_preempt.cli", *args], capture_output=True, text=True,
-                          timeout=120, env=env)
+    return run_cli(*args, columns=columns, timeout=120)
 
 
 def test_simulate_reads_whole_at_80_columns_and_its_default_load_parks() -> None:

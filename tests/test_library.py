@@ -10,7 +10,7 @@ from typing import Any, Iterator
 import pytest
 
 import llama_preempt
-from helpers import long_prompt, wait_until
+from helpers import long_prompt
 from llama_preempt import (AsyncEngine, Completion, Engine, EngineError, GenerateError, PreemptStats, RequestError,
                            SamplingParams, stream_text)
 
@@ -172,7 +172,7 @@ def test_stats_answer_while_a_long_prefill_runs_without_waiting_for_it(stories_m
         t.join(30)
         during = [d for d in seen if d["while_stepping"]]
         assert during, f"no stats() call landed inside a step ({len(seen)} calls)"
-        assert any(v["while_stepping"] for v in views), f"no slots()/metrics() call landed inside a step"
+        assert any(v["while_stepping"] for v in views), "no slots()/metrics() call landed inside a step"
         assert len(eng.slots()) == 2 and eng.metrics()["prompt_tokens_total"] > 1800
         assert eng.metrics().age_ms >= 0.0
         st = eng.stats()

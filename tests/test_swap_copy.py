@@ -14,9 +14,8 @@ from typing import Any
 import pytest
 import requests
 
-from helpers import (assert_every_swap_verified, assert_forced_swaps_give_the_unparked_answer, assert_restored_ahead_exactly,
+from helpers import (assert_every_swap_verified, labeled, assert_forced_swaps_give_the_unparked_answer, assert_restored_ahead_exactly,
                      complete, complete_all, long_prompt, run_concurrently, wait_for_parked)
-from llama_preempt.metrics import parse_prometheus
 
 FORCED = {"LLAMA_SERVER_PREEMPT_EVERY": "8"}
 ROUTES = ["bulk", "graph"]
@@ -25,8 +24,7 @@ MTP_ARGS = ["--spec-type", "draft-mtp", "--spec-draft-n-max", "2"]
 
 
 def parks_by_choice(srv: Any) -> dict[str, float]:
-    text = requests.get(f"{srv.url}/metrics", timeout=30).text
-    return parse_prometheus(text).labeled["preempt_parks_by_choice_total"]
+    return labeled(srv)["preempt_parks_by_choice_total"]
 
 
 def swap_env(route: str) -> dict[str, str]:
