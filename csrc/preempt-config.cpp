@@ -20,6 +20,18 @@ static int32_t env_int(const char * name) {
     return env ? std::max(0, atoi(env)) : 0;
 }
 
+// LLAMA_SERVER_PREEMPT_DISK_FAIL=NAME: the fault by its name (disk_fault_name())
+static bool parse_disk_fault(const std::string & name, disk_fault & out) {
+    for (disk_fault f : { disk_fault::none, disk_fault::write, disk_fault::read, disk_fault::remove, disk_fault::corrupt,
+                          disk_fault::truncate, disk_fault::full }) {
+        if (name == disk_fault_name(f)) {
+            out = f;
+            return true;
+        }
+    }
+    return false;
+}
+
 size_t preempt_config::pool_cap() const {
     return route == copy_route::per_slice ? 0 : std::min<size_t>(ram_budget / 4, (size_t) 512 << 20);
 }

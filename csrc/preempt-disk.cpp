@@ -1,7 +1,7 @@
 // llama-preempt: the disk tier's files and its I/O thread (preempt-disk.h).
 #include "preempt-disk.h"
 
-#include "preempt-disk-dir.h"
+#include "preempt-disk-io.h"
 
 #include <algorithm>
 #include <cerrno>
@@ -25,122 +25,7 @@ int64_t now_us() {
     return std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
-bool write_all(int fd, const uint8_t * p, size_t n, off_t off) {
-    while (n > 0) {
-        const ssize_t w = pwrite(fd, p, n, off);
-        if (w < 0 && errno == EINTR) {
-            continue;
-        }
-        if (w <= 0) {
-            if (w == 0) {
-                errno = ENOSPC;
-            }
-            return false;
-        }
-        p += w; n -= (size_t) w; off += w;
-    }
-    return true;
-}
-
-// false with errno, or with errno 0 for a file shorter than asked (a short read)
-bool read_all(int fd, uint8_t * p, size_t n, off_t off) {
-    while (n > 0) {
-        const ssize_t r = pread(fd, p, n, off);
-        if (r < 0 && errno == EINTR) {
-            continue;
-        }
-        if (r <= 0) {
-            if (r == 0) {
-                errno = 0;
-            }
-            return false;
-        }
-        p += r; n -= (size_t) r; off += r;
-    }
-    return true;
-}
-
-uint64_t rotl(uint64_t x, int r) {
-    return (x << r) | (x >> (64 - r));
-}
-
-// one multiply per word, four independent lanes: fast enough that the checksum costs the disk
-// tier little beside the write itself (it guards against a changed or short file, not an attacker)
-inline uint64_t mix(uint64_t lane, uint64_t w) {
-    return rotl(lane ^ w, 29) * 0x9E3779B185EBCA87ull;
-}
-
-void hash_block(uint64_t lane[4], const uint8_t * p) {
-    for (int i = 0; i < 4; ++i) {
-        uint64_t w;
-        memcpy(&w, p + 8 * i, 8);
-        lane[i] = mix(lane[i], w);
-    }
-}
-
-
-// a 64-bit checksum of a byte range, fed in order across calls, fast enough to run beside the disk
-// (four lanes of 8-byte words)
-struct disk_hasher {
-    uint64_t lane[4] = { 0x9E3779B97F4A7C15ull, 0xC2B2AE3D27D4EB4Full, 0x165667B19E3779F9ull, 0x27D4EB2F165667C5ull };
-    uint8_t  tail[32];
-    size_t   n_tail  = 0;
-    uint64_t n_total = 0;
-
-    void     update(const uint8_t * p, size_t n);
-    uint64_t digest() const;
-};
-
 } // namespace
-
-void disk_hasher::update(const uint8_t * p, size_t n) {
-    n_total += n;
-    if (n_tail > 0) {
-        const size_t k = std::min(n, sizeof(tail) - n_tail);
-        memcpy(tail + n_tail, p, k);
-        n_tail += k; p += k; n -= k;
-        if (n_tail < sizeof(tail)) {
-            return;
-        }
-        hash_block(lane, tail);
-        n_tail = 0;
-    }
-    // the lanes in locals: through `p` (bytes, which alias anything) the compiler would reload them
-    uint64_t l0 = lane[0], l1 = lane[1], l2 = lane[2], l3 = lane[3];
-    for (; n >= 32; p += 32, n -= 32) {
-        uint64_t w[4];
-        memcpy(w, p, 32);
-        l0 = mix(l0, w[0]);
-        l1 = mix(l1, w[1]);
-        l2 = mix(l2, w[2]);
-        l3 = mix(l3, w[3]);
-    }
-    lane[0] = l0; lane[1] = l1; lane[2] = l2; lane[3] = l3;
-    memcpy(tail, p, n);
-    n_tail = n;
-}
-
-uint64_t disk_hasher::digest() const {
-    uint64_t h = n_total * 0x9E3779B185EBCA87ull;
-    for (int i = 0; i < 4; ++i) {
-        h = rotl(h ^ lane[i], 27) * 0x165667B19E3779F9ull;
-    }
-    for (size_t i = 0; i < n_tail; ++i) {
-        h = rotl(h ^ tail[i], 11) * 0x9E3779B185EBCA87ull;
-    }
-    return h ^ (h >> 33);
-}
-
-bool parse_disk_fault(const std::string & name, disk_fault & out) {
-    for (disk_fault f : { disk_fault::none, disk_fault::write, disk_fault::read, disk_fault::remove, disk_fault::corrupt,
-                          disk_fault::truncate, disk_fault::full }) {
-        if (name == disk_fault_name(f)) {
-            out = f;
-            return true;
-        }
-    }
-    return false;
-}
 
 const char * disk_fault_name(disk_fault f) {
     switch (f) {

@@ -7,7 +7,7 @@
 #pragma once
 
 #include "preempt-copy.h"
-#include "preempt-disk.h"
+#include "preempt-disk-copy.h"
 #include "preempt-policy.h"
 
 #include <cstdint>
