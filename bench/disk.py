@@ -45,7 +45,7 @@ from llama_preempt.metrics import parse_prometheus
 from llama_preempt.server import LlamaServer, ServerConfig
 from results_io import RESULTS, display_path, md_table, smollm2_model, stories_model, write_results
 
-CHUNK = 1 << 20  # the disk tier's own pwrite/pread size (csrc/preempt-disk.cpp)
+CHUNK = 1 << 20  # the disk tier's own pwrite/pread size (csrc/store/preempt-disk.cpp)
 
 
 @dataclass(frozen=True)

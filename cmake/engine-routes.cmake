@@ -1,4 +1,4 @@
-# The in-process Engine (csrc/py-engine.cpp) answers the routes of upstream's single-model server.
+# The in-process Engine (csrc/python/py-engine.cpp) answers the routes of upstream's single-model server.
 # Rather than keep a copy of upstream's route list, read it from tools/server/server.cpp: every
 #     ctx_http.get ("/path", ex_wrapper(routes.member));
 # becomes { "GET", "/path", &server_routes::member }. The router's, the stream session's, the

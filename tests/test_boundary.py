@@ -10,7 +10,7 @@ from llama_preempt.stats import (COUNTERS, DISK_FAILURES, GAUGES, LABELED, PARK_
 
 
 def test_the_stats_type_carries_every_series_the_core_reports() -> None:
-    """A metric added to csrc/preempt-metrics.cpp without a PreemptStats field fails here."""
+    """A metric added to csrc/server/preempt-metrics.cpp without a PreemptStats field fails here."""
     carried = {f.name for f in fields(PreemptStats)}
     names = [name for name, _ in _core.metric_names()]
     assert names, "the core reports no series"
@@ -38,7 +38,7 @@ def test_stats_from_series_need_every_series_and_keep_each_value() -> None:
 
 
 def test_the_stats_type_carries_every_labeled_series_the_core_reports() -> None:
-    """A labeled counter added to labeled_items() in csrc/preempt-metrics.cpp without a field fails here."""
+    """A labeled counter added to labeled_items() in csrc/server/preempt-metrics.cpp without a field fails here."""
     carried = {f.name for f in fields(PreemptStats)}
     names = [name for name, _ in _core.labeled_metric_names()]
     assert "preempt_parks_by_tier_total" in names and "preempt_disk_failures_total" in names

@@ -10,7 +10,7 @@ import sysconfig
 from pathlib import Path
 from typing import Callable
 
-# the first line of `llama-server --version` from this package's build (csrc/preempt-version.cpp):
+# the first line of `llama-server --version` from this package's build (csrc/server/preempt-version.cpp):
 # "llama-preempt 0.1.0 (KV preemption for llama-server, upstream llama.cpp 0c1e570)"
 IDENTITY_PREFIX = "llama-preempt "
 

@@ -9,7 +9,7 @@ from . import _core
 
 # --- what a step did ---
 
-# The events are the C++ types the server's mechanics record (csrc/preempt-events.h), bound as they
+# The events are the C++ types the server's mechanics record (csrc/server/preempt-events.h), bound as they
 # are: read-only attributes, `_fields` and `_asdict()` as a namedtuple has, equality by fields.
 ParkEvent = _core.ParkEvent      # slot, task, mode, tier, n_tokens, bytes, reason, ms, priority, choice, *_ms_predicted
 ResumeEvent = _core.ResumeEvent  # slot, task, mode, tier, fallback, parked_ms, restore_ms, n_replay

@@ -1,0 +1,103 @@
+// How one victim is parked: host RAM, disk or RECOMPUTE, by measured cost (preempt-choice.cpp).
+// Pure C++ like the planner (preempt-policy.h), which includes it.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+namespace llama_preempt {
+
+enum class preempt_mode {
+    automatic,  // the cheapest by measured cost: SWAP to RAM (within its budget), to disk, or RECOMPUTE
+    swap,       // SWAP whenever the state fits the RAM budget, else to disk where there is one
+    recompute,  // never SWAP
+};
+
+// "auto", "swap", "recompute"; false for anything else
+bool parse_preempt_mode(const std::string & name, preempt_mode & mode);
+const char * preempt_mode_name(preempt_mode mode);
+
+// The rates the choice is made with: exponential moving averages of what the server's own parks,
+// restores, disk files and prompt batches took, with defaults until the first measurement.
+// Samples too small to time (fixed overhead only) are left out.
+struct cost_rates {
+    static constexpr double DEFAULT_PARK_BPS       = 2e9;   // bytes/s, a park (device to host)
+    static constexpr double DEFAULT_RESTORE_BPS    = 4e9;   // bytes/s, a restore (host to device)
+    static constexpr double DEFAULT_PREFILL_TPS    = 1000;  // tokens/s re-prefilled
+    static constexpr double DEFAULT_DISK_WRITE_BPS = 5e8;   // bytes/s, a disk park's file written (--preempt-disk)
+    static constexpr double DEFAULT_DISK_READ_BPS  = 1e9;   // bytes/s, a disk park's file read back
+    static constexpr double ALPHA                  = 0.25;  // weight of a new sample
+    static constexpr size_t MIN_COPY_BYTES         = 64 * 1024;
+    static constexpr int64_t MIN_PREFILL_TOKENS    = 32;
+
+    double park_bps       = DEFAULT_PARK_BPS;
+    double restore_bps    = DEFAULT_RESTORE_BPS;
+    double prefill_tps    = DEFAULT_PREFILL_TPS;
+    double disk_write_bps = DEFAULT_DISK_WRITE_BPS;
+    double disk_read_bps  = DEFAULT_DISK_READ_BPS;
+    int64_t n_park_samples       = 0;
+    int64_t n_restore_samples    = 0;
+    int64_t n_prefill_samples    = 0;
+    int64_t n_disk_write_samples = 0;
+    int64_t n_disk_read_samples  = 0;
+    bool    fixed = false;  // set by a test knob: samples no longer move the rates
+
+    void observe_park(size_t bytes, int64_t t_us);
+    void observe_restore(size_t bytes, int64_t t_us);
+    void observe_prefill(int64_t n_tokens, int64_t t_us);
+    void observe_disk_write(size_t bytes, int64_t t_us);
+    void observe_disk_read(size_t bytes, int64_t t_us);
+};
+
+// why a victim was parked the way it was (a /metrics label)
+enum class park_choice {
+    swap_cheaper,       // auto: predicted SWAP to RAM (park + restore) below RECOMPUTE
+    recompute_cheaper,  // auto: predicted RECOMPUTE at or below SWAP (to RAM or disk)
+    swap_mode,          // --preempt-mode swap, and the state fits the RAM left
+    recompute_mode,     // --preempt-mode recompute, or --preempt-ram 0 without a disk tier
+    over_budget,        // the state fits neither what is left of --preempt-ram nor of the disk tier
+    no_state,           // nothing worth copying (mid-replay, nothing held, state not sizeable)
+    swap_failed,        // SWAP chosen, but host RAM could not be had, the copy failed or its file could not be written
+    disk_cheaper,       // auto: fits the RAM, but a disk park (its read hidden) is priced below what that RAM is worth
+    ram_full,           // the state does not fit what is left of --preempt-ram: parked on disk
+};
+constexpr int N_PARK_CHOICES = 9;
+const char * park_choice_name(park_choice c);
+
+// where a parked slot's state waits: nowhere (its tokens are re-prefilled), host RAM, or a file
+enum class park_tier { recompute, ram, disk };
+constexpr int N_PARK_TIERS = 3;
+const char * park_tier_name(park_tier t);  // "recompute", "ram", "disk"
+
+struct park_decision {
+    bool        swap = false;  // the state is copied out (to RAM, or through RAM to disk)
+    bool        disk = false;  //   to a file under --preempt-disk
+    park_choice why  = park_choice::no_state;
+    double      swap_ms      = 0;  // predicted RAM park: park + restore
+    double      disk_ms      = 0;  // predicted disk park: park + write (unless in the background) + read (unless ahead) + restore; 0 without a disk
+    double      recompute_ms = 0;  // predicted: re-prefill of the tokens held
+
+    park_tier tier() const { return !swap ? park_tier::recompute : disk ? park_tier::disk : park_tier::ram; }
+};
+
+// What one victim could be parked into.
+struct park_options {
+    size_t  bytes     = 0;  // state to copy (0: cannot be copied)
+    int64_t n_tokens  = 0;  // tokens a RECOMPUTE resume re-prefills
+    size_t  ram_left  = 0;  // bytes of --preempt-ram still free (in-flight disk writes hold theirs)
+    size_t  disk_left = 0;  // bytes the disk tier can still take (0: no disk tier)
+    bool    waits_behind = false;  // another parked slot comes back first: its file is read ahead of its turn
+};
+
+// --preempt-ram 0 without a disk tier means RECOMPUTE whatever the mode: there is nowhere to swap to
+preempt_mode effective_mode(preempt_mode mode, size_t ram_budget, size_t disk_budget = 0);
+// bytes of --preempt-ram or --preempt-disk-mib (MiB; -1 no limit) as a budget (SIZE_MAX: no limit)
+size_t ram_budget_from_mib(int64_t mib);
+// what is left of a budget with `held` bytes parked
+size_t ram_left(size_t ram_budget, size_t held);
+
+// One victim: RAM, disk or RECOMPUTE, priced with the measured rates (see preempt-choice.cpp).
+park_decision choose_park(preempt_mode mode, const park_options & o, const cost_rates & rates);
+
+} // namespace llama_preempt
