@@ -7,8 +7,9 @@ from typing import Callable, Iterator
 
 import pytest
 
+from helpers import new_server
 from llama_preempt.models import sha256_of
-from llama_preempt.server import LlamaServer, ServerConfig
+from llama_preempt.server import LlamaServer
 
 ROOT = Path(__file__).resolve().parent.parent
 SHARED_STORIES = ROOT.parent / "shared" / "models" / "stories260K.gguf"
@@ -72,21 +73,15 @@ ServerFactory = Callable[..., LlamaServer]
 
 @pytest.fixture
 def start_server(tmp_path: Path) -> Iterator[ServerFactory]:
-    """Start real llama-server processes on free loopback ports; all are stopped afterwards.
+    """Start real llama-server processes (helpers.new_server) on free loopback ports, or on
+    `port`; all are stopped afterwards.
 
         srv = start_server(model, n_ctx=256, n_parallel=2, env={...})
     """
     started: list[LlamaServer] = []
 
-    # LLAMA_PREEMPT_TEST_GPU_LAYERS=N offloads every test server (-ngl N): on a GPU build this runs
-    # the SWAP tests through the device copy path (CI has no GPU and leaves it unset)
-    ngl = os.environ.get("LLAMA_PREEMPT_TEST_GPU_LAYERS")
-
-    def start(model: Path, **kw: object) -> LlamaServer:
-        if ngl:
-            kw["extra_args"] = ["-ngl", ngl, *kw.get("extra_args", [])]  # type: ignore[misc]
-        cfg = ServerConfig(model=model, **kw)  # type: ignore[arg-type]
-        srv = LlamaServer(cfg, log_dir=tmp_path)
+    def start(model: Path, *, port: int | None = None, **kw: object) -> LlamaServer:
+        srv = new_server(model, tmp_path, port=port, **kw)
         started.append(srv)
         return srv.start()
 

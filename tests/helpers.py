@@ -1,6 +1,9 @@
-"""Helpers shared by the server tests: prompts, requests, concurrency and SSE parsing."""
+"""Helpers shared by the tests, one per concept: servers, prompts, requests, concurrency, SSE, waiters,
+the CLI, the stats view, fake HTTP servers and RSS."""
 from __future__ import annotations
 
+import contextlib
+import http.server
 import json
 import os
 import socket
@@ -9,18 +12,29 @@ import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Callable, TypeVar
+from pathlib import Path
+from typing import Any, Callable, Iterator, TypeVar
 
 import requests
 
-from llama_preempt.metrics import parse_prometheus
-from llama_preempt.server import LlamaServer
+from llama_preempt.server import LlamaServer, ServerConfig
 
 T = TypeVar("T")
 
 # Word salad that tokenizes to roughly one token per word with the stories260K vocabulary.
 WORDS = ("once upon a time there was a little girl named lily she loved to play outside in the "
          "park one day she saw a big red ball and her mom said be careful ").split()
+
+
+def new_server(model: Path, log_dir: Path, *, port: int | None = None, **config: Any) -> LlamaServer:
+    """A llama-server for the tests, not started yet: ServerConfig(model=model, **config) on `port`
+    (a free one by default), its log in log_dir. LLAMA_PREEMPT_TEST_GPU_LAYERS=N offloads it (-ngl N):
+    on a GPU build this runs the SWAP tests through the device copy path (CI has no GPU and leaves
+    it unset). The `start_server` fixture starts these and stops them after the test."""
+    ngl = os.environ.get("LLAMA_PREEMPT_TEST_GPU_LAYERS")
+    if ngl:
+        config["extra_args"] = ["-ngl", ngl, *config.get("extra_args", [])]
+    return LlamaServer(ServerConfig(model=model, **config), port=port, log_dir=log_dir)
 
 
 def long_prompt(n_words: int, shift: int = 0) -> str:
@@ -184,9 +198,9 @@ def assert_restored_ahead_exactly(ref_srv: LlamaServer, srv: LlamaServer) -> Any
     return m
 
 
-def labeled(srv: LlamaServer) -> dict[str, dict[str, float]]:
-    """The server's one-label series by name, then label value (preempt_parks_by_choice_total, ...)."""
-    return parse_prometheus(requests.get(f"{srv.url}/metrics", timeout=30).text).labeled
+def cli_command(*args: str) -> list[str]:
+    """The command line of `llama-preempt ARGS` as a child of this interpreter."""
+    return [sys.executable, "-m", "llama_preempt.cli", *args]
 
 
 def run_cli(*args: str, env: dict[str, str] | None = None, columns: str | None = "160",
@@ -197,5 +211,60 @@ def run_cli(*args: str, env: dict[str, str] | None = None, columns: str | None =
     if columns:
         full["COLUMNS"] = columns
     full.update(env or {})
-    return subprocess.run([sys.executable, "-m", "llama_preempt.cli", *args], capture_output=True, text=True,
-                          timeout=timeout, env=full)
+    return subprocess.run(cli_command(*args), capture_output=True, text=True, timeout=timeout, env=full)
+
+
+def stats_text(url: str, width: int = 120) -> str:
+    """What `llama-preempt stats URL` draws, once, on a terminal `width` columns wide."""
+    from rich.console import Console
+
+    from llama_preempt.statsview import fetch, render
+
+    con = Console(width=width, record=True)
+    con.print(render(fetch(url), None))
+    return con.export_text()
+
+
+def http_ok(url: str) -> bool:
+    """One probe: GET url answers 200 (False while nothing answers there)."""
+    try:
+        return requests.get(url, timeout=2).status_code == 200
+    except requests.RequestException:
+        return False
+
+
+@contextlib.contextmanager
+def fake_http_server(answers: dict[str, bytes], other: bytes | None = None) -> Iterator[str]:
+    """Something on loopback that answers HTTP but is not llama-server: GET of a path in `answers`
+    gets 200 and that body, any other path 200 and `other`, or 404 when `other` is None; yields
+    "127.0.0.1:PORT"."""
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802
+            body = answers.get(self.path, other)
+            if body is None:
+                self.send_error(404)
+                return
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *a: Any) -> None:
+            pass
+
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    t = threading.Thread(target=httpd.serve_forever, daemon=True)
+    t.start()
+    try:
+        yield f"127.0.0.1:{httpd.server_address[1]}"
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+
+
+def rss_mib(pid: int) -> float:
+    """The resident set size of process `pid` in MiB (Linux /proc)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError(f"/proc/{pid}/status has no VmRSS line")

@@ -31,7 +31,7 @@ from typing import Any
 import requests
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from helpers import long_prompt  # noqa: E402
+from helpers import long_prompt, rss_mib  # noqa: E402
 
 from llama_preempt.server import LlamaServer, ServerConfig  # noqa: E402
 
@@ -62,13 +62,6 @@ class SoakResult:
                 f"{self.parks}; peak parked {self.peak_parked_bytes / 2**20:.2f} MiB of {self.budget_bytes / 2**20:g} MiB "
                 f"({self.over_budget} samples over); RSS {self.rss_start_mib:.1f} -> {self.rss_end_mib:.1f} MiB; "
                 f"idle clean {self.idle_ok}; server alive {self.server_alive}")
-
-
-def rss_mib(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return 0.0
 
 
 def one_request(srv: LlamaServer, rng: random.Random, res: SoakResult, lock: threading.Lock) -> None:

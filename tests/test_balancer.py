@@ -7,15 +7,14 @@ import signal
 import socket
 import subprocess
 import threading
-import time
 from pathlib import Path
 
 import pytest
 import requests
 
-from llama_preempt.server import LlamaServer, ServerConfig, free_port
+from llama_preempt.server import LlamaServer, free_port
 
-from helpers import wait_until
+from helpers import http_ok, new_server, wait_until
 
 CFG = Path(__file__).resolve().parent.parent / "examples" / "haproxy.cfg"
 
@@ -23,10 +22,9 @@ pytestmark = pytest.mark.skipif(shutil.which("haproxy") is None,
                                 reason="haproxy is not installed (Debian: apt install haproxy)")
 
 
-def server(model: Path, port: int, tmp_path: Path) -> LlamaServer:
-    cfg = ServerConfig(model=model, n_ctx=512, n_parallel=4, extra_args=["--drain-timeout", "60"],
-                       env={"LLAMA_SERVER_PREEMPT_EVERY": "8"})  # parks too, so drains meet parked slots
-    return LlamaServer(cfg, port=port, log_dir=tmp_path).start()
+def server(model: Path, port: int, log_dir: Path) -> LlamaServer:
+    return new_server(model, log_dir, port=port, n_ctx=512, n_parallel=4, extra_args=["--drain-timeout", "60"],
+                      env={"LLAMA_SERVER_PREEMPT_EVERY": "8"}).start()  # parks too, so drains meet parked slots
 
 
 def test_a_rolling_restart_behind_haproxy_loses_no_request(tmp_path: Path, stories_model: Path) -> None:
@@ -59,7 +57,7 @@ def test_a_rolling_restart_behind_haproxy_loses_no_request(tmp_path: Path, stori
             n += 1
 
     try:
-        wait_until(lambda: _up(url), 30, "HAProxy to answer")
+        wait_until(lambda: http_ok(url + "/health"), 30, "HAProxy to answer")
         clients = [threading.Thread(target=client, args=(i,)) for i in range(6)]
         for t in clients:
             t.start()
@@ -72,7 +70,7 @@ def test_a_rolling_restart_behind_haproxy_loses_no_request(tmp_path: Path, stori
             srv.proc.send_signal(signal.SIGTERM)
             assert srv.proc.wait(timeout=90) == 0, srv.log_tail()
             assert "drained in" in srv.log_text()
-            servers[name] = LlamaServer(srv.config, port=srv.port, log_dir=tmp_path / name).start()
+            servers[name] = server(stories_model, srv.port, tmp_path / name)
             admin(sock, f"set server llama_preempt/{name} state ready")
             wait_until(lambda: up(sock, name), 60, f"HAProxy to see server {name} up again")
             wait_until(lambda: len(results) >= before + 8, 120, "requests to flow after the restart")
@@ -113,10 +111,3 @@ def proxy_log(proxy: subprocess.Popen[bytes]) -> str:
     proxy.terminate()
     _, err = proxy.communicate(timeout=10)
     return err.decode(errors="replace")[-2000:]
-
-
-def _up(url: str) -> bool:
-    try:
-        return requests.get(url + "/health", timeout=2).status_code == 200
-    except requests.RequestException:
-        return False

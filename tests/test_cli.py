@@ -1,27 +1,20 @@
 """The llama-preempt command line: demo, stats, simulate, serve, and its errors."""
 from __future__ import annotations
 
-import http.server
 import json
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
 from typing import IO, Any, Iterator
 
 import pytest
-import requests
 
-from helpers import long_prompt, run_cli, wait_for_parked, wait_until
+from helpers import cli_command, fake_http_server, long_prompt, run_cli, streams_held_parked, wait_until
 from llama_preempt import models
 from llama_preempt.engine import Engine, RequestError
 from llama_preempt.server import free_port
 from llama_preempt.simulator import Workload, simulate
-
-
-def cli(*args: str, env: dict[str, str] | None = None, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    return run_cli(*args, env=env, timeout=timeout)
 
 
 def readline_within(stream: IO[str] | None, timeout: float) -> str:
@@ -52,7 +45,7 @@ DEMO = ["demo", "--ctx", "256", "--tokens", "100", "--threads", "2"]
 
 @pytest.mark.parametrize("engine", ["engine", "server"])
 def test_demo_shows_the_loss_without_preemption_and_every_chat_finishing_with_it(stories_model: Path, engine: str) -> None:
-    p = cli(*DEMO, "--model", str(stories_model), "--engine", engine, "--json")
+    p = run_cli(*DEMO, "--model", str(stories_model), "--engine", engine, "--json")
     assert p.returncode == 0, p.stderr
     out = json.loads(p.stdout)
     stock, ours = out["runs"]
@@ -67,7 +60,7 @@ def test_demo_shows_the_loss_without_preemption_and_every_chat_finishing_with_it
 
 @pytest.mark.parametrize("engine", ["engine", "server"])
 def test_demo_preempt_mode_recompute_parks_every_chat_by_recompute(stories_model: Path, engine: str) -> None:
-    p = cli(*DEMO, "--model", str(stories_model), "--engine", engine, "--preempt-mode", "recompute", "--json")
+    p = run_cli(*DEMO, "--model", str(stories_model), "--engine", engine, "--preempt-mode", "recompute", "--json")
     assert p.returncode == 0, p.stderr
     out = json.loads(p.stdout)
     assert out["config"]["preempt_mode"] == "recompute"
@@ -78,20 +71,20 @@ def test_demo_preempt_mode_recompute_parks_every_chat_by_recompute(stories_model
 @pytest.mark.parametrize("engine", ["engine", "server"])
 def test_demo_deterministic_counts_the_answers_identical_to_the_chats_run_alone(stories_model: Path,
                                                                                 engine: str) -> None:
-    p = cli(*DEMO, "--model", str(stories_model), "--engine", engine, "--deterministic", "--json")
+    p = run_cli(*DEMO, "--model", str(stories_model), "--engine", engine, "--deterministic", "--json")
     assert p.returncode == 0, p.stderr
     out = json.loads(p.stdout)
     assert out["config"]["deterministic"] is True
     ours = out["runs"][1]
     assert ours["completed"] == 4 and ours["parks_swap"] + ours["parks_recompute"] >= 1
     assert out["identical_to_alone"] == 4
-    p = cli(*DEMO, "--model", str(stories_model), "--engine", engine, "--deterministic")
+    p = run_cli(*DEMO, "--model", str(stories_model), "--engine", engine, "--deterministic")
     assert p.returncode == 0, p.stderr
     assert "--deterministic: 4 of 4 answers are identical to the same chats run one at a time" in p.stdout
 
 
 def test_the_demo_summary_says_what_was_lost_and_saved(stories_model: Path) -> None:
-    p = cli(*DEMO, "--model", str(stories_model), "--preempt-ram", "0")
+    p = run_cli(*DEMO, "--model", str(stories_model), "--preempt-ram", "0")
     assert p.returncode == 0, p.stderr
     assert "upstream lost 4 of 4 chats; llama-preempt completed 4 of 4" in p.stdout
     assert "summary: the same load, twice" in p.stdout
@@ -150,7 +143,7 @@ def test_demo_errors_are_one_line(stories_model: Path, args: list[str], needles:
     base = ["demo", "--ctx", "256", "--tokens", "100"]
     if "--model" not in args:
         base += ["--model", str(stories_model)]
-    assert_one_line_error(cli(*base, *args), *needles)
+    assert_one_line_error(run_cli(*base, *args), *needles)
 
 
 # --- stats ---
@@ -159,15 +152,13 @@ def test_demo_errors_are_one_line(stories_model: Path, args: list[str], needles:
 def parked_server(start_server, stories_model: Path) -> Iterator[Any]:
     srv = start_server(stories_model, n_ctx=512, n_parallel=2,
                        env={"LLAMA_SERVER_PREEMPT_EVERY": "8", "LLAMA_SERVER_PREEMPT_HOLD_MS": "600000"})
-    body = {"prompt": "Once upon a time", "n_predict": 400, "temperature": 0, "ignore_eos": True, "stream": True}
-    resp = requests.post(srv.url + "/completion", json=body, stream=True, timeout=60)
-    wait_for_parked(srv, 30)
+    [resp] = streams_held_parked(srv, ("Once upon a time",))
     yield srv
     resp.close()
 
 
 def test_stats_once_json_shows_a_parked_slot(parked_server: Any) -> None:
-    p = cli("stats", parked_server.url, "--once", "--json")
+    p = run_cli("stats", parked_server.url, "--once", "--json")
     assert p.returncode == 0, p.stderr
     snap = json.loads(p.stdout)
     parked = [s for s in snap["slots"] if s["is_preempted"]]
@@ -181,13 +172,13 @@ def test_stats_once_json_shows_a_parked_slot(parked_server: Any) -> None:
 
 
 def test_stats_once_draws_the_tables(parked_server: Any) -> None:
-    p = cli("stats", parked_server.url, "--once")
+    p = run_cli("stats", parked_server.url, "--once")
     assert p.returncode == 0, p.stderr
     assert "parked" in p.stdout and "n_preempt_total" in p.stdout and "8192 MiB" in p.stdout
 
 
 def test_stats_takes_host_and_port_without_a_scheme(parked_server: Any) -> None:
-    p = cli("stats", f"{parked_server.host}:{parked_server.port}", "--once", "--json")
+    p = run_cli("stats", f"{parked_server.host}:{parked_server.port}", "--once", "--json")
     assert p.returncode == 0, p.stderr
     snap = json.loads(p.stdout)
     assert snap["url"] == parked_server.url and snap["requests_preempted"] == 1
@@ -196,42 +187,32 @@ def test_stats_takes_host_and_port_without_a_scheme(parked_server: Any) -> None:
 @pytest.fixture
 def not_llama_server() -> Iterator[str]:
     """Something that answers HTTP on loopback but is not llama-server: 404 for every path."""
-    class NotFound(http.server.BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802
-            self.send_error(404)
-
-        def log_message(self, *a: Any) -> None:
-            pass
-
-    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), NotFound)
-    t = threading.Thread(target=httpd.serve_forever, daemon=True)
-    t.start()
-    yield f"127.0.0.1:{httpd.server_address[1]}"
-    httpd.shutdown()
+    with fake_http_server({}) as hostport:
+        yield hostport
 
 
 def test_stats_tells_nothing_answering_from_not_llama_server_from_no_metrics(
         start_server, stories_model: Path, not_llama_server: str) -> None:
     port = free_port()
     for url in (f"http://127.0.0.1:{port}", f"127.0.0.1:{port}", f"localhost:{port}"):
-        assert_one_line_error(cli("stats", url, "--once"), "nothing answers at http://", f":{port}")
-    assert_one_line_error(cli("stats", not_llama_server, "--once"),
+        assert_one_line_error(run_cli("stats", url, "--once"), "nothing answers at http://", f":{port}")
+    assert_one_line_error(run_cli("stats", not_llama_server, "--once"),
                           f"http://{not_llama_server} answers, but is not llama-server")
     no_metrics = start_server(stories_model, n_ctx=256, n_parallel=2, metrics=False)
-    assert_one_line_error(cli("stats", f"{no_metrics.host}:{no_metrics.port}", "--once"),
+    assert_one_line_error(run_cli("stats", f"{no_metrics.host}:{no_metrics.port}", "--once"),
                           f"llama-server at {no_metrics.url} has no /metrics: start it with --metrics")
 
 
 @pytest.mark.parametrize("url", ["ftp://127.0.0.1:21", "http://", ":8080", "127.0.0.1:notaport"])
 def test_stats_of_a_url_that_names_no_server_says_so(url: str) -> None:
-    assert_one_line_error(cli("stats", url, "--once"), repr(url))
+    assert_one_line_error(run_cli("stats", url, "--once"), repr(url))
 
 
 def test_stats_of_a_server_without_metrics_or_slots_says_which_flag(start_server, stories_model: Path) -> None:
     no_metrics = start_server(stories_model, n_ctx=256, n_parallel=2, metrics=False)
-    assert_one_line_error(cli("stats", no_metrics.url, "--once"), "--metrics")
+    assert_one_line_error(run_cli("stats", no_metrics.url, "--once"), "--metrics")
     no_slots = start_server(stories_model, n_ctx=256, n_parallel=2, slots=False)
-    assert_one_line_error(cli("stats", no_slots.url, "--once"), "--slots")
+    assert_one_line_error(run_cli("stats", no_slots.url, "--once"), "--slots")
 
 
 def test_stats_of_a_server_without_preemption_metrics_says_it_is_not_ours() -> None:
@@ -239,36 +220,20 @@ def test_stats_of_a_server_without_preemption_metrics_says_it_is_not_ours() -> N
     stock_metrics = ("# HELP llamacpp:prompt_tokens_total Number of prompt tokens processed.\n"
                      "# TYPE llamacpp:prompt_tokens_total counter\nllamacpp:prompt_tokens_total 0\n")
 
-    class Stock(http.server.BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802
-            body = stock_metrics.encode() if self.path == "/metrics" else b"[]"
-            self.send_response(200)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *a: Any) -> None:
-            pass
-
-    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Stock)
-    t = threading.Thread(target=httpd.serve_forever, daemon=True)
-    t.start()
-    try:
-        assert_one_line_error(cli("stats", f"http://127.0.0.1:{httpd.server_address[1]}", "--once"),
+    with fake_http_server({"/metrics": stock_metrics.encode()}, other=b"[]") as hostport:
+        assert_one_line_error(run_cli("stats", f"http://{hostport}", "--once"),
                               "no preemption metrics", "not llama-preempt's")
-    finally:
-        httpd.shutdown()
 
 
 # --- simulate ---
 
 def test_simulate_prints_a_sweep_table_and_json() -> None:
-    p = cli("simulate", "--requests", "40", "--rate", "0", "--prompt-len", "50-100", "--gen-len", "200",
-            "--parallel", "8", "--sweep", "ctx=1024,4096", "--sweep", "ram=0,-1")
+    p = run_cli("simulate", "--requests", "40", "--rate", "0", "--prompt-len", "50-100", "--gen-len", "200",
+                "--parallel", "8", "--sweep", "ctx=1024,4096", "--sweep", "ram=0,-1")
     assert p.returncode == 0, p.stderr
     assert "done" in p.stdout and "no limit" in p.stdout
-    p = cli("simulate", "--requests", "40", "--rate", "0", "--prompt-len", "50-100", "--gen-len", "200",
-            "--parallel", "8", "--sweep", "ctx=1024,4096", "--sweep", "ram=0,-1", "--json")
+    p = run_cli("simulate", "--requests", "40", "--rate", "0", "--prompt-len", "50-100", "--gen-len", "200",
+                "--parallel", "8", "--sweep", "ctx=1024,4096", "--sweep", "ram=0,-1", "--json")
     res = json.loads(p.stdout)["results"]
     assert [(r["n_ctx"], r["preempt_ram_mib"]) for r in res] == [(1024, 0), (1024, -1), (4096, 0), (4096, -1)]
     small_rec, small_swap, big_rec, big_swap = res
@@ -281,26 +246,26 @@ def test_simulate_prints_a_sweep_table_and_json() -> None:
 def test_simulate_takes_the_servers_preempt_mode_and_reports_the_choices() -> None:
     base = ("simulate", "--requests", "40", "--rate", "0", "--prompt-len", "50-100", "--gen-len", "200",
             "--parallel", "8", "--ctx", "1024", "--json")
-    auto = json.loads(cli(*base).stdout)["results"][0]
+    auto = json.loads(run_cli(*base).stdout)["results"][0]
     assert auto["preempt_mode"] == "auto" and auto["parks_swap"] > 0
     assert auto["parks_by_choice"] == {"swap_cheaper": auto["parks_swap"] + auto["parks_recompute"]}
-    slow = json.loads(cli(*base, "--swap-out-gbps", "0.0001", "--swap-in-gbps", "0.0001").stdout)["results"][0]
+    slow = json.loads(run_cli(*base, "--swap-out-gbps", "0.0001", "--swap-in-gbps", "0.0001").stdout)["results"][0]
     assert slow["parks_swap"] == 0 and slow["parks_recompute"] > 0
     assert set(slow["parks_by_choice"]) == {"recompute_cheaper"}
-    rec = json.loads(cli(*base, "--preempt-mode", "recompute").stdout)["results"][0]
+    rec = json.loads(run_cli(*base, "--preempt-mode", "recompute").stdout)["results"][0]
     assert rec["parks_swap"] == 0 and set(rec["parks_by_choice"]) == {"recompute_mode"}
-    p = cli(*base, "--preempt-mode", "fast")
+    p = run_cli(*base, "--preempt-mode", "fast")
     assert p.returncode != 0 and "--preempt-mode" in p.stderr
 
 
 def test_simulate_reads_a_recorded_workload(tmp_path: Path) -> None:
     wl = tmp_path / "load.jsonl"
     wl.write_text("\n".join(json.dumps({"t": 0.1 * i, "prompt_tokens": 40, "max_tokens": 300}) for i in range(6)))
-    p = cli("simulate", "--workload", str(wl), "--ctx", "1024", "--parallel", "6", "--json")
+    p = run_cli("simulate", "--workload", str(wl), "--ctx", "1024", "--parallel", "6", "--json")
     assert p.returncode == 0, p.stderr
     r = json.loads(p.stdout)["results"][0]
     assert r["requests"] == 6 and r["completed"] == 6 and r["parks_swap"] > 0
-    p = cli("simulate", "--workload", str(wl), "--ctx", "1024", "--parallel", "6", "--no-preempt", "--json")
+    p = run_cli("simulate", "--workload", str(wl), "--ctx", "1024", "--parallel", "6", "--no-preempt", "--json")
     assert json.loads(p.stdout)["results"][0]["failed"] > 0
 
 
@@ -316,11 +281,11 @@ def test_simulate_reads_a_recorded_workload(tmp_path: Path) -> None:
     (["--calibrate", "ftp://127.0.0.1:9"], ["--calibrate", "not an http:// or https:// URL"]),
 ])
 def test_simulate_errors_are_one_line(args: list[str], needles: list[str]) -> None:
-    assert_one_line_error(cli("simulate", *args), *needles)
+    assert_one_line_error(run_cli("simulate", *args), *needles)
 
 
 def test_simulate_calibrate_against_something_that_is_not_llama_server_says_so(not_llama_server: str) -> None:
-    assert_one_line_error(cli("simulate", "--calibrate", not_llama_server),
+    assert_one_line_error(run_cli("simulate", "--calibrate", not_llama_server),
                           f"--calibrate: http://{not_llama_server} answers, but is not llama-server")
 
 
@@ -369,13 +334,13 @@ def test_simulate_python_api_returns_a_dataclass() -> None:
 # --- serve ---
 
 def test_serve_runs_the_drop_in_binary_with_its_flags() -> None:
-    p = cli("serve", "--version", timeout=60)
+    p = run_cli("serve", "--version", timeout=60)
     assert p.returncode == 0
     assert "llama-preempt" in p.stderr + p.stdout and "version" in (p.stderr + p.stdout).lower()
 
 
 def test_serve_passes_a_bad_flag_to_the_binary_which_rejects_it() -> None:
-    p = cli("serve", "--no-such-flag", timeout=60)
+    p = run_cli("serve", "--no-such-flag", timeout=60)
     assert p.returncode != 0 and "invalid argument: --no-such-flag" in p.stderr
 
 
@@ -406,8 +371,8 @@ def test_ctrl_c_ends_the_demo_cleanly(stories_model: Path, engine: str) -> None:
 
     # the preempting run parks a chat and holds it: the demo waits until it is interrupted
     env = {**os.environ, "COLUMNS": "160", "LLAMA_SERVER_PREEMPT_EVERY": "8", "LLAMA_SERVER_PREEMPT_HOLD_MS": "600000"}
-    proc = subprocess.Popen([sys.executable, "-m", "llama_preempt.cli", *DEMO, "--model", str(stories_model),
-                             "--engine", engine], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    proc = subprocess.Popen(cli_command(*DEMO, "--model", str(stories_model), "--engine", engine),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     try:
         deadline = time.monotonic() + 60
         seen = ""
@@ -432,13 +397,13 @@ def test_ctrl_c_ends_the_demo_cleanly(stories_model: Path, engine: str) -> None:
 
 def test_simulate_calibrates_its_costs_from_a_running_server(start_server, stories_model: Path) -> None:
     srv = start_server(stories_model, n_ctx=1024, n_parallel=3)
-    p = cli("simulate", "--calibrate", f"{srv.host}:{srv.port}", "--requests", "8", "--rate", "0", "--json")
+    p = run_cli("simulate", "--calibrate", f"{srv.host}:{srv.port}", "--requests", "8", "--rate", "0", "--json")
     assert p.returncode == 0, p.stderr
     res = json.loads(p.stdout)
     # the server's own pool and slots, not the simulator's defaults (1536 cells, 4 slots)
     assert [(r["n_ctx"], r["n_parallel"]) for r in res["results"]] == [(1024, 3)]
-    table = cli("simulate", "--calibrate", srv.url, "--requests", "8", "--rate", "0", "--parallel", "2",
-                env={"COLUMNS": "80"})
+    table = run_cli("simulate", "--calibrate", srv.url, "--requests", "8", "--rate", "0", "--parallel", "2",
+                    env={"COLUMNS": "80"})
     assert table.returncode == 0, table.stderr
     assert "pool from the server: -c 1024" in table.stdout and "2 slots" in table.stdout
     assert max(len(x) for x in table.stdout.splitlines()) <= 80
@@ -452,7 +417,7 @@ def test_stats_live_json_prints_a_line_per_interval_with_rates(start_server, sto
     import os
 
     srv = start_server(stories_model, n_ctx=256, n_parallel=2)
-    proc = subprocess.Popen([sys.executable, "-m", "llama_preempt.cli", "stats", srv.url, "--json", "--interval", "0.2"],
+    proc = subprocess.Popen(cli_command("stats", srv.url, "--json", "--interval", "0.2"),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=dict(os.environ))
     try:
         first = json.loads(readline_within(proc.stdout, 60))
@@ -468,7 +433,7 @@ def test_stats_live_json_prints_a_line_per_interval_with_rates(start_server, sto
 def test_stats_piped_to_a_file_writes_every_refresh(parked_server: Any) -> None:
     import os
 
-    proc = subprocess.Popen([sys.executable, "-m", "llama_preempt.cli", "stats", parked_server.url, "--interval", "0.2"],
+    proc = subprocess.Popen(cli_command("stats", parked_server.url, "--interval", "0.2"),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env={**os.environ, "COLUMNS": "120"})
     try:

@@ -6,15 +6,14 @@ import json
 import re
 import threading
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 import requests
 
-from helpers import complete, long_prompt, open_raw_stream, run_concurrently, wait_for_parked, wait_for_slot, wait_until
+from helpers import (complete, long_prompt, open_raw_stream, run_concurrently, stats_text, wait_for_parked, wait_for_slot,
+                     wait_until)
 from llama_preempt.engine import Engine, RequestError
-from llama_preempt.metrics import parse_prometheus
-from llama_preempt.server import LlamaServer
 
 FORCED = {"LLAMA_SERVER_PREEMPT_EVERY": "8"}
 BODIES: dict[str, dict[str, Any]] = {
@@ -23,14 +22,6 @@ BODIES: dict[str, dict[str, Any]] = {
     "/v1/chat/completions": {"messages": [{"role": "user", "content": "Tell me a story"}], "max_tokens": 48,
                              "temperature": 0},
 }
-
-
-def sse(srv: LlamaServer, path: str, body: dict[str, Any]) -> Iterator[str]:
-    with requests.post(srv.url + path, json={**body, "stream": True}, stream=True, timeout=120) as r:
-        assert r.status_code == 200, r.text
-        for raw in r.iter_lines():
-            if raw:
-                yield raw.decode("utf-8")
 
 
 def comments(lines: list[str]) -> list[str]:
@@ -76,8 +67,8 @@ def test_a_streamed_request_hears_of_each_park_and_resume_and_its_data_is_unchan
         start_server, stories_model: Path, path: str) -> None:
     ref = start_server(stories_model, n_ctx=512, n_parallel=2)
     srv = start_server(stories_model, n_ctx=512, n_parallel=2, env=FORCED)
-    want = list(sse(ref, path, BODIES[path]))
-    got = list(sse(srv, path, BODIES[path]))
+    want = list(ref.stream(path, BODIES[path]))
+    got = list(srv.stream(path, BODIES[path]))
     assert comments(want) == [] or set(comments(want)) <= {""}
     seq = alternate(comments(got))
     assert len(seq) // 2 == srv.metrics()["n_preempt_total"] >= 48 // 8 - 1
@@ -92,8 +83,8 @@ def test_a_long_park_sends_keepalives_while_other_requests_produce_results(start
     keepalive = threading.Event()
 
     def reader() -> None:
-        for line in sse(srv, "/completion", {"prompt": "Once upon a time", "n_predict": 120, "temperature": 0,
-                                             "ignore_eos": True}):
+        for line in srv.stream("/completion", {"prompt": "Once upon a time", "n_predict": 120, "temperature": 0,
+                                               "ignore_eos": True}):
             seen.append(line)
             if line == ": preempted":
                 parked.set()
@@ -125,7 +116,7 @@ def test_a_long_park_sends_keepalives_while_other_requests_produce_results(start
 def test_keepalives_can_be_turned_off(start_server, stories_model: Path) -> None:
     srv = start_server(stories_model, n_ctx=512, n_parallel=2, extra_args=["--preempt-keepalive", "0"],
                        env={**FORCED, "LLAMA_SERVER_PREEMPT_HOLD_MS": "1500"})
-    lines = list(sse(srv, "/completion", BODIES["/completion"]))
+    lines = list(srv.stream("/completion", BODIES["/completion"]))
     assert "preempt-keepalive" not in comments(lines)
     assert alternate(comments(lines))
 
@@ -156,7 +147,7 @@ def test_time_parked_is_not_generation_time(start_server, stories_model: Path) -
     keepalives = threading.Event()
 
     def reader() -> None:
-        for line in sse(srv, "/completion", body):
+        for line in srv.stream("/completion", body):
             seen.append(line)
             if comments(seen).count("preempt-keepalive") >= 2:
                 keepalives.set()
@@ -291,7 +282,7 @@ def test_the_histogram_counts_every_finished_request_by_its_parks(start_server, 
     srv = start_server(stories_model, n_ctx=256, n_parallel=4, n_batch=32)
     prompts = [long_prompt(6, shift=3 * i) for i in range(4)] + ["Once upon a time"]
     res = [r.json() for r in run_concurrently([lambda p=p: complete(srv, p, 100) for p in prompts])]
-    h = parse_prometheus(srv.get("/metrics").text).histograms["request_preemptions"]
+    h = srv.metrics().histograms["request_preemptions"]
     assert h.count == len(prompts)
     per_response = [r["timings"]["n_preempt"] for r in res]
     assert h.sum == sum(per_response)
@@ -355,9 +346,6 @@ def test_an_unknown_slot_action_is_a_400_naming_the_valid_ones(start_server, sto
 
 
 def test_the_time_parked_grows_while_the_slot_is_parked(start_server, stories_model: Path) -> None:
-    from llama_preempt.statsview import fetch, render
-    from rich.console import Console
-
     srv = start_server(stories_model, n_ctx=512, n_parallel=2,
                        env={"LLAMA_SERVER_PREEMPT_EVERY": "8", "LLAMA_SERVER_PREEMPT_HOLD_MS": "600000"})
     sock = open_raw_stream(srv, "Once upon a time", 400)
@@ -369,9 +357,7 @@ def test_the_time_parked_grows_while_the_slot_is_parked(start_server, stories_mo
                            "the time parked to grow by 50 ms")
         assert later["is_preempted"] and later["n_preempt"] == 1  # still the same park
         # the operator's view shows it too
-        con = Console(width=120, record=True)
-        con.print(render(fetch(srv.url), None))
-        row = next(line for line in con.export_text().splitlines() if "parked" in line and "swap" in line)
+        row = next(line for line in stats_text(srv.url).splitlines() if "parked" in line and "swap" in line)
         assert re.search(r"\d+\.\d s\s*│?\s*$", row.rstrip()), row
     finally:
         sock.close()

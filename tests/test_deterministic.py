@@ -12,11 +12,12 @@ from typing import Any
 
 import pytest
 
+from helpers import new_server
 from llama_preempt import models
 from llama_preempt.binary import server_binary
 from llama_preempt.exactness import Ask, first_difference, one_at_a_time, staggered, together
 from llama_preempt.rpc import RpcServer
-from llama_preempt.server import LlamaServer, ServerConfig, free_port
+from llama_preempt.server import LlamaServer, free_port
 
 from conftest import ServerFactory
 
@@ -76,9 +77,8 @@ def alone(det: Det, tmp_path_factory: pytest.TempPathFactory) -> dict[Ask, list[
     asks = [det.target(), det.target(temperature=0.8, seed=7), *det.neighbours(), *det.staggered(),
             *[Ask(p, det.n_predict) for p in NEIGHBOURS]]
     asks = list(dict.fromkeys(asks))
-    cfg = ServerConfig(model=det.path, n_ctx=2048, n_parallel=4, kv_unified=True, deterministic=True, seed=1234,
-                       extra_args=[*det.args, "--cache-ram", "0"])
-    with LlamaServer(cfg, log_dir=tmp_path_factory.mktemp("alone")) as srv:
+    with new_server(det.path, tmp_path_factory.mktemp("alone"), n_ctx=2048, n_parallel=4, kv_unified=True,
+                    deterministic=True, seed=1234, extra_args=[*det.args, "--cache-ram", "0"]) as srv:
         return dict(zip(asks, one_at_a_time(srv, asks)))
 
 

@@ -19,10 +19,10 @@ from typing import Any
 
 import pytest
 
-from helpers import (THREE_PROMPTS, BackgroundStream, complete, complete_all, labeled, long_prompt, open_raw_stream, wait_for_parked,
-                     wait_until)
-from llama_preempt.engine import Engine
-from llama_preempt.server import LlamaServer, ServerConfig, ServerStartError
+from helpers import (THREE_PROMPTS, BackgroundStream, complete, complete_all, long_prompt, open_raw_stream, run_cli,
+                     wait_for_parked, wait_until)
+from llama_preempt.engine import Completion, Engine
+from llama_preempt.server import LlamaServer, ServerStartError
 
 FORCED = {"LLAMA_SERVER_PREEMPT_EVERY": "8"}
 VERIFIED = {**FORCED, "LLAMA_SERVER_PREEMPT_VERIFY": "1"}
@@ -69,7 +69,7 @@ def test_forced_disk_parks_read_back_upstreams_bytes_and_give_the_unparked_answe
     m = srv.metrics()
     n = m["n_preempt_total"]
     assert n >= 8
-    by = labeled(srv)
+    by = srv.metrics().labeled
     assert by["preempt_parks_by_tier_total"]["disk"] == n
     assert by["preempt_parks_by_choice_total"]["ram_full"] == n  # --preempt-ram 0: no RAM left for any
     assert by["preempt_restores_by_tier_total"]["disk"] == m["n_resume_total"] == n
@@ -102,11 +102,11 @@ def test_background_writes_free_their_ram_and_the_next_back_is_ready_ahead(
     a = BackgroundStream(srv, {**body, "prompt": THREE_PROMPTS[0]})
     wait_for_parked(srv)
     b = complete(srv, THREE_PROMPTS[1], 64).json()["content"]
-    got_a = "".join(c.get("content", "") for c in a.join())
+    got_a = Completion.from_stream(a.join()).text
     assert [got_a, b] == refs
     m = srv.metrics()
     assert m["n_preempt_total"] >= 10
-    assert labeled(srv)["preempt_parks_by_tier_total"]["disk"] == m["n_preempt_total"]
+    assert srv.metrics().labeled["preempt_parks_by_tier_total"]["disk"] == m["n_preempt_total"]
     assert m["n_disk_read_ahead_total"] >= 1
     assert m["n_disk_restore_from_memory_total"] >= 1  # the next back kept its host copy
     assert m["n_disk_read_bytes_total"] > 0
@@ -128,7 +128,7 @@ def test_disk_parks_on_the_hybrid_mtp_model_give_the_unparked_answer(
     assert got["content"] == ref["content"]
     m = srv.metrics()
     assert m["n_preempt_total"] >= 4
-    assert labeled(srv)["preempt_restores_by_tier_total"]["disk"] == m["n_preempt_total"]
+    assert srv.metrics().labeled["preempt_restores_by_tier_total"]["disk"] == m["n_preempt_total"]
     assert m["n_swap_verify_total"] == 2 * m["n_preempt_total"]
     assert m["n_swap_verify_mismatch_total"] == 0
     assert_nothing_on_disk(srv, tmp_path)
@@ -189,7 +189,7 @@ def test_an_overloaded_pool_with_a_tiny_ram_budget_finishes_every_request_by_dis
     got = [r.json()["content"] for r in complete_all(srv, prompts, 800)]
     assert got == refs
     m = srv.metrics()
-    by = labeled(srv)
+    by = srv.metrics().labeled
     assert by["preempt_parks_by_tier_total"]["disk"] >= 1
     assert by["preempt_parks_by_tier_total"]["recompute"] == 0
     choices = by["preempt_parks_by_choice_total"]
@@ -227,7 +227,7 @@ def test_a_disk_failure_recomputes_the_slot_with_the_right_answer(
     assert got["tokens_predicted"] == 64
     assert got["content"] == ref["content"]
     m = srv.metrics()
-    by = labeled(srv)
+    by = srv.metrics().labeled
     n = m["n_preempt_total"]
     assert n >= 4
     assert by["preempt_disk_failures_total"][kind] >= 1
@@ -257,7 +257,7 @@ def test_a_background_write_that_fails_keeps_the_host_copy(start_server, stories
     got = complete(srv, "Once upon a time", 64).json()
     assert got["content"] == ref["content"]
     m = srv.metrics()
-    by = labeled(srv)
+    by = srv.metrics().labeled
     n = m["n_preempt_total"]
     assert n >= 4 and by["preempt_parks_by_tier_total"]["disk"] == n
     assert by["preempt_disk_failures_total"][fault] == n
@@ -281,9 +281,9 @@ def test_a_write_waits_for_the_parks_transfer_to_host_ram(start_server, stories_
     assert got["content"] == ref["content"]
     m = srv.metrics()
     assert m["n_preempt_total"] >= 4
-    assert labeled(srv)["preempt_parks_by_tier_total"]["disk"] == m["n_preempt_total"]
+    assert srv.metrics().labeled["preempt_parks_by_tier_total"]["disk"] == m["n_preempt_total"]
     assert m["n_disk_write_bytes_total"] > 0
-    assert sum(labeled(srv)["preempt_disk_failures_total"].values()) == 0
+    assert sum(srv.metrics().labeled["preempt_disk_failures_total"].values()) == 0
     assert_nothing_on_disk(srv, tmp_path)
 
 
@@ -313,14 +313,12 @@ def test_files_are_private_and_a_cancelled_requests_file_goes_at_once(
 
 
 def test_a_killed_servers_files_are_removed_at_the_next_start_and_a_live_ones_kept(
-        stories_model: Path, tmp_path: Path) -> None:
+        start_server, stories_model: Path, tmp_path: Path) -> None:
     disk = tmp_path / "disk"
     disk.mkdir()
 
     def server(**env: str) -> LlamaServer:
-        cfg = ServerConfig(model=stories_model, n_ctx=512, n_parallel=2, env=env,
-                           extra_args=[*ON_LOOP, *disk_args(disk)])
-        return LlamaServer(cfg, log_dir=tmp_path).start()
+        return start_server(stories_model, n_ctx=512, n_parallel=2, env=env, extra_args=[*ON_LOOP, *disk_args(disk)])
 
     crashed = server(**FORCED, LLAMA_SERVER_PREEMPT_HOLD_MS="600000")
     live = None
@@ -356,23 +354,18 @@ def test_a_killed_servers_files_are_removed_at_the_next_start_and_a_live_ones_ke
 
 
 def test_sigterm_with_a_slot_parked_on_disk_exits_0_and_removes_its_directory(
-        stories_model: Path, tmp_path: Path) -> None:
+        start_server, stories_model: Path, tmp_path: Path) -> None:
     disk = tmp_path / "disk"
     disk.mkdir()
-    cfg = ServerConfig(model=stories_model, n_ctx=512, n_parallel=2,
-                       env={**FORCED, "LLAMA_SERVER_PREEMPT_HOLD_MS": "600000"},
+    srv = start_server(stories_model, n_ctx=512, n_parallel=2, env={**FORCED, "LLAMA_SERVER_PREEMPT_HOLD_MS": "600000"},
                        extra_args=[*ON_LOOP, *disk_args(disk), "--drain-timeout", "1"])
-    srv = LlamaServer(cfg, log_dir=tmp_path).start()
-    try:
-        sock = open_raw_stream(srv, "Once upon a time", 400)
-        wait_for_parked(srv)
-        assert len(park_files(disk)) == 1
-        assert srv.proc is not None
-        srv.proc.send_signal(signal.SIGTERM)
-        assert srv.proc.wait(timeout=30) == 0, srv.log_tail()
-        sock.close()
-    finally:
-        srv.stop()
+    sock = open_raw_stream(srv, "Once upon a time", 400)
+    wait_for_parked(srv)
+    assert len(park_files(disk)) == 1
+    assert srv.proc is not None
+    srv.proc.send_signal(signal.SIGTERM)
+    assert srv.proc.wait(timeout=30) == 0, srv.log_tail()
+    sock.close()
     assert our_dirs(disk) == []
 
 
@@ -452,17 +445,13 @@ def test_the_engine_parks_to_disk_and_reports_the_tier(stories_model: Path, tmp_
 
 def test_stats_show_the_disk_tier(start_server, stories_model: Path, tmp_path: Path) -> None:
     import json
-    import subprocess
-    import sys
 
     srv = start_server(stories_model, n_ctx=512, n_parallel=2, env={**FORCED, "LLAMA_SERVER_PREEMPT_HOLD_MS": "600000"},
                        extra_args=[*ON_LOOP, *disk_args(tmp_path, "--preempt-disk-mib", "32")])
     sock = open_raw_stream(srv, "Once upon a time", 400)
     try:
         wait_for_parked(srv)
-        env = {**os.environ, "COLUMNS": "160"}
-        run = [sys.executable, "-m", "llama_preempt.cli", "stats", srv.url, "--once"]
-        p = subprocess.run(run + ["--json"], capture_output=True, text=True, timeout=60, env=env)
+        p = run_cli("stats", srv.url, "--once", "--json", timeout=60)
         assert p.returncode == 0, p.stderr
         snap = json.loads(p.stdout)
         [parked] = [s for s in snap["slots"] if s["is_preempted"]]
@@ -470,7 +459,7 @@ def test_stats_show_the_disk_tier(start_server, stories_model: Path, tmp_path: P
         assert snap["disk"]["dir"] == str(tmp_path) and snap["disk"]["budget_bytes"] == 32 << 20
         assert snap["disk"]["held_bytes"] == parked["preempt_disk_bytes"]
         assert snap["tiers"]["parks"]["disk"] >= 1
-        p = subprocess.run(run, capture_output=True, text=True, timeout=60, env=env)
+        p = run_cli("stats", srv.url, "--once", timeout=60)
         assert p.returncode == 0, p.stderr
         assert "disk held / budget" in p.stdout and "32 MiB" in p.stdout and "disk" in p.stdout
     finally:

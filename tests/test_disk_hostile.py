@@ -21,8 +21,8 @@ from typing import Callable
 
 import pytest
 
-from helpers import BackgroundStream, complete, labeled, wait_for_slot, wait_until
-from llama_preempt.engine import Engine, EngineArgumentError
+from helpers import BackgroundStream, complete, wait_for_slot, wait_until
+from llama_preempt.engine import Completion, Engine, EngineArgumentError
 from llama_preempt.server import LlamaServer, ServerStartError
 
 FORCED = {"LLAMA_SERVER_PREEMPT_EVERY": "8"}
@@ -84,8 +84,8 @@ def serves_with_disk_parks(srv: LlamaServer) -> None:
     """A request that is parked to disk and read back several times finishes whole."""
     got = complete(srv, "Once upon a time", 48).json()
     assert got["tokens_predicted"] == 48
-    assert labeled(srv)["preempt_parks_by_tier_total"]["disk"] >= 4
-    assert sum(labeled(srv)["preempt_disk_failures_total"].values()) == 0
+    assert srv.metrics().labeled["preempt_parks_by_tier_total"]["disk"] >= 4
+    assert sum(srv.metrics().labeled["preempt_disk_failures_total"].values()) == 0
 
 
 def old_dir(path: Path, mode: int = 0o700) -> Path:
@@ -217,10 +217,10 @@ def test_a_park_file_replaced_on_disk_is_not_read_and_the_slot_recomputes(
     wait_until(lambda: srv.metrics()["preempt_disk_writes_in_flight"] == 0, 30, "the write to end")
     replace(f, victims)
     assert srv.post(f"/slots/{sid}?action=unpark", {}).status_code == 200
-    got = "".join(c.get("content", "") for c in stream.join())
+    got = Completion.from_stream(stream.join()).text
     assert got == ref
-    assert labeled(srv)["preempt_disk_failures_total"]["checksum"] == 1
-    assert labeled(srv)["preempt_restores_by_tier_total"]["recompute"] == 1
+    assert srv.metrics().labeled["preempt_disk_failures_total"]["checksum"] == 1
+    assert srv.metrics().labeled["preempt_restores_by_tier_total"]["recompute"] == 1
     assert "not the file this park wrote" in srv.log_text() or "a link in its place" in srv.log_text()
     wait_until(lambda: not f.exists() and not f.is_symlink(), 30, "the replaced file to be removed")
     assert victims.intact()
@@ -240,7 +240,7 @@ def test_a_link_planted_at_the_next_park_files_name_is_not_written_through(
     assert srv.post(f"/slots/{sid}?action=unpark", {}).status_code == 200
     chunks = stream.join()
     assert chunks[-1]["stop"] and chunks[-1]["tokens_predicted"] == 400
-    assert labeled(srv)["preempt_disk_failures_total"]["write"] == 1
+    assert srv.metrics().labeled["preempt_disk_failures_total"]["write"] == 1
     assert victims.intact()
 
 

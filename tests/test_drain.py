@@ -7,15 +7,15 @@ import signal
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterator
+from typing import Any, Callable, Dict
 
 import pytest
 import requests
 
 from llama_preempt.engine import Engine, EngineError, RequestCancelled
-from llama_preempt.server import LlamaServer, ServerConfig
+from llama_preempt.server import LlamaServer, ServerStartError
 
-from helpers import open_raw_stream, wait_until
+from helpers import new_server, open_raw_stream, wait_until
 
 FORCED = {"LLAMA_SERVER_PREEMPT_EVERY": "8"}  # parks every generating slot every 8 tokens
 HELD = {**FORCED, "LLAMA_SERVER_PREEMPT_HOLD_MS": "600000"}  # ... and keeps it parked
@@ -70,19 +70,12 @@ Serve = Callable[[int, Dict[str, str]], LlamaServer]
 
 
 @pytest.fixture
-def serve(tmp_path: Path, stories_model: Path) -> Iterator[Serve]:
+def serve(start_server, stories_model: Path) -> Serve:
     """serve(drain_timeout_s, env): a llama-server with 4 slots over 512 cells; stopped afterwards."""
-    started: list[LlamaServer] = []
-
     def make(drain: int, env: dict[str, str]) -> LlamaServer:
-        cfg = ServerConfig(model=stories_model, n_ctx=512, n_parallel=4, extra_args=["--drain-timeout", str(drain)],
-                           env=env)
-        started.append(LlamaServer(cfg, log_dir=tmp_path).start())
-        return started[-1]
+        return start_server(stories_model, n_ctx=512, n_parallel=4, extra_args=["--drain-timeout", str(drain)], env=env)
 
-    yield make
-    for srv in started:
-        srv.stop()
+    return make
 
 
 def plain_and_stream(srv: LlamaServer, n_predict: int) -> list[Client]:
@@ -214,23 +207,19 @@ def test_sigterm_on_an_idle_server_exits_at_once(serve: Serve) -> None:
     assert srv.proc.wait(timeout=30) == 0 and time.monotonic() - t0 < 10
 
 
-def test_sigterm_on_a_sleeping_server_exits_at_once(tmp_path: Path, stories_model: Path) -> None:
-    cfg = ServerConfig(model=stories_model, n_ctx=512, n_parallel=2, extra_args=["--sleep-idle-seconds", "1"])
-    srv = LlamaServer(cfg, log_dir=tmp_path).start()
-    try:
-        wait_until(lambda: srv.props().get("is_sleeping"), 30, "the server to fall asleep", interval_s=0.1)
-        assert srv.proc is not None
-        t0 = time.monotonic()
-        srv.proc.send_signal(signal.SIGTERM)
-        assert srv.proc.wait(timeout=30) == 0 and time.monotonic() - t0 < 10, srv.log_tail()
-    finally:
-        srv.stop()
+def test_sigterm_on_a_sleeping_server_exits_at_once(start_server, stories_model: Path) -> None:
+    srv = start_server(stories_model, n_ctx=512, n_parallel=2, extra_args=["--sleep-idle-seconds", "1"])
+    wait_until(lambda: srv.props().get("is_sleeping"), 30, "the server to fall asleep", interval_s=0.1)
+    assert srv.proc is not None
+    t0 = time.monotonic()
+    srv.proc.send_signal(signal.SIGTERM)
+    assert srv.proc.wait(timeout=30) == 0 and time.monotonic() - t0 < 10, srv.log_tail()
 
 
 @pytest.mark.parametrize("value", ["-1", "soon"])
 def test_a_bad_drain_timeout_names_the_flag(tmp_path: Path, stories_model: Path, value: str) -> None:
-    srv = LlamaServer(ServerConfig(model=stories_model, extra_args=["--drain-timeout", value]), log_dir=tmp_path)
-    with pytest.raises(Exception) as e:
+    srv = new_server(stories_model, tmp_path, extra_args=["--drain-timeout", value])
+    with pytest.raises(ServerStartError) as e:
         srv.start(timeout=30)
     assert "--drain-timeout" in str(e.value) + srv.log_text()
 

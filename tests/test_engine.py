@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import threading
 import time
@@ -10,8 +11,9 @@ from typing import Any, Callable, Iterator
 
 import pytest
 
-from helpers import complete, long_prompt
+from helpers import complete, long_prompt, rss_mib
 from llama_preempt.engine import (
+    Completion,
     Engine,
     EngineArgumentError,
     EngineBusyError,
@@ -94,10 +96,6 @@ PARITY_CASES = {
 }
 
 
-def _text(path: str, body: dict[str, Any]) -> str:
-    return body["content"] if path == "/completion" else body["choices"][0]["message"]["content"]
-
-
 @pytest.mark.parametrize("forced", [False, True], ids=["unforced", "forced-parks"])
 @pytest.mark.parametrize("path", list(PARITY_CASES))
 def test_the_engine_answers_exactly_as_the_http_server(
@@ -113,12 +111,13 @@ def test_the_engine_answers_exactly_as_the_http_server(
     http = srv.post(path, body)
     assert http.status_code == 200, http.text
     ours = eng.submit(path=path, body=body).result()
-    assert _text(path, ours) == _text(path, http.json())
+    want = Completion.from_response(http.json()).text
+    assert want and Completion.from_response(ours).text == want
     assert ours.keys() == http.json().keys()  # the same response shape
 
     # the streamed chunks concatenate to the same text
     streamed = "".join(stream_text(c) for c in eng.submit(path=path, body=body, stream=True).stream())
-    assert streamed == _text(path, http.json())
+    assert streamed == want
 
     if forced:
         assert eng.stats().n_preempt_total >= 2 * (64 // 8 - 1)
@@ -237,14 +236,7 @@ def test_stop_with_a_request_still_parked_cancels_it_and_frees_its_ram(
     assert not any(s.is_processing for s in st.slots)
 
 
-def _rss_mib() -> float:
-    with open("/proc/self/statm") as f:
-        pages = int(f.read().split()[1])
-    import resource
-    return pages * resource.getpagesize() / 2**20
-
-
-@pytest.mark.skipif(not Path("/proc/self/statm").exists(), reason="needs /proc to read RSS")
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="needs /proc to read RSS")
 def test_fifty_open_close_cycles_do_not_leak(stories_model: Path) -> None:
     def cycle() -> None:
         with Engine(stories_model, n_ctx=256, n_parallel=2, n_threads=2, seed=1) as eng:
@@ -252,10 +244,10 @@ def test_fifty_open_close_cycles_do_not_leak(stories_model: Path) -> None:
 
     for _ in range(5):  # warm up allocators and caches
         cycle()
-    before = _rss_mib()
+    before = rss_mib(os.getpid())
     for _ in range(50):
         cycle()
-    grown = _rss_mib() - before
+    grown = rss_mib(os.getpid()) - before
     assert grown < 24, f"RSS grew {grown:.1f} MiB over 50 cycles"
 
 

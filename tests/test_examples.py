@@ -11,7 +11,7 @@ from typing import Any, Iterator
 import pytest
 import requests
 
-from helpers import wait_until
+from helpers import http_ok, wait_until
 from llama_preempt.server import free_port
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
@@ -34,10 +34,7 @@ def chat_server(stories_model: Path) -> Iterator[str]:
 
     def up() -> bool:
         assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
-        try:
-            return requests.get(url + "/stats", timeout=5).status_code == 200
-        except requests.ConnectionError:
-            return False
+        return http_ok(url + "/stats")
 
     try:
         wait_until(up, 120, "the example chat server to answer", interval_s=0.1)

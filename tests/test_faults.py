@@ -10,9 +10,8 @@ from typing import Any
 import pytest
 import requests
 
-from helpers import complete, long_prompt, streams_held_parked
+from helpers import complete, long_prompt, new_server, streams_held_parked
 from llama_preempt.engine import Engine, RequestCancelled
-from llama_preempt.server import LlamaServer, ServerConfig
 
 FORCED = {"LLAMA_SERVER_PREEMPT_EVERY": "8"}
 
@@ -63,23 +62,19 @@ def test_a_request_cancelled_while_it_replays_frees_everything(stories_model: Pa
 # --- signals with slots parked ---
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
-def test_a_signal_with_slots_parked_ends_the_server_cleanly(stories_model: Path, tmp_path: Path,
+def test_a_signal_with_slots_parked_ends_the_server_cleanly(start_server, stories_model: Path,
                                                             sig: signal.Signals) -> None:
     # parked for good: the drain runs out after a second and ends them with an error (test_drain.py)
-    cfg = ServerConfig(model=stories_model, n_ctx=512, n_parallel=2, extra_args=["--drain-timeout", "1"],
+    srv = start_server(stories_model, n_ctx=512, n_parallel=2, extra_args=["--drain-timeout", "1"],
                        env={**FORCED, "LLAMA_SERVER_PREEMPT_HOLD_MS": "600000"})
-    srv = LlamaServer(cfg, log_dir=tmp_path).start()
-    try:
-        streams = streams_held_parked(srv)
-        assert srv.proc is not None
-        srv.proc.send_signal(sig)
-        rc = srv.proc.wait(timeout=30)  # no hang
-        assert rc == 0, srv.log_tail()
-        assert "cleaning up before exit" in srv.log_text()
-        for s in streams:
-            s.close()
-    finally:
-        srv.stop()
+    streams = streams_held_parked(srv)
+    assert srv.proc is not None
+    srv.proc.send_signal(sig)
+    rc = srv.proc.wait(timeout=30)  # no hang
+    assert rc == 0, srv.log_tail()
+    assert "cleaning up before exit" in srv.log_text()
+    for s in streams:
+        s.close()
 
 
 # --- speculative decoding with a draft model ---
@@ -138,8 +133,7 @@ JSON_VALUES = st.recursive(
 
 @pytest.fixture(scope="module")
 def fuzz_server(tmp_path_factory: pytest.TempPathFactory, stories_model: Path) -> Any:
-    srv = LlamaServer(ServerConfig(model=stories_model, n_ctx=384, n_parallel=3),
-                      log_dir=tmp_path_factory.mktemp("fuzz")).start()
+    srv = new_server(stories_model, tmp_path_factory.mktemp("fuzz"), n_ctx=384, n_parallel=3).start()
     yield srv
     srv.stop()
 

@@ -3,25 +3,16 @@ unless --no-kv-unified asks for upstream's split), and /props and `llama-preempt
 preemption is active, and why not."""
 from __future__ import annotations
 
-import os
 import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from rich.console import Console
 
-from helpers import complete, long_prompt, open_raw_stream, run_cli, run_concurrently, wait_for_parked
+from helpers import complete, long_prompt, open_raw_stream, run_cli, run_concurrently, stats_text, wait_for_parked
 from llama_preempt.binary import server_binary
 from llama_preempt.server import free_port
-from llama_preempt.statsview import fetch, render
-
-
-def stats_text(url: str) -> str:
-    con = Console(width=120, record=True)
-    con.print(render(fetch(url), None))
-    return con.export_text()
 
 
 def test_np_4_without_kv_flags_shares_one_pool_and_overflowing_requests_finish(start_server, stories_model: Path) -> None:
@@ -176,16 +167,14 @@ def test_the_readme_python_example_runs_as_printed(tmp_path: Path) -> None:
 # --- first errors: one line each ---
 
 def test_a_bad_cli_flag_value_is_one_line_not_a_usage_block() -> None:
-    p = subprocess.run([sys.executable, "-m", "llama_preempt.cli", "demo", "--preempt-ram", "abc"],
-                       capture_output=True, text=True, timeout=60)
+    p = run_cli("demo", "--preempt-ram", "abc", timeout=60)
     assert p.returncode == 2
     assert p.stderr.strip().splitlines() == [
         "llama-preempt demo: error: argument --preempt-ram: invalid int value: 'abc' (see llama-preempt demo --help)"]
 
 
 def test_the_demo_help_shows_the_preempt_ram_default() -> None:
-    p = subprocess.run([sys.executable, "-m", "llama_preempt.cli", "demo", "--help"], capture_output=True, text=True,
-                       timeout=60, env={**os.environ, "COLUMNS": "200"})
+    p = run_cli("demo", "--help", columns="200", timeout=60)
     entry = p.stdout.split("  --preempt-ram PREEMPT_RAM", 1)[1].split("  --preempt-mode", 1)[0]
     assert "default 8192" in " ".join(entry.split())
 
@@ -201,12 +190,8 @@ def test_a_missing_model_file_is_one_clear_line(tmp_path: Path) -> None:
 
 # --- output that fits ---
 
-def _cli(*args: str, columns: str | None) -> subprocess.CompletedProcess[str]:
-    return run_cli(*args, columns=columns, timeout=120)
-
-
 def test_simulate_reads_whole_at_80_columns_and_its_default_load_parks() -> None:
-    p = _cli("simulate", columns="80")
+    p = run_cli("simulate", columns="80", timeout=120)
     assert p.returncode == 0, p.stderr
     assert "…" not in p.stdout and max(len(x) for x in p.stdout.splitlines()) <= 80
     header = next(x for x in p.stdout.splitlines() if "done" in x)
@@ -221,13 +206,13 @@ def test_simulate_reads_whole_at_80_columns_and_its_default_load_parks() -> None
 
 
 def test_simulate_without_preemption_shows_no_nan_and_no_ram_column() -> None:
-    p = _cli("simulate", "--no-preempt", "--requests", "20", columns="80")
+    p = run_cli("simulate", "--no-preempt", "--requests", "20", columns="80", timeout=120)
     assert p.returncode == 0, p.stderr
     assert "nan" not in p.stdout and "RAM" not in p.stdout.split("costs:")[0]
 
 
 def test_piped_simulate_output_is_not_cut_even_wide() -> None:
-    p = _cli("simulate", "--wide", columns=None)  # captured: not a terminal
+    p = run_cli("simulate", "--wide", columns=None, timeout=120)  # captured: not a terminal
     assert p.returncode == 0, p.stderr
     assert "…" not in p.stdout
     for col in ("recomputed tok", "peak parked", "TTFT p50", "queue p99", "longest park"):
@@ -240,9 +225,7 @@ def test_stats_reads_whole_at_80_columns_while_slots_generate(start_server, stor
     sock = open_raw_stream(srv, "Once upon a time", 400)
     try:
         wait_for_parked(srv)
-        con = Console(width=80, record=True)
-        con.print(render(fetch(srv.url), None))
-        out = con.export_text()
+        out = stats_text(srv.url, width=80)
         assert "…" not in out and max(len(x) for x in out.splitlines()) <= 80
         assert "parked" in out and "swap" in out
     finally:

@@ -11,8 +11,9 @@ from typing import Any, Iterator
 
 import pytest
 
+from helpers import new_server
 from llama_preempt.engine import Engine, EngineArgumentError, RequestError
-from llama_preempt.server import LlamaServer, ServerConfig, ServerStartError
+from llama_preempt.server import LlamaServer, ServerStartError
 
 I32 = (-(2**31), 2**31 - 1)
 I64 = (-(2**63), 2**63 - 1)
@@ -80,8 +81,7 @@ def expected(name: str, v: Any) -> tuple[bool, Any]:
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory, stories_model: Path) -> Iterator[LlamaServer]:
-    srv = LlamaServer(ServerConfig(model=stories_model, n_ctx=384, n_parallel=N_PARALLEL),
-                      log_dir=tmp_path_factory.mktemp("numbers")).start()
+    srv = new_server(stories_model, tmp_path_factory.mktemp("numbers"), n_ctx=384, n_parallel=N_PARALLEL).start()
     yield srv
     srv.stop()
 

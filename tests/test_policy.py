@@ -159,7 +159,7 @@ def test_the_policy_never_livelocks_every_step_makes_progress() -> None:
     for ram in (-1, 0):  # by SWAP and by RECOMPUTE
         p.ram_budget_bytes = ram
         r = _core.simulate([0.0, 0.0, 0.0], [20, 30, 40], [70, 70, 70], p)
-        assert [q[0] for q in r.requests()] == [1, 1, 1], r.requests()  # all completed
+        assert [q.outcome for q in r.requests] == [_core.SimOutcome.COMPLETED] * 3  # all completed
         assert not r.hit_step_limit
         assert r.peak_cells <= p.n_pool
         assert r.n_park_swap + r.n_park_recompute > 0
@@ -244,9 +244,16 @@ def test_restore_goes_highest_priority_first() -> None:
 # --- SWAP or RECOMPUTE (choose_park): the server's and the simulator's one implementation ---
 
 
-def rates(park_gbps: float, restore_gbps: float, prefill_tps: float) -> _core.CostRates:
+def rates(park_gbps: float, restore_gbps: float, prefill_tps: float, write_gbps: float | None = None,
+          read_gbps: float | None = None) -> _core.CostRates:
+    """Measured rates as the server keeps them: host copies in GB/s, prefill in tokens/s, and the
+    disk's write and read in GB/s (left at their defaults when not given)."""
     r = _core.CostRates()
     r.park_bps, r.restore_bps, r.prefill_tps = park_gbps * 1e9, restore_gbps * 1e9, prefill_tps
+    if write_gbps is not None:
+        r.disk_write_bps = write_gbps * 1e9
+    if read_gbps is not None:
+        r.disk_read_bps = read_gbps * 1e9
     return r
 
 
@@ -396,18 +403,11 @@ def test_the_flag_checks_are_llama_servers_own() -> None:
 
 # --- the disk tier in the choice: RAM, disk or RECOMPUTE ---
 
-def disk_rates(park_gbps: float, restore_gbps: float, prefill_tps: float, write_gbps: float,
-               read_gbps: float) -> _core.CostRates:
-    r = rates(park_gbps, restore_gbps, prefill_tps)
-    r.disk_write_bps, r.disk_read_bps = write_gbps * 1e9, read_gbps * 1e9
-    return r
-
-
 MIB = 1 << 20
 
 
 def test_a_victim_that_does_not_fit_the_ram_goes_to_disk_when_that_is_cheaper_than_a_recompute() -> None:
-    r = disk_rates(10, 10, 1000, 1, 2)
+    r = rates(10, 10, 1000, 1, 2)
     # 10 MiB: copies 2 ms, written on the loop 10.5 ms, read 5.2 ms; 1000 tokens at 1000/s: 1 s
     d = _core.choose_park("auto", 10 * MIB, 1000, 1 * MIB, r, disk_left=1 << 40)
     assert (d.swap, d.disk, d.tier, d.why) == (True, True, "disk", "ram_full")
@@ -416,19 +416,19 @@ def test_a_victim_that_does_not_fit_the_ram_goes_to_disk_when_that_is_cheaper_th
     d = _core.choose_park("auto", 10 * MIB, 1000, 1 * MIB, r, disk_left=1 << 40, waits_behind=True)
     assert d.disk_ms == pytest.approx(1e3 * 10 * MIB * (2 / 10e9 + 1 / 1e9))
     # a slow disk against a fast prefill: recompute
-    d = _core.choose_park("auto", 10 * MIB, 10, 1 * MIB, disk_rates(10, 10, 1e6, 0.01, 0.01), disk_left=1 << 40)
+    d = _core.choose_park("auto", 10 * MIB, 10, 1 * MIB, rates(10, 10, 1e6, 0.01, 0.01), disk_left=1 << 40)
     assert (d.swap, d.tier, d.why) == (False, "recompute", "recompute_cheaper")
     # no disk tier, or a full one: over the budget as before
     assert _core.choose_park("auto", 10 * MIB, 1000, 1 * MIB, r).why == "over_budget"
     assert _core.choose_park("auto", 10 * MIB, 1000, 1 * MIB, r, disk_left=5 * MIB).why == "over_budget"
     # --preempt-mode swap: to disk whatever the price, when it does not fit the RAM
-    d = _core.choose_park("swap", 10 * MIB, 10, 1 * MIB, disk_rates(10, 10, 1e6, 0.01, 0.01), disk_left=1 << 40)
+    d = _core.choose_park("swap", 10 * MIB, 10, 1 * MIB, rates(10, 10, 1e6, 0.01, 0.01), disk_left=1 << 40)
     assert (d.tier, d.why) == ("disk", "ram_full")
     assert _core.choose_park("recompute", 10 * MIB, 1000, 1 * MIB, r, disk_left=1 << 40).why == "recompute_mode"
 
 
 def test_ram_goes_to_disk_when_it_is_short_and_the_victims_read_can_be_hidden() -> None:
-    r = disk_rates(10, 10, 1000, 1, 2)
+    r = rates(10, 10, 1000, 1, 2)
     # 10 MiB fits 15 MiB of RAM, leaving less than its own size for the next victim: the RAM is
     # worth a visible read, and a victim whose read runs ahead gives it up
     d = _core.choose_park("auto", 10 * MIB, 1000, 15 * MIB, r, disk_left=1 << 40, waits_behind=True)

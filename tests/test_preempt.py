@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from helpers import BackgroundStream, complete, complete_all, long_prompt, n_tokens, run_concurrently, sse_events
+from llama_preempt import Completion
 
 RECOMPUTE = ["--preempt-ram", "0"]
 MODES = {"recompute": RECOMPUTE, "swap": []}
@@ -76,7 +77,8 @@ def test_a_streamed_request_across_forced_parks_is_one_well_formed_stream(
     srv = start_server(stories_model, n_ctx=512, n_parallel=2, extra_args=RECOMPUTE,
                        env={"LLAMA_SERVER_PREEMPT_EVERY": "8"})
     ref = srv.post(endpoint, body).json()
-    ref_text = ref["content"] if endpoint == "/completion" else ref["choices"][0]["message"]["content"]
+    ref_text = Completion.from_response(ref).text
+    assert ref_text
     n_parks_ref = srv.metrics()["n_preempt_total"]
     events = sse_events(list(srv.stream(endpoint, body)))
     assert n_parks_ref >= 5
@@ -86,7 +88,6 @@ def test_a_streamed_request_across_forced_parks_is_one_well_formed_stream(
         chunks = [e for e in events if isinstance(e, dict)]
         finals = [e for e in chunks if e.get("stop")]
         assert len(finals) == 1 and chunks[-1] is finals[0]
-        text = "".join(e.get("content", "") for e in chunks)
         assert finals[0]["tokens_predicted"] == 80
     else:
         assert events[-1] == "[DONE]"
@@ -95,7 +96,7 @@ def test_a_streamed_request_across_forced_parks_is_one_well_formed_stream(
         assert len(roles) == 1, "the stream started twice"
         finals = [c for c in chunks if c["choices"] and c["choices"][0].get("finish_reason")]
         assert len(finals) == 1
-        text = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"])
+    text = Completion.from_stream(chunks).text
     assert len(text) == len(ref_text)
     assert text == ref_text
 

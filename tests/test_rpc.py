@@ -13,8 +13,6 @@ from __future__ import annotations
 import re
 import socket
 import subprocess
-import sys
-import time
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -22,10 +20,11 @@ import pytest
 import requests
 
 from helpers import (assert_every_swap_verified, assert_forced_swaps_give_the_unparked_answer,
-                     assert_restored_ahead_exactly, complete, complete_all, long_prompt, open_raw_stream, streams_held_parked, wait_for_parked, wait_until_nothing_held)
+                     assert_restored_ahead_exactly, cli_command, complete, complete_all, long_prompt, open_raw_stream,
+                     streams_held_parked, wait_for_parked, wait_until, wait_until_nothing_held)
 from llama_preempt.binary import rpc_server_binary, server_binary
 from llama_preempt.rpc import RpcServer
-from llama_preempt.server import LlamaServer, ServerConfig, free_port
+from llama_preempt.server import LlamaServer, free_port
 
 FORCED = {"LLAMA_SERVER_PREEMPT_EVERY": "8"}
 VERIFY = {"LLAMA_SERVER_PREEMPT_VERIFY": "1"}
@@ -77,18 +76,19 @@ def test_the_package_installs_the_rpc_server_beside_llama_server() -> None:
 def test_llama_preempt_rpc_server_runs_upstreams_rpc_server(tmp_path: Path) -> None:
     port = free_port()
     log = (tmp_path / "rpc.log").open("wb")
-    proc = subprocess.Popen([sys.executable, "-m", "llama_preempt.cli", "rpc-server", "-H", "127.0.0.1",
-                             "-p", str(port), "-t", "1"], stdout=log, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(cli_command("rpc-server", "-H", "127.0.0.1", "-p", str(port), "-t", "1"), stdout=log,
+                            stderr=subprocess.STDOUT)
+
+    def listening() -> bool:
+        assert proc.poll() is None, (tmp_path / "rpc.log").read_text()
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return True
+        except OSError:
+            return False
+
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            assert proc.poll() is None, (tmp_path / "rpc.log").read_text()
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                break
-            except OSError:
-                assert time.monotonic() < deadline, "llama-preempt rpc-server never listened"
-                time.sleep(0.05)
+        wait_until(listening, 30, "llama-preempt rpc-server to listen", interval_s=0.05)
     finally:
         proc.terminate()
         proc.wait(timeout=10)
@@ -195,14 +195,13 @@ def test_a_request_cancelled_while_its_rpc_copy_is_in_flight_frees_everything(
 
 
 def test_losing_the_rpc_server_with_slots_parked_ends_llama_server_with_a_clear_line(
-        start_rpc, stories_model: Path, tmp_path: Path) -> None:
+        start_rpc, start_server, stories_model: Path) -> None:
     # llama.cpp cannot carry on without a device it lost; the server must not hang, and must say
     # what it means (the requests are lost) in one line, not just an assert
     rpc = start_rpc()
     # three slots: two parked (held), one free for a request that needs the device
-    cfg = ServerConfig(model=stories_model, n_ctx=512, n_parallel=3, extra_args=on_rpc(rpc) + ["--preempt-mode", "swap"],
+    srv = start_server(stories_model, n_ctx=512, n_parallel=3, extra_args=on_rpc(rpc) + ["--preempt-mode", "swap"],
                        env={**FORCED, "LLAMA_SERVER_PREEMPT_HOLD_MS": "600000"})
-    srv = LlamaServer(cfg, log_dir=tmp_path).start()
     streams: list[Any] = []
     try:
         streams = streams_held_parked(srv)
@@ -210,22 +209,25 @@ def test_losing_the_rpc_server_with_slots_parked_ends_llama_server_with_a_clear_
 
         rpc.kill()  # the machine holding the KV cache goes away
         # nothing runs while both are held: a new request in the free slot needs the device
-        assert srv.proc is not None
-        deadline = time.monotonic() + 60
-        while srv.proc.poll() is None and time.monotonic() < deadline:
-            try:
-                srv.post("/completion", {"prompt": "hi", "n_predict": 1}, timeout=5)
-            except requests.RequestException:
-                pass
-        assert srv.proc.poll() is not None, "llama-server hung after losing its RPC device"
-        assert srv.proc.returncode != 0
+        proc = srv.proc
+        assert proc is not None
+
+        def ended() -> bool:
+            if proc.poll() is None:
+                try:
+                    srv.post("/completion", {"prompt": "hi", "n_predict": 1}, timeout=5)
+                except requests.RequestException:
+                    pass
+            return proc.poll() is not None
+
+        wait_until(ended, 60, "llama-server to end after losing its RPC device (it hung)")
+        assert proc.returncode != 0
         log = srv.log_text()
         assert "lost an RPC device" in log, srv.log_tail()
         assert "the requests running and parked in it are lost" in log
     finally:
         for s in streams:
             s.close()
-        srv.stop()
 
 
 def _vulkan_device() -> str | None:

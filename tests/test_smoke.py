@@ -5,6 +5,7 @@ import subprocess
 from pathlib import Path
 
 import llama_preempt
+from helpers import run_cli
 from llama_preempt.binary import server_binary
 
 
@@ -68,20 +69,14 @@ def test_metrics_endpoint_is_off_without_the_flag(start_server, stories_model: P
 
 
 def test_cli_reports_its_version_and_the_server_it_installed() -> None:
-    import sys
-
-    cli = [sys.executable, "-m", "llama_preempt.cli"]
-    out = subprocess.run(cli + ["--version"], capture_output=True, text=True, timeout=60)
+    out = run_cli("--version", timeout=60)
     assert out.returncode == 0 and out.stdout.strip() == f"llama-preempt {llama_preempt.__version__}"
-    out = subprocess.run(cli + ["server-path"], capture_output=True, text=True, timeout=60)
+    out = run_cli("server-path", timeout=60)
     assert out.returncode == 0
     assert Path(out.stdout.strip()) == server_binary()
 
 
 def test_cli_rejects_an_unknown_command_naming_it() -> None:
-    import sys
-
-    out = subprocess.run([sys.executable, "-m", "llama_preempt.cli", "frobnicate"], capture_output=True,
-                         text=True, timeout=60)
+    out = run_cli("frobnicate", timeout=60)
     assert out.returncode == 2
     assert "frobnicate" in out.stderr

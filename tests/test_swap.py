@@ -10,19 +10,9 @@ import pytest
 
 from helpers import (complete, complete_all, long_prompt, n_tokens, open_raw_stream, sse_events, wait_for_parked,
                      wait_until, wait_until_nothing_held)
+from llama_preempt import Completion
 
 FORCED = {"LLAMA_SERVER_PREEMPT_EVERY": "8"}
-
-
-def answer_text(endpoint: str, body: dict[str, Any]) -> str:
-    return body["content"] if endpoint == "/completion" else body["choices"][0]["message"]["content"]
-
-
-def streamed_text(endpoint: str, events: list[Any]) -> str:
-    chunks = [e for e in events if isinstance(e, dict)]
-    if endpoint == "/completion":
-        return "".join(e.get("content", "") for e in chunks)
-    return "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"])
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
@@ -36,15 +26,17 @@ def test_forced_parks_under_the_default_budget_are_swaps_and_byte_identical(
         body = {"messages": [{"role": "user", "content": "Tell me a story about a red ball"}],
                 "max_tokens": 64, "temperature": 0}
     ref_srv = start_server(stories_model, n_ctx=512, n_parallel=2, preempt=False)
-    ref = answer_text(endpoint, ref_srv.post(endpoint, body).json())
+    ref = Completion.from_response(ref_srv.post(endpoint, body).json()).text
+    assert ref
 
     srv = start_server(stories_model, n_ctx=512, n_parallel=2, env=FORCED)
     if stream:
-        got = streamed_text(endpoint, sse_events(list(srv.stream(endpoint, body))))
+        events = sse_events(list(srv.stream(endpoint, body)))
+        got = Completion.from_stream([e for e in events if isinstance(e, dict)]).text
     else:
         r = srv.post(endpoint, body)
         assert r.status_code == 200, r.text
-        got = answer_text(endpoint, r.json())
+        got = Completion.from_response(r.json()).text
     assert got == ref
     m = srv.metrics()
     assert m["n_preempt_total"] >= 6

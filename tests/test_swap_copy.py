@@ -9,22 +9,17 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any
 
 import pytest
 import requests
 
-from helpers import (assert_every_swap_verified, labeled, assert_forced_swaps_give_the_unparked_answer, assert_restored_ahead_exactly,
-                     complete, complete_all, long_prompt, run_concurrently, wait_for_parked)
+from helpers import (assert_every_swap_verified, assert_forced_swaps_give_the_unparked_answer,
+                     assert_restored_ahead_exactly, complete, complete_all, long_prompt, run_concurrently, wait_for_parked)
 
 FORCED = {"LLAMA_SERVER_PREEMPT_EVERY": "8"}
 ROUTES = ["bulk", "graph"]
 FLASH = ["on", "off"]
 MTP_ARGS = ["--spec-type", "draft-mtp", "--spec-draft-n-max", "2"]
-
-
-def parks_by_choice(srv: Any) -> dict[str, float]:
-    return labeled(srv)["preempt_parks_by_choice_total"]
 
 
 def swap_env(route: str) -> dict[str, str]:
@@ -40,7 +35,7 @@ def test_swap_parks_copy_upstreams_bytes_and_give_the_unparked_output(
     srv = start_server(stories_model, n_ctx=512, n_parallel=2, env=swap_env(route),
                        extra_args=["-fa", flash, "--preempt-mode", "swap"])
     m = assert_forced_swaps_give_the_unparked_answer(ref_srv, srv)
-    assert parks_by_choice(srv)["swap_mode"] == m["n_preempt_total"]
+    assert srv.metrics().labeled["preempt_parks_by_choice_total"]["swap_mode"] == m["n_preempt_total"]
 
 
 @pytest.mark.parametrize("route", ROUTES)
@@ -111,7 +106,7 @@ def test_auto_recomputes_when_the_swap_is_predicted_dearer(start_server, stories
     assert m["n_preempt_swap_total"] == 0
     assert m["preempt_park_bytes_per_second"] == 1000
     assert m["preempt_prefill_tokens_per_second"] == 1_000_000
-    by = parks_by_choice(srv)
+    by = srv.metrics().labeled["preempt_parks_by_choice_total"]
     assert by["recompute_cheaper"] == m["n_preempt_total"]
     assert by["swap_cheaper"] == 0
     assert "recompute_cheaper (predicted swap" in srv.log_text()
@@ -131,7 +126,7 @@ def test_auto_swaps_when_the_swap_is_predicted_cheaper(start_server, stories_mod
     m = srv.metrics()
     assert m["n_preempt_total"] >= 6
     assert m["n_preempt_swap_total"] == m["n_preempt_total"]
-    by = parks_by_choice(srv)
+    by = srv.metrics().labeled["preempt_parks_by_choice_total"]
     assert by["swap_cheaper"] == m["n_preempt_total"]
     assert by["recompute_cheaper"] == 0
 
@@ -149,7 +144,7 @@ def test_auto_measures_its_rates_from_the_servers_own_parks_and_prompts(start_se
     assert m["preempt_prefill_tokens_per_second"] != 1000
     assert m["preempt_park_bytes_per_second"] != 2_000_000_000
     assert m["preempt_restore_bytes_per_second"] != 4_000_000_000
-    by = parks_by_choice(srv)
+    by = srv.metrics().labeled["preempt_parks_by_choice_total"]
     assert by["swap_cheaper"] + by["recompute_cheaper"] == m["n_preempt_total"]
 
 
@@ -160,7 +155,7 @@ def test_preempt_mode_recompute_never_swaps(start_server, stories_model: Path) -
     m = srv.metrics()
     assert m["n_preempt_total"] >= 4
     assert m["n_preempt_recompute_total"] == m["n_preempt_total"]
-    assert parks_by_choice(srv)["recompute_mode"] == m["n_preempt_total"]
+    assert srv.metrics().labeled["preempt_parks_by_choice_total"]["recompute_mode"] == m["n_preempt_total"]
 
 
 @pytest.mark.parametrize("value", ["fast", "", "SWAP"])
