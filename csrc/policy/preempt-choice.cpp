@@ -107,8 +107,7 @@ park_decision choose_park(preempt_mode mode, const park_options & o, const cost_
     d.recompute_ms = 1e3 * o.n_tokens / rates.prefill_tps;
 
     auto take = [&](park_tier tier, park_choice why) {
-        d.swap = tier != park_tier::recompute;
-        d.disk = tier == park_tier::disk;
+        d.tier = tier;
         d.why  = why;
         return d;
     };

@@ -71,14 +71,13 @@ constexpr int N_PARK_TIERS = 3;
 const char * park_tier_name(park_tier t);  // "recompute", "ram", "disk"
 
 struct park_decision {
-    bool        swap = false;  // the state is copied out (to RAM, or through RAM to disk)
-    bool        disk = false;  //   to a file under --preempt-disk
+    park_tier   tier = park_tier::recompute;  // where its state waits
     park_choice why  = park_choice::no_state;
     double      swap_ms      = 0;  // predicted RAM park: park + restore
     double      disk_ms      = 0;  // predicted disk park: park + write (unless in the background) + read (unless ahead) + restore; 0 without a disk
     double      recompute_ms = 0;  // predicted: re-prefill of the tokens held
 
-    park_tier tier() const { return !swap ? park_tier::recompute : disk ? park_tier::disk : park_tier::ram; }
+    bool copies() const { return tier != park_tier::recompute; }  // the state is copied out (to RAM, or through RAM to disk)
 };
 
 // What one victim could be parked into.

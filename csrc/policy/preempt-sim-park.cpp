@@ -1,5 +1,6 @@
-// The simulator's park and resume (preempt-sim.h): what the server's mechanics do to a slot and
-// to the clock, in simulated time.
+// The simulator as an executor (preempt-executor.h): what the server's mechanics do to a slot, to
+// host RAM, to the disk and to the clock, in simulated time. Every choice is the policy's
+// (apply_plan(), park_victim(), disk_hold()); this file only carries it out.
 #include "preempt-sim.h"
 
 #include "preempt-policy.h"
@@ -9,69 +10,101 @@
 
 namespace llama_preempt {
 
-void sim_server::park(sim_slot & s) {
-    // the server's own decisions (preempt-policy.h), priced with the simulated costs
-    park_input in;
-    in.at        = s.phase == slot_phase::generating ? parked_from::generating : s.is_new ? parked_from::started : parked_from::prompt;
-    in.replaying = s.replay_left > 0;
-    in.n_held    = s.cells;
-    in.n_prompt  = reqs[s.req].n_prompt;
-    in.n_replay  = s.replay_total;
-    const double bytes = in.n_held * p.bytes_per_cell;
-    cost_rates rates;
-    rates.park_bps       = p.swap_out_bps;
-    rates.restore_bps    = p.swap_in_bps;
-    rates.prefill_tps    = 1.0 / p.prefill_token_s;
-    rates.disk_write_bps = p.disk_write_bps;
-    rates.disk_read_bps  = p.disk_read_bps;
-    park_options o;
-    o.bytes        = has_swap_state(in) ? (size_t) bytes : 0;
-    o.n_tokens     = in.n_held;
-    o.ram_left     = ram_left(ram_budget(), (size_t) parked_bytes);
-    o.disk_left    = ram_left(disk_budget(), (size_t) disk_bytes);
-    o.waits_behind = o.disk_left > 0 && waits_behind_parked(views(), s.id);
-    const park_decision how = choose_park(effective_mode(p.mode, ram_budget(), disk_budget()), o, rates);
-    const park_shape shape = shape_park(in, how.swap, p.n_batch);
-    res.parks_by_choice[(int) how.why]++;
+tier_state sim_server::tiers() const {
+    tier_state t;
+    t.mode       = effective_mode(p.mode, ram_budget(), disk_budget());
+    t.ram_budget = ram_budget();
+    t.ram_held   = (size_t) parked_bytes;
+    t.disk_left  = ram_left(disk_budget(), (size_t) disk_bytes);
+    t.rates.park_bps       = p.swap_out_bps;
+    t.rates.restore_bps    = p.swap_in_bps;
+    t.rates.prefill_tps    = 1.0 / p.prefill_token_s;
+    t.rates.disk_write_bps = p.disk_write_bps;
+    t.rates.disk_read_bps  = p.disk_read_bps;
+    t.n_batch = p.n_batch;
+    return t;
+}
 
-    s.held      = in.n_held;
-    s.from_gen  = shape.from == parked_from::generating;
-    s.n_restore = shape.n_restore;
-    s.reading   = false;
-    if (how.swap) {
-        s.swapped = true;
-        s.bytes   = bytes;
-        s.on_disk = how.disk;
-        t += bytes / p.swap_out_bps;
-        if (how.disk) {
-            disk_bytes += bytes;
-            res.peak_disk_bytes = std::max(res.peak_disk_bytes, disk_bytes);
-            res.n_park_disk++;
-            // one I/O thread: the write queues behind what it is doing
-            t_io_free = std::max(t_io_free, t) + bytes / p.disk_write_bps;
-            if (o.bytes <= o.ram_left) {
-                s.t_io_done = t_io_free;  // written in the background from the host copy, held until then
-                s.ram       = bytes;
-            } else {
-                t     = t_io_free;  // the loop waits for the write: the host copy does not fit the RAM left
-                s.ram = 0;
-            }
+victim_state sim_server::victim(int32_t id, park_reason reason) const {
+    const auto & s = slots[id];
+    victim_state v;
+    v.id           = id;
+    v.reason       = reason;
+    v.in.at        = s.phase == slot_phase::generating ? parked_from::generating : s.is_new ? parked_from::started : parked_from::prompt;
+    v.in.replaying = s.replay_left > 0;
+    v.in.n_held    = s.cells;
+    v.in.n_prompt  = reqs[s.req].n_prompt;
+    v.in.n_replay  = s.replay_total;
+    v.bytes        = (size_t) (s.cells * p.bytes_per_cell);
+    return v;
+}
+
+parked_state sim_server::parked(int32_t id) const {
+    const auto & s = slots[id];
+    parked_state st;
+    if (s.phase == slot_phase::parked && s.swapped) {
+        st.tier   = s.on_disk ? park_tier::disk : park_tier::ram;
+        st.bytes  = (size_t) s.bytes;
+        st.in_ram = s.on_disk && s.ram > 0;
+    }
+    return st;
+}
+
+void sim_server::purge(int32_t id) {
+    slots[id].cells = 0;
+}
+
+void sim_server::fail(int32_t id) {
+    finish(slots[id], sim_outcome::failed);
+}
+
+move_result sim_server::copy_out(const park_order & o) {
+    auto & s = slots[o.id];
+    const double bytes = (double) o.bytes;
+    s.bytes = bytes;
+    t += bytes / p.swap_out_bps;
+    if (o.tier() == park_tier::disk) {
+        disk_bytes += bytes;
+        res.peak_disk_bytes = std::max(res.peak_disk_bytes, disk_bytes);
+        // one I/O thread: the write queues behind what it is doing
+        t_io_free = std::max(t_io_free, t) + bytes / p.disk_write_bps;
+        if (o.background) {
+            s.t_io_done = t_io_free;  // written from the host copy, held until then
+            s.ram       = bytes;
         } else {
-            s.ram = bytes;
+            t     = t_io_free;  // the loop waits for the write
+            s.ram = 0;
         }
-        parked_bytes += s.ram;
-        res.peak_parked_bytes = std::max(res.peak_parked_bytes, parked_bytes);
+    } else {
+        s.ram = bytes;
+    }
+    parked_bytes += s.ram;
+    res.peak_parked_bytes = std::max(res.peak_parked_bytes, parked_bytes);
+    return {};
+}
+
+void sim_server::park(const park_order & o) {
+    auto & s = slots[o.id];
+    res.parks_by_choice[(int) o.how.why]++;
+    s.held      = o.in.n_held;
+    s.from_gen  = o.shape.from == parked_from::generating;
+    s.n_restore = o.shape.n_restore;
+    s.reading   = false;
+    if (o.how.copies()) {
+        s.swapped = true;
+        s.on_disk = o.tier() == park_tier::disk;
+        res.n_park_disk += s.on_disk;
         res.n_park_swap++;
     } else {
         s.swapped = false;
         s.on_disk = false;
         s.bytes   = 0;
         s.ram     = 0;
-        if (s.from_gen && !in.replaying) {
-            s.replay_total = shape.n_restore;  // what it held plus the token it had sampled
+        if (s.from_gen && !o.in.replaying) {
+            s.replay_total = o.shape.n_restore;  // what it held plus the token it had sampled
         }
-        if (shape.from == parked_from::prompt) {
-            s.redo_left  += shape.n_redo;  // starts its prompt over
+        if (o.shape.from == parked_from::prompt) {
+            s.redo_left  += o.shape.n_redo;  // starts its prompt over
             s.prompt_done = 0;
         }
         res.n_park_recompute++;
@@ -84,20 +117,27 @@ void sim_server::park(sim_slot & s) {
     res.requests[s.req].n_preempt += 1;
 }
 
+// at the start of a step, as the server's disk step: a written file frees its host copy unless the
+// slot is the next back, a read ahead is let go when RAM is short and the slot is no longer next
 void sim_server::settle_disk() {
+    const size_t left = ram_left(ram_budget(), (size_t) parked_bytes);
     for (auto & s : slots) {
-        // as the server, the slot that came back next in the last plan keeps its host copy
-        if (s.phase == slot_phase::parked && s.on_disk && !s.reading && s.ram > 0 && t >= s.t_io_done &&
-            s.id != restore_next) {
-            parked_bytes -= s.ram;  // written: the state is only on disk now
-            s.ram = 0;
+        if (s.phase != slot_phase::parked || !s.on_disk || s.ram == 0 || t < s.t_io_done) {
+            continue;
+        }
+        const disk_keep k = disk_hold(s.id, restore_next, (size_t) s.bytes, left);
+        if (s.reading ? !k.keep_read : !k.keep_copy) {
+            parked_bytes -= s.ram;  // the state is only on disk now
+            s.ram     = 0;
+            s.reading = false;
         }
     }
 }
 
-void sim_server::read_ahead(sim_slot & s) {
-    if (s.phase != slot_phase::parked || !s.on_disk || s.ram > 0 || s.bytes > ram_left(ram_budget(), (size_t) parked_bytes)) {
-        return;
+void sim_server::read_ahead(int32_t id) {
+    auto & s = slots[id];
+    if (!s.on_disk) {
+        return;  // a RAM park: an upload ahead costs the simulated step nothing
     }
     t_io_free   = std::max(t_io_free, t) + s.bytes / p.disk_read_bps;
     s.t_io_done = t_io_free;
@@ -107,21 +147,28 @@ void sim_server::read_ahead(sim_slot & s) {
     res.peak_parked_bytes = std::max(res.peak_parked_bytes, parked_bytes);
 }
 
-void sim_server::resume(sim_slot & s) {
+move_result sim_server::copy_in(int32_t id) {
+    auto & s = slots[id];
+    if (s.on_disk) {
+        if (s.reading) {
+            t = std::max(t, s.t_io_done);  // the read ahead lands
+        } else if (s.ram == 0) {
+            t_io_free = std::max(t_io_free, t) + s.bytes / p.disk_read_bps;  // read now, the loop waits
+            t         = t_io_free;
+        }  // else its write is still running (it stays in the queue's time): restored from the host copy
+        disk_bytes -= s.bytes;
+    }
+    t += s.bytes / p.swap_in_bps;
+    parked_bytes -= s.ram;
+    return {};
+}
+
+void sim_server::resume(int32_t id, park_tier from, bool fallback) {
+    (void) fallback;  // a simulated copy never fails
+    auto & s = slots[id];
     res.requests[s.req].t_parked_s += t - s.t_parked;
     res.n_resume++;
-    if (s.swapped) {
-        if (s.on_disk) {
-            if (s.reading) {
-                t = std::max(t, s.t_io_done);  // the read ahead lands
-            } else if (s.ram == 0) {
-                t_io_free = std::max(t_io_free, t) + s.bytes / p.disk_read_bps;  // read now, the loop waits
-                t         = t_io_free;
-            }  // else its write is still running (it stays in the queue's time): restored from the host copy
-            disk_bytes -= s.bytes;
-        }
-        t += s.bytes / p.swap_in_bps;
-        parked_bytes -= s.ram;
+    if (from != park_tier::recompute) {
         s.cells   = s.held;
         s.bytes   = 0;
         s.ram     = 0;
@@ -135,6 +182,15 @@ void sim_server::resume(sim_slot & s) {
     if (s.from_gen) {
         s.replay_left = s.replay_total;
     }
+}
+
+void sim_server::hold(int32_t id) {
+    held[id] = 1;
+}
+
+void sim_server::record(const decision & d) {
+    const auto & s = slots[d.id];
+    res.trace.push_back({ res.n_steps, d.kind, s.req, d.tier, d.reason, d.why });
 }
 
 } // namespace llama_preempt

@@ -164,7 +164,7 @@ bool sim_server::last_resort() {
     if (victim < 0) {
         return false;
     }
-    park(slots[victim]);
+    park_victim(*this, victim, park_reason::last_resort);
     return true;
 }
 
@@ -191,29 +191,12 @@ bool sim_server::step(double t_next) {
         return true;
     }
 
-    std::vector<uint8_t> hold(slots.size(), 0);
+    held.assign(slots.size(), 0);
     if (p.preempt) {
         settle_disk();
         const plan pl = plan_step(views(), pp);
-        for (int32_t id : pl.purge) {
-            slots[id].cells = 0;
-        }
-        for (int32_t id : pl.fail) {
-            finish(slots[id], sim_outcome::failed);
-        }
-        for (int32_t id : pl.park) {
-            park(slots[id]);
-        }
-        for (int32_t id : pl.resume) {
-            resume(slots[id]);
-        }
-        for (int32_t id : pl.hold) {
-            hold[id] = 1;
-        }
+        apply_plan(pl, *this);
         restore_next = pl.restore_next;
-        if (restore_next >= 0) {
-            read_ahead(slots[restore_next]);
-        }
     }
 
     // the batch: one token per generating slot, then prompt and replay chunks in slot order
@@ -231,7 +214,7 @@ bool sim_server::step(double t_next) {
             }
         }
         for (auto & s : slots) {
-            if (s.phase != slot_phase::prompt || hold[s.id] || n_gen_tok + n_prompt_tok >= p.n_batch) {
+            if (s.phase != slot_phase::prompt || held[s.id] || n_gen_tok + n_prompt_tok >= p.n_batch) {
                 continue;
             }
             if (s.is_new) {

@@ -1,14 +1,16 @@
 // A simulator of llama-server's loop over a unified KV pool, driven by the real policy.
 //
 // Each simulated step does what update_slots() does, in the same order: the planner
-// (plan_step(), the very function the server calls) decides purges, parks, resumes and holds;
-// the batch takes one token per generating slot, then prompt and replay chunks in slot order up
-// to n_batch; the step costs time by per-token rates. A victim is swapped or recomputed by the
-// server's own choose_park(), priced with the simulated costs. Pure C++ and no llama types, so operators can
+// (plan_step(), the very function the server calls) decides purges, parks, resumes and holds, and
+// apply_plan() carries them out through this simulator's executor (preempt-sim-park.cpp), as it
+// does through the server's: each victim's tier is the policy's decide_park(), priced with the
+// simulated costs. The batch takes one token per generating slot, then prompt and replay chunks in
+// slot order up to n_batch; the step costs time by per-token rates. Pure C++ and no llama types, so operators can
 // size -c and --preempt-ram for a workload in seconds (llama_preempt.simulate), and a fleet of
 // such servers behind a router (simulate_fleet(), preempt-fleet.cpp).
 #pragma once
 
+#include "preempt-executor.h"
 #include "preempt-policy.h"
 
 #include <cstdint>
@@ -60,8 +62,19 @@ struct sim_request_result {
     double      t_parked_s  = 0;   // time spent parked
 };
 
+// one decision of the simulated server's policy, as the server's step events report it
+struct sim_decision {
+    int64_t       step    = 0;   // the step it was made in (res.n_steps then)
+    decision_kind kind    = decision_kind::park;
+    int32_t       request = -1;  // the request the slot served (the order it arrived here)
+    park_tier     tier    = park_tier::recompute;
+    park_reason   reason  = park_reason::pool_full;
+    park_choice   why     = park_choice::no_state;
+};
+
 struct sim_result {
     std::vector<sim_request_result> requests;
+    std::vector<sim_decision>       trace;  // every park, resume and failure of a parked request, in order
     int64_t n_steps              = 0;
     int64_t n_park_swap          = 0;
     int64_t n_park_recompute     = 0;
@@ -111,7 +124,7 @@ constexpr double SIM_NEVER = std::numeric_limits<double>::infinity();
 // each request when it arrives (arrive()) and advances it in time (run_until()), so one loop serves
 // a lone server (simulate()) and a fleet behind a router (simulate_fleet()) alike. Requests are
 // numbered, and res.requests kept, in the order they arrive here.
-struct sim_server {
+struct sim_server final : plan_executor {
     sim_params  p;
     plan_params pp;
     sim_result  res;
@@ -124,6 +137,7 @@ struct sim_server {
     double disk_bytes   = 0;  // bytes in the disk tier's files
     double t_io_free    = 0;  // the disk's I/O thread is free then (its writes and reads run one at a time)
     int32_t restore_next = -1; // the last plan's: it keeps a written disk park's host copy
+    std::vector<uint8_t> held; // per slot: a new request kept waiting this step
     bool   stopped = false;  // gave up: the step limit, or held requests that nothing can unblock
 
     explicit sim_server(const sim_params & p);
@@ -147,17 +161,28 @@ struct sim_server {
     // the pieces of a step
     bool is_running(const sim_slot & s) const;
     slot_view view(const sim_slot & s) const;
-    std::vector<slot_view> views() const;
     void finish(sim_slot & s, sim_outcome outcome);
     void admit();
-    void park(sim_slot & s);
-    void resume(sim_slot & s);
-    void settle_disk();                // writes done free their host copy
-    void read_ahead(sim_slot & s);     // the next one back has its file read while others decode
+    void settle_disk();  // written files free their host copy, reads ahead let go (disk_hold())
     size_t ram_budget() const;
     size_t disk_budget() const;  // 0: no disk tier
     bool last_resort();
     int32_t cells_used() const;
+
+    // the executor (preempt-executor.h), in simulated time (preempt-sim-park.cpp)
+    std::vector<slot_view> views() const override;
+    tier_state   tiers() const override;
+    victim_state victim(int32_t id, park_reason reason) const override;
+    parked_state parked(int32_t id) const override;
+    void         purge(int32_t id) override;
+    void         fail(int32_t id) override;
+    move_result  copy_out(const park_order & o) override;
+    void         park(const park_order & o) override;
+    move_result  copy_in(int32_t id) override;
+    void         resume(int32_t id, park_tier from, bool fallback) override;
+    void         hold(int32_t id) override;
+    void         read_ahead(int32_t id) override;  // the next one back has its file read while others decode
+    void         record(const decision & d) override;
 };
 
 // one server: simulate_fleet() with a fleet of one

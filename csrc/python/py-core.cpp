@@ -27,35 +27,9 @@ namespace lp = llama_preempt;
 
 void register_engine(py::module_ & m);  // py-engine.cpp: the in-process server
 void register_events(py::module_ & m);  // py-events.cpp: step events and the exported names
+void register_sim(py::module_ & m);     // py-sim.cpp: the simulator, its results and the policy's enums
 
 namespace {
-
-// the simulator's requests from the three columns Python passes
-std::vector<lp::sim_request> sim_requests(const std::vector<double> & t_arrival, const std::vector<int32_t> & n_prompt,
-                                          const std::vector<int32_t> & n_gen) {
-    if (t_arrival.size() != n_prompt.size() || t_arrival.size() != n_gen.size()) {
-        throw py::value_error("t_arrival, n_prompt and n_gen must have the same length");
-    }
-    std::vector<lp::sim_request> reqs(t_arrival.size());
-    for (size_t i = 0; i < reqs.size(); ++i) {
-        if (n_prompt[i] < 1 || n_gen[i] < 1) {
-            throw py::value_error("every request needs at least one prompt token and one generated token");
-        }
-        reqs[i] = { t_arrival[i], n_prompt[i], n_gen[i] };
-    }
-    return reqs;
-}
-
-// (outcome 0 pending / 1 completed / 2 failed, t_start, t_first, t_done, n_preempt, t_parked_s)
-std::vector<std::tuple<int, double, double, double, int, double>> request_tuples(
-        const std::vector<lp::sim_request_result> & requests) {
-    std::vector<std::tuple<int, double, double, double, int, double>> out;
-    out.reserve(requests.size());
-    for (const auto & q : requests) {
-        out.emplace_back((int) q.outcome, q.t_start, q.t_first, q.t_done, q.n_preempt, q.t_parked_s);
-    }
-    return out;
-}
 
 } // namespace
 
@@ -64,6 +38,7 @@ PYBIND11_MODULE(_core, m) {
 
     register_events(m);
     register_engine(m);
+    register_sim(m);
 
     m.def("version", &lp::version, "llama-preempt version compiled into this module");
     m.def("version_line", &lp::version_line, "the identity line llama-server prints at start");
@@ -186,10 +161,10 @@ PYBIND11_MODULE(_core, m) {
         .def("observe_disk_read",  &lp::cost_rates::observe_disk_read,  py::arg("bytes"), py::arg("t_us"));
 
     py::class_<lp::park_decision>(m, "ParkDecision", "RAM, disk or RECOMPUTE for one victim, and why")
-        .def_readonly("swap", &lp::park_decision::swap)
-        .def_readonly("disk", &lp::park_decision::disk)
+        .def_property_readonly("swap", [](const lp::park_decision & d) { return d.copies(); })  // copied out, to RAM or disk
+        .def_property_readonly("disk", [](const lp::park_decision & d) { return d.tier == lp::park_tier::disk; })
         .def_property_readonly("why", [](const lp::park_decision & d) { return std::string(lp::park_choice_name(d.why)); })
-        .def_property_readonly("tier", [](const lp::park_decision & d) { return std::string(lp::park_tier_name(d.tier())); })
+        .def_property_readonly("tier", [](const lp::park_decision & d) { return std::string(lp::park_tier_name(d.tier)); })
         .def_readonly("swap_ms",      &lp::park_decision::swap_ms)
         .def_readonly("disk_ms",      &lp::park_decision::disk_ms)
         .def_readonly("recompute_ms", &lp::park_decision::recompute_ms);
@@ -285,93 +260,4 @@ PYBIND11_MODULE(_core, m) {
           "(device, what, GB/s, pinned) for host memcpy and each device's host<->device transfers: "
           "the yardstick of the SWAP bandwidth bench; `rpc`: HOST:PORT of RPC servers to measure too");
 
-    py::class_<lp::sim_params>(m, "SimParams", "the simulated server: pool, slots, budget and per-token costs")
-        .def(py::init<>())
-        .def_readwrite("n_pool",           &lp::sim_params::n_pool)
-        .def_readwrite("n_slots",          &lp::sim_params::n_slots)
-        .def_readwrite("n_batch",          &lp::sim_params::n_batch)
-        .def_readwrite("preempt",          &lp::sim_params::preempt)
-        .def_readwrite("ram_budget_bytes", &lp::sim_params::ram_budget_bytes)
-        .def_property("mode",
-            [](const lp::sim_params & sp) { return std::string(lp::preempt_mode_name(sp.mode)); },
-            [](lp::sim_params & sp, const std::string & v) {
-                if (!lp::parse_preempt_mode(v, sp.mode)) {
-                    throw py::value_error("mode must be auto, swap or recompute, got '" + v + "'");
-                }
-            }, "--preempt-mode: auto, swap or recompute")
-        .def_readwrite("step_s",           &lp::sim_params::step_s)
-        .def_readwrite("decode_token_s",   &lp::sim_params::decode_token_s)
-        .def_readwrite("prefill_token_s",  &lp::sim_params::prefill_token_s)
-        .def_readwrite("bytes_per_cell",   &lp::sim_params::bytes_per_cell)
-        .def_readwrite("swap_out_bps",     &lp::sim_params::swap_out_bps)
-        .def_readwrite("swap_in_bps",      &lp::sim_params::swap_in_bps)
-        .def_readwrite("disk_budget_bytes", &lp::sim_params::disk_budget_bytes)
-        .def_readwrite("disk_write_bps",   &lp::sim_params::disk_write_bps)
-        .def_readwrite("disk_read_bps",    &lp::sim_params::disk_read_bps)
-        .def_readwrite("max_steps",        &lp::sim_params::max_steps);
-
-    py::class_<lp::sim_result>(m, "SimResult", "what a simulated run did")
-        .def_readonly("n_steps",            &lp::sim_result::n_steps)
-        .def_readonly("n_park_swap",        &lp::sim_result::n_park_swap)
-        .def_readonly("n_park_recompute",   &lp::sim_result::n_park_recompute)
-        .def_readonly("n_park_disk",        &lp::sim_result::n_park_disk)
-        .def_readonly("peak_disk_bytes",    &lp::sim_result::peak_disk_bytes)
-        .def_property_readonly("parks_by_choice", [](const lp::sim_result & r) {
-            std::map<std::string, int64_t> out;
-            for (int i = 0; i < lp::N_PARK_CHOICES; ++i) {
-                out[lp::park_choice_name((lp::park_choice) i)] = r.parks_by_choice[i];
-            }
-            return out;
-        })
-        .def_readonly("n_resume",           &lp::sim_result::n_resume)
-        .def_readonly("n_recompute_tokens", &lp::sim_result::n_recompute_tokens)
-        .def_readonly("n_tokens_generated", &lp::sim_result::n_tokens_generated)
-        .def_readonly("peak_parked_bytes",  &lp::sim_result::peak_parked_bytes)
-        .def_readonly("peak_cells",         &lp::sim_result::peak_cells)
-        .def_readonly("makespan_s",         &lp::sim_result::makespan_s)
-        .def_readonly("hit_step_limit",     &lp::sim_result::hit_step_limit)
-        .def("requests", [](const lp::sim_result & r) { return request_tuples(r.requests); },
-             "(outcome 0 pending / 1 completed / 2 failed, t_start, t_first, t_done, n_preempt, t_parked_s) per request");
-
-    py::class_<lp::sim_fleet_result>(m, "SimFleetResult", "what a simulated fleet of servers did")
-        .def_readonly("servers",   &lp::sim_fleet_result::servers,
-                      "a SimResult per server, its requests in the caller's order among them")
-        .def_readonly("server_of", &lp::sim_fleet_result::server_of, "per request: the server it went to")
-        .def("requests", [](const lp::sim_fleet_result & r) { return request_tuples(r.requests); },
-             "every request's result as SimResult.requests() gives it, in the caller's order")
-        .def("parked_seen", [](const lp::sim_fleet_result & r) {
-            const size_t n_srv = r.servers.size();
-            std::vector<std::vector<int32_t>> out(r.server_of.size());
-            for (size_t i = 0; i < out.size(); ++i) {
-                out[i].assign(r.parked_seen.begin() + i * n_srv, r.parked_seen.begin() + (i + 1) * n_srv);
-            }
-            return out;
-        }, "per request: each server's parked requests when the router placed it");
-
-    m.def("simulate", [](const std::vector<double> & t_arrival, const std::vector<int32_t> & n_prompt,
-                         const std::vector<int32_t> & n_gen, const lp::sim_params & params) {
-              const auto reqs = sim_requests(t_arrival, n_prompt, n_gen);
-              py::gil_scoped_release nogil;
-              return lp::simulate(reqs, params);
-          },
-          py::arg("t_arrival"), py::arg("n_prompt"), py::arg("n_gen"), py::arg("params"),
-          "run the server loop in simulation with the server's own planner");
-
-    m.def("simulate_fleet", [](const std::vector<double> & t_arrival, const std::vector<int32_t> & n_prompt,
-                               const std::vector<int32_t> & n_gen, const lp::sim_params & params, int32_t n_servers,
-                               const std::string & route) {
-              const auto reqs = sim_requests(t_arrival, n_prompt, n_gen);
-              if (n_servers < 1) {
-                  throw py::value_error("n_servers must be at least 1");
-              }
-              lp::sim_route how;
-              if (!lp::parse_sim_route(route, how)) {
-                  throw py::value_error("route must be round-robin or least-parked, got '" + route + "'");
-              }
-              py::gil_scoped_release nogil;
-              return lp::simulate_fleet(reqs, params, n_servers, how);
-          },
-          py::arg("t_arrival"), py::arg("n_prompt"), py::arg("n_gen"), py::arg("params"), py::arg("n_servers"),
-          py::arg("route") = "round-robin",
-          "run the workload through n_servers simulated servers, each arrival placed by the route");
 }

@@ -8,6 +8,7 @@
 #include "preempt-disk-park.h"
 #include "preempt-drain.h"
 #include "preempt-events.h"
+#include "preempt-executor.h"
 #include "preempt-policy.h"
 #include "preempt-swap.h"
 #include "server-common.h"
@@ -17,6 +18,8 @@
 #include <memory>
 #include <new>
 #include <stdexcept>
+
+struct preempt_server;  // preemption beside upstream's server_context_impl (preempt-server.inc)
 
 namespace llama_preempt {
 

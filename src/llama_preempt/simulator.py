@@ -204,9 +204,6 @@ class SimReport:
         return d
 
 
-_OUTCOME = {0: "pending", 1: "completed", 2: "failed"}
-
-
 def simulate(workload: Workload, *, n_ctx: int, n_parallel: int, n_batch: int = 512, preempt: bool = True,
              preempt_ram_mib: int = 8192, preempt_mode: str = "auto", preempt_disk_mib: int = 0,
              costs: Costs = Costs(), max_steps: int = 50_000_000) -> SimReport:
@@ -255,19 +252,20 @@ def latencies(per_request: Iterable[dict[str, Any]]) -> tuple[list[float], list[
 def sim_report(r: Any, arrivals: Sequence[float], *, n_ctx: int, n_parallel: int, preempt: bool,
                preempt_ram_mib: int, preempt_mode: str, preempt_disk_mib: int = 0) -> SimReport:
     """The report of one simulated server: its `_core.SimResult` and its requests' arrival times."""
-    reqs = r.requests()
-    per = [{"outcome": _OUTCOME[outcome], "t_arrival": arrival, "t_start": t_start, "t_first": t_first,
-            "t_done": t_done, "n_preempt": n_preempt, "t_parked_s": t_parked}
-           for arrival, (outcome, t_start, t_first, t_done, n_preempt, t_parked) in zip(arrivals, reqs)]
+    reqs = r.requests
+    per = [{"outcome": q.outcome.name.lower(), "t_arrival": arrival, "t_start": q.t_start, "t_first": q.t_first,
+            "t_done": q.t_done, "n_preempt": q.n_preempt, "t_parked_s": q.t_parked_s}
+           for arrival, q in zip(arrivals, reqs)]
     ttft, queue = latencies(per)
     return SimReport(
         n_ctx=n_ctx, n_parallel=n_parallel, preempt=preempt, preempt_ram_mib=preempt_ram_mib, preempt_mode=preempt_mode,
-        requests=len(reqs), completed=sum(1 for q in reqs if q[0] == 1), failed=sum(1 for q in reqs if q[0] == 2),
+        requests=len(reqs), completed=sum(1 for q in reqs if q.outcome == _core.SimOutcome.COMPLETED),
+        failed=sum(1 for q in reqs if q.outcome == _core.SimOutcome.FAILED),
         parks_swap=r.n_park_swap, parks_recompute=r.n_park_recompute, resumes=r.n_resume,
         recomputed_tokens=r.n_recompute_tokens, tokens_generated=r.n_tokens_generated,
         peak_parked_mib=r.peak_parked_bytes / 2**20, peak_cells=r.peak_cells,
         ttft_p50_s=_pct(ttft, 50), ttft_p99_s=_pct(ttft, 99), queue_p50_s=_pct(queue, 50), queue_p99_s=_pct(queue, 99),
-        longest_park_s=max((q[5] for q in reqs), default=0.0) if reqs else 0.0,
+        longest_park_s=max((q.t_parked_s for q in reqs), default=0.0),
         makespan_s=r.makespan_s, steps=r.n_steps, hit_step_limit=r.hit_step_limit,
         preempt_disk_mib=preempt_disk_mib, parks_disk=r.n_park_disk, peak_disk_mib=r.peak_disk_bytes / 2**20,
         parks_by_choice={k: v for k, v in r.parks_by_choice.items() if v}, per_request=per)

@@ -1,0 +1,62 @@
+// The whole decision for one victim, and its fallbacks (see preempt-decide.h).
+#include "preempt-decide.h"
+
+namespace llama_preempt {
+
+park_order decide_park(const victim_state & v, const tier_state & t, bool waits_behind) {
+    park_order o;
+    o.id     = v.id;
+    o.reason = v.reason;
+    o.in     = v.in;
+
+    park_options opt;
+    opt.bytes     = has_swap_state(v.in) && t.mode != preempt_mode::recompute ? v.bytes : 0;
+    opt.n_tokens  = v.in.n_held;
+    opt.ram_left  = ram_left(t.ram_budget, t.ram_held);
+    opt.disk_left = opt.bytes > 0 ? t.disk_left : 0;
+    // a slot parked through the API waits for its unpark: its read can always be had ahead
+    opt.waits_behind = opt.disk_left > 0 && (v.reason == park_reason::api || waits_behind);
+    o.how = choose_park(t.mode, opt, t.rates);
+    if (o.how.tier == park_tier::ram && t.force_disk && opt.bytes <= opt.disk_left) {
+        o.how.tier = park_tier::disk;
+    }
+    o.bytes = o.how.copies() ? opt.bytes : 0;
+    // to disk in the background when the host copy fits what is left of the RAM budget (it is held
+    // until written); else the loop waits for the write
+    o.background = o.how.tier == park_tier::disk && opt.bytes <= opt.ram_left;
+    o.shape = shape_park(v.in, o.how.copies(), t.n_batch);
+    return o;
+}
+
+park_order park_fallback(const park_order & o, move_failure f, bool kept_in_ram, int32_t n_batch) {
+    park_order r = o;
+    r.background = false;
+    if (f == move_failure::disk_write && kept_in_ram) {
+        r.how.tier = park_tier::ram;  // a RAM park from now on, for the reason it was chosen
+        return r;
+    }
+    r.how.tier = park_tier::recompute;
+    r.how.why  = park_choice::swap_failed;
+    r.bytes    = 0;
+    r.shape    = shape_park(o.in, false, n_batch);
+    return r;
+}
+
+park_tier restore_fallback(park_tier from, move_failure f) {
+    (void) from;
+    (void) f;
+    return park_tier::recompute;  // the tokens kept beside the state are always enough to replay
+}
+
+disk_keep disk_hold(int32_t id, int32_t restore_next, size_t bytes, size_t ram_left_now) {
+    disk_keep k;
+    k.keep_copy = id == restore_next;
+    k.keep_read = id == restore_next || ram_left_now >= bytes;
+    return k;
+}
+
+bool may_read_ahead(size_t bytes, size_t ram_left_now) {
+    return bytes <= ram_left_now;
+}
+
+} // namespace llama_preempt

@@ -1,0 +1,81 @@
+// The whole decision for one victim, and what a failed move falls back to.
+//
+// plan_step() (preempt-policy.h) says which slots to park and resume; this says how: for each
+// victim its tier (RAM, disk, RECOMPUTE), whether its file is written in the background, and the
+// shape of its resume; for a parked slot on disk, whether its host copy and its read ahead stay in
+// RAM this step. Every input is plain data an executor reports (preempt-executor.h), so the server
+// and the simulator ask the same questions and get the same answers.
+#pragma once
+
+#include "preempt-policy.h"
+
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+
+namespace llama_preempt {
+
+// the tiers a victim's state may go to, as the executor sees them at the park
+struct tier_state {
+    preempt_mode mode       = preempt_mode::automatic;  // effective (effective_mode())
+    size_t       ram_budget = std::numeric_limits<size_t>::max();  // --preempt-ram in bytes
+    size_t       ram_held   = 0;  // bytes parked states hold in host RAM (disk writes in flight and reads ahead too)
+    size_t       disk_left  = 0;  // bytes the disk tier can still take (0: no disk tier)
+    cost_rates   rates;           // the measured prices
+    int32_t      n_batch    = 512;
+    bool         force_disk = false;  // fault seam (LLAMA_SERVER_PREEMPT_DISK_ALWAYS): a RAM park goes to disk where it fits
+};
+
+// a victim at the moment of its park
+struct victim_state {
+    int32_t     id     = -1;
+    park_reason reason = park_reason::pool_full;
+    park_input  in;
+    size_t      bytes  = 0;  // its state (0: nothing worth copying, or RECOMPUTE only: not sized)
+};
+
+// everything an executor needs to carry out one park
+struct park_order {
+    int32_t       id         = -1;
+    park_reason   reason     = park_reason::pool_full;
+    park_input    in;
+    size_t        bytes      = 0;      // the state copied out (0 for RECOMPUTE)
+    park_decision how;                 // tier, why, predicted costs
+    bool          background = false;  // disk: written from a host copy the RAM budget holds until written
+    park_shape    shape;               // where its resume re-enters, cells it needs back
+
+    park_tier tier() const { return how.tier; }
+};
+
+// RAM, disk or RECOMPUTE for one victim (choose_park() with the tiers' state), its write and its
+// shape. `waits_behind`: another parked slot comes back before it (waits_behind_parked()).
+park_order decide_park(const victim_state & v, const tier_state & t, bool waits_behind);
+
+// what went wrong carrying out a decision
+enum class move_failure {
+    none,
+    copy_out,    // the state could not be copied to host RAM (no memory, a failed copy)
+    disk_write,  // its file could not be had
+    restore,     // the state could not be brought back (a lost file, no RAM to read it into)
+};
+
+// A park whose move failed: kept in RAM when its file failed but the host copy, within the RAM
+// budget, still holds the state (kept_in_ram); else RECOMPUTE (swap_failed). Nothing is lost.
+park_order park_fallback(const park_order & o, move_failure f, bool kept_in_ram, int32_t n_batch);
+
+// A resume whose restore failed comes back by RECOMPUTE from the tokens kept beside the state.
+park_tier restore_fallback(park_tier from, move_failure f);
+
+// A parked slot whose state is on disk, at the start of a step: whether its host copy, once its
+// file is written, is kept (the next slot back: its file would be read at once), and whether a
+// read ahead of it is kept (still next back, or RAM is not short of another state its size).
+struct disk_keep {
+    bool keep_copy = false;
+    bool keep_read = true;
+};
+disk_keep disk_hold(int32_t id, int32_t restore_next, size_t bytes, size_t ram_left_now);
+
+// the next slot back has its file read ahead when its state fits what is left of the RAM budget
+bool may_read_ahead(size_t bytes, size_t ram_left_now);
+
+} // namespace llama_preempt

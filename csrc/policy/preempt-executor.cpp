@@ -1,0 +1,65 @@
+// Carrying a plan out through an executor (see preempt-executor.h).
+#include "preempt-executor.h"
+
+namespace llama_preempt {
+
+park_order park_victim(plan_executor & ex, int32_t id, park_reason reason) {
+    const tier_state t = ex.tiers();
+    park_order o = decide_park(ex.victim(id, reason), t, t.disk_left > 0 && waits_behind_parked(ex.views(), id));
+    bool fallback = false;
+    if (o.how.copies()) {
+        const move_result r = ex.copy_out(o);
+        if (!r.ok()) {
+            o = park_fallback(o, r.failure, r.kept_in_ram, t.n_batch);
+            fallback = true;
+        }
+    }
+    ex.park(o);
+    ex.record({ decision_kind::park, id, o.tier(), reason, o.how.why, fallback });
+    return o;
+}
+
+void resume_parked(plan_executor & ex, int32_t id) {
+    park_tier from = ex.parked(id).tier;
+    bool fallback = false;
+    if (from != park_tier::recompute) {
+        const move_result r = ex.copy_in(id);
+        if (!r.ok()) {
+            from     = restore_fallback(from, r.failure);
+            fallback = true;
+        }
+    }
+    ex.resume(id, from, fallback);
+    ex.record({ decision_kind::resume, id, from, park_reason::pool_full, park_choice::no_state, fallback });
+}
+
+void apply_plan(const plan & pl, plan_executor & ex) {
+    for (int32_t id : pl.purge) {
+        ex.purge(id);
+    }
+    for (int32_t id : pl.fail) {
+        ex.record({ decision_kind::fail, id });  // before: the slot lets its request go
+        ex.fail(id);
+    }
+    for (int32_t id : pl.park) {
+        park_victim(ex, id, park_reason::pool_full);
+    }
+    for (int32_t id : pl.resume) {
+        resume_parked(ex, id);
+    }
+    for (int32_t id : pl.hold) {
+        ex.hold(id);
+    }
+    // restore ahead: the slot the plan brings back next has its file read back into host RAM (when
+    // its state fits what is left of the budget), or its RAM buffer uploaded, while others decode
+    if (pl.restore_next >= 0) {
+        const parked_state p = ex.parked(pl.restore_next);
+        const tier_state   t = ex.tiers();
+        if (p.tier == park_tier::ram ||
+            (p.tier == park_tier::disk && !p.in_ram && may_read_ahead(p.bytes, ram_left(t.ram_budget, t.ram_held)))) {
+            ex.read_ahead(pl.restore_next);
+        }
+    }
+}
+
+} // namespace llama_preempt

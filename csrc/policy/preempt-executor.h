@@ -1,0 +1,78 @@
+// One way to carry a decision out: the interface a plan is applied through.
+//
+// The policy decides (plan_step(), decide_park(), the fallbacks); an executor only reads its state
+// out and moves memory. apply_plan() walks a plan in the one order both executors share (purge,
+// fail, park, resume, hold, read ahead), asking the policy for each victim's tier as it goes, so
+// the server (server/preempt-context.inc, the real slots and copies) and the simulator
+// (preempt-sim.h, simulated time) cannot drift apart: they differ only in what a move costs.
+// Each decision is recorded through record(), the trace a test compares between the two.
+#pragma once
+
+#include "preempt-decide.h"
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+namespace llama_preempt {
+
+// the outcome of a move of state (a park's copy out, a resume's copy back)
+struct move_result {
+    move_failure failure     = move_failure::none;
+    bool         kept_in_ram = false;  // copy out to disk failed, but the host copy still holds the state
+
+    bool ok() const { return failure == move_failure::none; }
+};
+
+// a parked slot's state as the executor holds it
+struct parked_state {
+    park_tier tier   = park_tier::recompute;  // where it waits
+    size_t    bytes  = 0;                     // its size
+    bool      in_ram = false;                 // a disk park whose host copy is in RAM (being written, kept, or read ahead)
+};
+
+enum class decision_kind { park, resume, fail };
+
+// one decision as carried out: the decision trace
+struct decision {
+    decision_kind kind     = decision_kind::park;
+    int32_t       id       = -1;                    // the slot
+    park_tier     tier     = park_tier::recompute;  // park: where its state went; resume: where it came back from
+    park_reason   reason   = park_reason::pool_full;  // park
+    park_choice   why      = park_choice::no_state;   // park
+    bool          fallback = false;                 // park: its move failed; resume: its restore failed (it recomputes)
+};
+
+struct plan_executor {
+    virtual ~plan_executor() = default;
+
+    // what the policy reads
+    virtual std::vector<slot_view> views() const = 0;
+    virtual tier_state tiers() const = 0;
+    virtual victim_state victim(int32_t id, park_reason reason) const = 0;
+    virtual parked_state parked(int32_t id) const = 0;
+
+    // what it carries out
+    virtual void purge(int32_t id) = 0;  // an idle slot's cached cells go
+    virtual void fail(int32_t id) = 0;   // a parked slot that cannot fit even an empty pool ends (the context error)
+    virtual move_result copy_out(const park_order & o) = 0;  // the state to o.tier() (RAM or disk)
+    virtual void park(const park_order & o) = 0;             // the slot leaves the pool as the order says
+    virtual move_result copy_in(int32_t id) = 0;             // a RAM or disk park's state back into the pool
+    virtual void resume(int32_t id, park_tier from, bool fallback) = 0;  // the slot re-enters: restored, or to replay
+    virtual void hold(int32_t id) = 0;        // a new request waits this step
+    virtual void read_ahead(int32_t id) = 0;  // the next slot back: its file read (or its buffer uploaded) now
+
+    virtual void record(const decision & d) { (void) d; }
+};
+
+// One victim parked: the policy decides its tier and shape, the executor copies, a failed copy
+// falls back (park_fallback()) and the slot is parked as finally decided.
+park_order park_victim(plan_executor & ex, int32_t id, park_reason reason);
+
+// One parked slot resumed: restored from RAM or disk, or by RECOMPUTE (also when a restore fails).
+void resume_parked(plan_executor & ex, int32_t id);
+
+// A plan carried out, in the order every executor shares.
+void apply_plan(const plan & pl, plan_executor & ex);
+
+} // namespace llama_preempt

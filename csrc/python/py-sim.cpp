@@ -1,0 +1,178 @@
+// llama_preempt._core: the simulator (policy/preempt-sim.h), its typed results and the policy's
+// enums they report in (tiers, reasons, choices), bound as types, not tuples or strings.
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "preempt-policy.h"
+#include "preempt-sim.h"
+
+namespace py = pybind11;
+namespace lp = llama_preempt;
+
+namespace {
+
+// the simulator's requests from the three columns Python passes
+std::vector<lp::sim_request> sim_requests(const std::vector<double> & t_arrival, const std::vector<int32_t> & n_prompt,
+                                          const std::vector<int32_t> & n_gen) {
+    if (t_arrival.size() != n_prompt.size() || t_arrival.size() != n_gen.size()) {
+        throw py::value_error("t_arrival, n_prompt and n_gen must have the same length");
+    }
+    std::vector<lp::sim_request> reqs(t_arrival.size());
+    for (size_t i = 0; i < reqs.size(); ++i) {
+        if (n_prompt[i] < 1 || n_gen[i] < 1) {
+            throw py::value_error("every request needs at least one prompt token and one generated token");
+        }
+        reqs[i] = { t_arrival[i], n_prompt[i], n_gen[i] };
+    }
+    return reqs;
+}
+
+// (outcome 0 pending / 1 completed / 2 failed, t_start, t_first, t_done, n_preempt, t_parked_s)
+
+} // namespace
+
+void register_sim(py::module_ & m) {
+    py::enum_<lp::park_tier>(m, "ParkTier", "where a parked slot's state waits")
+        .value("RECOMPUTE", lp::park_tier::recompute)
+        .value("RAM",       lp::park_tier::ram)
+        .value("DISK",      lp::park_tier::disk);
+    py::enum_<lp::park_reason>(m, "ParkReason", "why a slot was parked")
+        .value("POOL_FULL",   lp::park_reason::pool_full)
+        .value("FORCED",      lp::park_reason::forced)
+        .value("LAST_RESORT", lp::park_reason::last_resort)
+        .value("API",         lp::park_reason::api);
+    py::enum_<lp::park_choice>(m, "ParkChoice", "why a victim went to its tier (the preempt_parks_by_choice_total label)")
+        .value("SWAP_CHEAPER",      lp::park_choice::swap_cheaper)
+        .value("RECOMPUTE_CHEAPER", lp::park_choice::recompute_cheaper)
+        .value("SWAP_MODE",         lp::park_choice::swap_mode)
+        .value("RECOMPUTE_MODE",    lp::park_choice::recompute_mode)
+        .value("OVER_BUDGET",       lp::park_choice::over_budget)
+        .value("NO_STATE",          lp::park_choice::no_state)
+        .value("SWAP_FAILED",       lp::park_choice::swap_failed)
+        .value("DISK_CHEAPER",      lp::park_choice::disk_cheaper)
+        .value("RAM_FULL",          lp::park_choice::ram_full);
+    py::enum_<lp::decision_kind>(m, "DecisionKind", "what a decision of the trace did")
+        .value("PARK",   lp::decision_kind::park)
+        .value("RESUME", lp::decision_kind::resume)
+        .value("FAIL",   lp::decision_kind::fail);
+    py::enum_<lp::sim_outcome>(m, "SimOutcome", "how a simulated request ended")
+        .value("PENDING",   lp::sim_outcome::pending)
+        .value("COMPLETED", lp::sim_outcome::completed)
+        .value("FAILED",    lp::sim_outcome::failed);
+
+    py::class_<lp::sim_request_result>(m, "SimRequestResult", "one simulated request: times in seconds since the start")
+        .def_readonly("outcome",    &lp::sim_request_result::outcome)
+        .def_readonly("t_start",    &lp::sim_request_result::t_start, "admitted into a slot (-1: never)")
+        .def_readonly("t_first",    &lp::sim_request_result::t_first, "first token (-1: never)")
+        .def_readonly("t_done",     &lp::sim_request_result::t_done)
+        .def_readonly("n_preempt",  &lp::sim_request_result::n_preempt)
+        .def_readonly("t_parked_s", &lp::sim_request_result::t_parked_s);
+
+    py::class_<lp::sim_decision>(m, "SimDecision", "one decision of the simulated server's policy")
+        .def_readonly("step",    &lp::sim_decision::step)
+        .def_readonly("kind",    &lp::sim_decision::kind)
+        .def_readonly("request", &lp::sim_decision::request, "the request its slot served (arrival order)")
+        .def_readonly("tier",    &lp::sim_decision::tier, "park: where its state went; resume: where it came back from")
+        .def_readonly("reason",  &lp::sim_decision::reason)
+        .def_readonly("why",     &lp::sim_decision::why)
+        .def("__repr__", [](const lp::sim_decision & d) {
+            const char * kind = d.kind == lp::decision_kind::park ? "park" : d.kind == lp::decision_kind::resume ? "resume" : "fail";
+            return std::string("<SimDecision step ") + std::to_string(d.step) + " " + kind + " request " +
+                   std::to_string(d.request) + " " + lp::park_tier_name(d.tier) +
+                   (d.kind == lp::decision_kind::park ? std::string(" ") + lp::park_reason_key(d.reason) + " " + lp::park_choice_name(d.why) : "") + ">";
+        });
+
+    py::class_<lp::sim_params>(m, "SimParams", "the simulated server: pool, slots, budget and per-token costs")
+        .def(py::init<>())
+        .def_readwrite("n_pool",           &lp::sim_params::n_pool)
+        .def_readwrite("n_slots",          &lp::sim_params::n_slots)
+        .def_readwrite("n_batch",          &lp::sim_params::n_batch)
+        .def_readwrite("preempt",          &lp::sim_params::preempt)
+        .def_readwrite("ram_budget_bytes", &lp::sim_params::ram_budget_bytes)
+        .def_property("mode",
+            [](const lp::sim_params & sp) { return std::string(lp::preempt_mode_name(sp.mode)); },
+            [](lp::sim_params & sp, const std::string & v) {
+                if (!lp::parse_preempt_mode(v, sp.mode)) {
+                    throw py::value_error("mode must be auto, swap or recompute, got '" + v + "'");
+                }
+            }, "--preempt-mode: auto, swap or recompute")
+        .def_readwrite("step_s",           &lp::sim_params::step_s)
+        .def_readwrite("decode_token_s",   &lp::sim_params::decode_token_s)
+        .def_readwrite("prefill_token_s",  &lp::sim_params::prefill_token_s)
+        .def_readwrite("bytes_per_cell",   &lp::sim_params::bytes_per_cell)
+        .def_readwrite("swap_out_bps",     &lp::sim_params::swap_out_bps)
+        .def_readwrite("swap_in_bps",      &lp::sim_params::swap_in_bps)
+        .def_readwrite("disk_budget_bytes", &lp::sim_params::disk_budget_bytes)
+        .def_readwrite("disk_write_bps",   &lp::sim_params::disk_write_bps)
+        .def_readwrite("disk_read_bps",    &lp::sim_params::disk_read_bps)
+        .def_readwrite("max_steps",        &lp::sim_params::max_steps);
+
+    py::class_<lp::sim_result>(m, "SimResult", "what a simulated run did")
+        .def_readonly("n_steps",            &lp::sim_result::n_steps)
+        .def_readonly("n_park_swap",        &lp::sim_result::n_park_swap)
+        .def_readonly("n_park_recompute",   &lp::sim_result::n_park_recompute)
+        .def_readonly("n_park_disk",        &lp::sim_result::n_park_disk)
+        .def_readonly("peak_disk_bytes",    &lp::sim_result::peak_disk_bytes)
+        .def_property_readonly("parks_by_choice", [](const lp::sim_result & r) {
+            std::map<std::string, int64_t> out;
+            for (int i = 0; i < lp::N_PARK_CHOICES; ++i) {
+                out[lp::park_choice_name((lp::park_choice) i)] = r.parks_by_choice[i];
+            }
+            return out;
+        })
+        .def_readonly("n_resume",           &lp::sim_result::n_resume)
+        .def_readonly("n_recompute_tokens", &lp::sim_result::n_recompute_tokens)
+        .def_readonly("n_tokens_generated", &lp::sim_result::n_tokens_generated)
+        .def_readonly("peak_parked_bytes",  &lp::sim_result::peak_parked_bytes)
+        .def_readonly("peak_cells",         &lp::sim_result::peak_cells)
+        .def_readonly("makespan_s",         &lp::sim_result::makespan_s)
+        .def_readonly("hit_step_limit",     &lp::sim_result::hit_step_limit)
+        .def_readonly("requests",           &lp::sim_result::requests, "a SimRequestResult per request, in the order they arrived")
+        .def_readonly("trace",              &lp::sim_result::trace,
+                      "every park, resume and failure of a parked request, in order: the decision trace");
+
+    py::class_<lp::sim_fleet_result>(m, "SimFleetResult", "what a simulated fleet of servers did")
+        .def_readonly("servers",   &lp::sim_fleet_result::servers,
+                      "a SimResult per server, its requests in the caller's order among them")
+        .def_readonly("server_of", &lp::sim_fleet_result::server_of, "per request: the server it went to")
+        .def_readonly("requests",  &lp::sim_fleet_result::requests, "every request's SimRequestResult, in the caller's order")
+        .def("parked_seen", [](const lp::sim_fleet_result & r) {
+            const size_t n_srv = r.servers.size();
+            std::vector<std::vector<int32_t>> out(r.server_of.size());
+            for (size_t i = 0; i < out.size(); ++i) {
+                out[i].assign(r.parked_seen.begin() + i * n_srv, r.parked_seen.begin() + (i + 1) * n_srv);
+            }
+            return out;
+        }, "per request: each server's parked requests when the router placed it");
+
+    m.def("simulate", [](const std::vector<double> & t_arrival, const std::vector<int32_t> & n_prompt,
+                         const std::vector<int32_t> & n_gen, const lp::sim_params & params) {
+              const auto reqs = sim_requests(t_arrival, n_prompt, n_gen);
+              py::gil_scoped_release nogil;
+              return lp::simulate(reqs, params);
+          },
+          py::arg("t_arrival"), py::arg("n_prompt"), py::arg("n_gen"), py::arg("params"),
+          "run the server loop in simulation with the server's own planner");
+
+    m.def("simulate_fleet", [](const std::vector<double> & t_arrival, const std::vector<int32_t> & n_prompt,
+                               const std::vector<int32_t> & n_gen, const lp::sim_params & params, int32_t n_servers,
+                               const std::string & route) {
+              const auto reqs = sim_requests(t_arrival, n_prompt, n_gen);
+              if (n_servers < 1) {
+                  throw py::value_error("n_servers must be at least 1");
+              }
+              lp::sim_route how;
+              if (!lp::parse_sim_route(route, how)) {
+                  throw py::value_error("route must be round-robin or least-parked, got '" + route + "'");
+              }
+              py::gil_scoped_release nogil;
+              return lp::simulate_fleet(reqs, params, n_servers, how);
+          },
+          py::arg("t_arrival"), py::arg("n_prompt"), py::arg("n_gen"), py::arg("params"), py::arg("n_servers"),
+          py::arg("route") = "round-robin",
+          "run the workload through n_servers simulated servers, each arrival placed by the route");
+}
