@@ -15,7 +15,7 @@ park_order park_victim(plan_executor & ex, int32_t id, park_reason reason) {
         }
     }
     ex.park(o);
-    ex.record({ decision_kind::park, id, o.tier(), reason, o.how.why, fallback });
+    ex.record({ decision_kind::park, id, o.tier(), reason, o.how.why, fallback, o.in.n_held, o.bytes });
     return o;
 }
 

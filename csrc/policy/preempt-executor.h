@@ -41,6 +41,8 @@ struct decision {
     park_reason   reason   = park_reason::pool_full;  // park
     park_choice   why      = park_choice::no_state;   // park
     bool          fallback = false;                 // park: its move failed; resume: its restore failed (it recomputes)
+    int32_t       n_held   = 0;                     // park: the tokens it held
+    size_t        bytes    = 0;                     // park: its state copied out (0: RECOMPUTE)
 };
 
 struct plan_executor {

@@ -35,7 +35,7 @@ victim_state sim_server::victim(int32_t id, park_reason reason) const {
     v.in.n_held    = s.cells;
     v.in.n_prompt  = reqs[s.req].n_prompt;
     v.in.n_replay  = s.replay_total;
-    v.bytes        = (size_t) (s.cells * p.bytes_per_cell);
+    v.bytes        = (size_t) (p.state_overhead_bytes + s.cells * p.bytes_per_cell);
     return v;
 }
 
@@ -190,7 +190,7 @@ void sim_server::hold(int32_t id) {
 
 void sim_server::record(const decision & d) {
     const auto & s = slots[d.id];
-    res.trace.push_back({ res.n_steps, d.kind, s.req, d.tier, d.reason, d.why });
+    res.trace.push_back({ res.n_steps, d.kind, s.req, d.tier, d.reason, d.why, d.n_held, d.bytes });
 }
 
 } // namespace llama_preempt

@@ -40,6 +40,7 @@ struct sim_params {
     double decode_token_s  = 0.0046;  // per generated token in the batch
     double prefill_token_s = 0.0022;  // per prompt or replay token in the batch
     double bytes_per_cell  = 23040;   // KV bytes per cell (all layers, K and V)
+    double state_overhead_bytes = 0;  // bytes of a sequence's state beyond its cells (the serializer's headers)
     double swap_out_bps    = 9.5e9;   // park copy bandwidth, bytes/s (bench/swap_bandwidth.py, CPU)
     double swap_in_bps     = 15.0e9;  // restore copy bandwidth, bytes/s
 
@@ -70,6 +71,8 @@ struct sim_decision {
     park_tier     tier    = park_tier::recompute;
     park_reason   reason  = park_reason::pool_full;
     park_choice   why     = park_choice::no_state;
+    int32_t       n_held  = 0;   // park: the tokens it held
+    size_t        bytes   = 0;   // park: its state copied out
 };
 
 struct sim_result {

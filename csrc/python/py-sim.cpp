@@ -79,6 +79,8 @@ void register_sim(py::module_ & m) {
         .def_readonly("tier",    &lp::sim_decision::tier, "park: where its state went; resume: where it came back from")
         .def_readonly("reason",  &lp::sim_decision::reason)
         .def_readonly("why",     &lp::sim_decision::why)
+        .def_readonly("n_held",  &lp::sim_decision::n_held, "park: the tokens it held")
+        .def_readonly("bytes",   &lp::sim_decision::bytes, "park: its state copied out (0: RECOMPUTE)")
         .def("__repr__", [](const lp::sim_decision & d) {
             const char * kind = d.kind == lp::decision_kind::park ? "park" : d.kind == lp::decision_kind::resume ? "resume" : "fail";
             return std::string("<SimDecision step ") + std::to_string(d.step) + " " + kind + " request " +
@@ -104,6 +106,7 @@ void register_sim(py::module_ & m) {
         .def_readwrite("decode_token_s",   &lp::sim_params::decode_token_s)
         .def_readwrite("prefill_token_s",  &lp::sim_params::prefill_token_s)
         .def_readwrite("bytes_per_cell",   &lp::sim_params::bytes_per_cell)
+        .def_readwrite("state_overhead_bytes", &lp::sim_params::state_overhead_bytes)
         .def_readwrite("swap_out_bps",     &lp::sim_params::swap_out_bps)
         .def_readwrite("swap_in_bps",      &lp::sim_params::swap_in_bps)
         .def_readwrite("disk_budget_bytes", &lp::sim_params::disk_budget_bytes)

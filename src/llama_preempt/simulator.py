@@ -38,6 +38,7 @@ class Costs:
     decode_token_ms: float = 4.6   # per generated token in a step
     prefill_token_ms: float = 2.2  # per prompt (or replayed) token
     bytes_per_cell: float = 23040  # KV bytes per cell (SmolLM2-135M: 30 layers x 2 x 3 x 64 x f16)
+    state_overhead_bytes: float = 0  # bytes of a parked state beyond its cells (the serializer's headers)
     swap_out_gbps: float = 9.5     # park copy, GB/s (the bulk copy on this machine, bench/swap_bandwidth.py)
     swap_in_gbps: float = 15.0     # restore copy, GB/s
     disk_write_gbps: float = _core.DEFAULT_DISK_WRITE_BPS / 1e9  # the disk tier's file writes, GB/s (the server's default price)
@@ -48,6 +49,7 @@ class Costs:
         p.decode_token_s = self.decode_token_ms / 1000
         p.prefill_token_s = self.prefill_token_ms / 1000
         p.bytes_per_cell = self.bytes_per_cell
+        p.state_overhead_bytes = self.state_overhead_bytes
         p.swap_out_bps = self.swap_out_gbps * 1e9
         p.swap_in_bps = self.swap_in_gbps * 1e9
         p.disk_write_bps = self.disk_write_gbps * 1e9
