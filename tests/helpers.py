@@ -191,8 +191,9 @@ def assert_restored_ahead_exactly(ref_srv: LlamaServer, srv: LlamaServer) -> Any
     got = [r.json()["content"] for r in complete_all(srv, THREE_PROMPTS, 48)]
     assert got == refs
     m = srv.metrics()
-    assert m["n_swap_restore_ahead_total"] >= 1
-    assert m["n_swap_restore_ahead_total"] <= m["n_resume_total"] == m["n_preempt_total"]
+    assert m["n_restore_ahead_total"] >= 1
+    assert m["n_swap_restore_ahead_total"] == m["n_restore_ahead_total"]  # the old name, kept one release
+    assert m["n_restore_ahead_total"] <= m["n_resume_total"] == m["n_preempt_total"]
     assert_every_swap_verified(m)
     assert "(uploaded ahead)" in srv.log_text()
     return m

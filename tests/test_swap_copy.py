@@ -74,7 +74,7 @@ def test_nothing_is_uploaded_ahead_where_the_cells_live_in_host_memory(start_ser
     complete_all(srv, ["Once upon a time", "The little dog"], 32)
     m = srv.metrics()
     assert m["n_preempt_swap_total"] >= 4
-    assert m["n_swap_restore_ahead_total"] == 0
+    assert m["n_restore_ahead_total"] == 0
 
 
 @pytest.mark.parametrize("flash", FLASH, ids=["fa-on", "fa-off"])

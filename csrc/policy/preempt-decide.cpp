@@ -1,6 +1,8 @@
 // The whole decision for one victim, and its fallbacks (see preempt-decide.h).
 #include "preempt-decide.h"
 
+#include <algorithm>
+
 namespace llama_preempt {
 
 park_order decide_park(const victim_state & v, const tier_state & t, bool waits_behind) {
@@ -57,6 +59,30 @@ disk_keep disk_hold(int32_t id, int32_t restore_next, size_t bytes, size_t ram_l
 
 bool may_read_ahead(size_t bytes, size_t ram_left_now) {
     return bytes <= ram_left_now;
+}
+
+std::vector<int32_t> forced_parks(const std::vector<slot_view> & slots, int32_t every) {
+    std::vector<int32_t> out;
+    if (every <= 0) {
+        return out;
+    }
+    for (const auto & s : slots) {
+        if (s.phase == slot_phase::generating && may_park(s) && s.n_gen_since_forced >= every) {
+            out.push_back(s.id);
+        }
+    }
+    return out;
+}
+
+bool loop_idles(const std::vector<slot_view> & slots, const plan & pl, bool min_park_time) {
+    bool any_runs = false;
+    bool any_held = min_park_time;
+    for (const auto & s : slots) {
+        const bool held = std::find(pl.hold.begin(), pl.hold.end(), s.id) != pl.hold.end();
+        any_runs |= s.phase != slot_phase::idle && s.phase != slot_phase::parked && !held;
+        any_held |= s.phase == slot_phase::parked && s.waits_for_unpark;
+    }
+    return any_held && !any_runs;
 }
 
 } // namespace llama_preempt

@@ -12,6 +12,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <limits>
+#include <vector>
 
 namespace llama_preempt {
 
@@ -77,5 +78,14 @@ disk_keep disk_hold(int32_t id, int32_t restore_next, size_t bytes, size_t ram_l
 
 // the next slot back has its file read ahead when its state fits what is left of the RAM budget
 bool may_read_ahead(size_t bytes, size_t ram_left_now);
+
+// The test knob LLAMA_SERVER_PREEMPT_EVERY=N: the generating slots to park now (reason forced),
+// each after N tokens generated since its last forced park. None when every <= 0.
+std::vector<int32_t> forced_parks(const std::vector<slot_view> & slots, int32_t every);
+
+// After a plan: nothing runs (every busy slot parked or held) and a parked slot waits on purpose
+// (for its unpark, or out a minimum park time: `min_park_time`). The loop then idles a moment
+// instead of spinning until that changes.
+bool loop_idles(const std::vector<slot_view> & slots, const plan & pl, bool min_park_time);
 
 } // namespace llama_preempt

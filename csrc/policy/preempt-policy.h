@@ -46,6 +46,8 @@ struct slot_view {
     bool    can_resume  = true;  // false: keep it parked this step (a test knob holds it)
     bool    waits_for_unpark = false;  // parked through the API: it waits for unpark, not for room
 
+    int32_t n_gen_since_forced = 0;  // generating: tokens since its last forced park (LLAMA_SERVER_PREEMPT_EVERY)
+
     int32_t priority      = 0;      // the request's priority: higher is parked later and restored sooner
     int32_t n_preempt     = 0;      // times parked so far
     bool    in_family     = false;  // parent or child of an n_cmpl request: never a victim

@@ -33,7 +33,7 @@ static bool parse_disk_fault(const std::string & name, disk_fault & out) {
 }
 
 size_t preempt_config::pool_cap() const {
-    return route == copy_route::per_slice ? 0 : std::min<size_t>(ram_budget / 4, (size_t) 512 << 20);
+    return knobs.route == copy_route::per_slice ? 0 : std::min<size_t>(ram_budget / 4, (size_t) 512 << 20);
 }
 
 preempt_config make_preempt_config(const common_params & params, bool has_memory) {
@@ -54,28 +54,28 @@ preempt_config make_preempt_config(const common_params & params, bool has_memory
     cfg.disk_budget = cfg.disk_dir.empty() ? 0 : ram_budget_from_mib(cfg.disk_mib);
     cfg.mode = effective_mode(cfg.mode, cfg.ram_budget, cfg.disk_budget);
 
-    cfg.every              = env_int("LLAMA_SERVER_PREEMPT_EVERY");
-    cfg.reactive           = env_int("LLAMA_SERVER_PREEMPT_REACTIVE") > 0;
-    cfg.min_parked_us            = (int64_t) env_int("LLAMA_SERVER_PREEMPT_HOLD_MS") * 1000;
-    cfg.swap.fail_restore  = env_int("LLAMA_SERVER_PREEMPT_FAIL_RESTORE") > 0;
-    cfg.swap.fail_alloc    = env_int("LLAMA_SERVER_PREEMPT_FAIL_ALLOC") > 0;
-    cfg.swap.verify        = env_int("LLAMA_SERVER_PREEMPT_VERIFY") > 0;
-    cfg.swap.copy_in_flight_us  = (int64_t) env_int("LLAMA_SERVER_PREEMPT_COPY_HOLD_MS") * 1000;
+    cfg.knobs.every              = env_int("LLAMA_SERVER_PREEMPT_EVERY");
+    cfg.knobs.reactive           = env_int("LLAMA_SERVER_PREEMPT_REACTIVE") > 0;
+    cfg.knobs.min_parked_us            = (int64_t) env_int("LLAMA_SERVER_PREEMPT_HOLD_MS") * 1000;
+    cfg.knobs.swap.fail_restore  = env_int("LLAMA_SERVER_PREEMPT_FAIL_RESTORE") > 0;
+    cfg.knobs.swap.fail_alloc    = env_int("LLAMA_SERVER_PREEMPT_FAIL_ALLOC") > 0;
+    cfg.knobs.swap.verify        = env_int("LLAMA_SERVER_PREEMPT_VERIFY") > 0;
+    cfg.knobs.swap.copy_in_flight_us  = (int64_t) env_int("LLAMA_SERVER_PREEMPT_COPY_HOLD_MS") * 1000;
 
-    cfg.disk.hold_us = (int64_t) env_int("LLAMA_SERVER_PREEMPT_DISK_HOLD_MS") * 1000;
-    cfg.disk_always  = env_int("LLAMA_SERVER_PREEMPT_DISK_ALWAYS") > 0;
+    cfg.knobs.disk.hold_us = (int64_t) env_int("LLAMA_SERVER_PREEMPT_DISK_HOLD_MS") * 1000;
+    cfg.knobs.disk_always  = env_int("LLAMA_SERVER_PREEMPT_DISK_ALWAYS") > 0;
     if (const char * env = getenv("LLAMA_SERVER_PREEMPT_DISK_NAME")) {
-        cfg.disk.first_name = env;
+        cfg.knobs.disk.first_name = env;
     }
     if (const char * env = getenv("LLAMA_SERVER_PREEMPT_DISK_FAIL")) {
-        if (!parse_disk_fault(env, cfg.disk.fault)) {
+        if (!parse_disk_fault(env, cfg.knobs.disk.fault)) {
             CFG_WRN("preemption: ignoring LLAMA_SERVER_PREEMPT_DISK_FAIL='%s' (want write, read, remove, corrupt, truncate or full)\n", env);
         }
     }
 
     if (const char * env = getenv("LLAMA_SERVER_PREEMPT_COPY")) {
         const std::string v = env;
-        cfg.route = v == "graph" ? copy_route::graph : v == "slice" ? copy_route::per_slice : copy_route::bulk;
+        cfg.knobs.route = v == "graph" ? copy_route::graph : v == "slice" ? copy_route::per_slice : copy_route::bulk;
     }
 
     // LLAMA_SERVER_PREEMPT_RATES=PARK_GBPS,RESTORE_GBPS,PREFILL_TPS[,DISK_WRITE_GBPS,DISK_READ_GBPS]:
@@ -92,6 +92,7 @@ preempt_config make_preempt_config(const common_params & params, bool has_memory
                 cfg.rates.disk_read_bps  = disk_read * 1e9;
             }
             cfg.rates.fixed = true;
+            cfg.knobs.rates_fixed = true;
         } else {
             CFG_WRN("preemption: ignoring LLAMA_SERVER_PREEMPT_RATES='%s' (want PARK_GBPS,RESTORE_GBPS,PREFILL_TPS[,DISK_WRITE_GBPS,DISK_READ_GBPS])\n", env);
         }
@@ -119,9 +120,9 @@ void log_preempt_config(const preempt_config & cfg, size_t n_slots, int32_t n_ct
                           : string_format("%s within %d MiB of host RAM, %s", choose, mib, above.c_str());
     CFG_INF("preemption: on (%s), %zu slots share a pool of %d cells; a slot is parked "
             "instead of failing every request when the pool fills\n", how.c_str(), n_slots, n_ctx);
-    if (cfg.route != copy_route::bulk) {
+    if (cfg.knobs.route != copy_route::bulk) {
         CFG_WRN("preemption: LLAMA_SERVER_PREEMPT_COPY=%s copies swap state that way (testing and benchmarks)\n",
-                copy_route_name(cfg.route));
+                copy_route_name(cfg.knobs.route));
     }
     if (cfg.rates.fixed) {
         CFG_WRN("preemption: LLAMA_SERVER_PREEMPT_RATES fixes the rates at park %.3g GB/s, restore %.3g GB/s, prefill %.0f tokens/s (testing only)\n",
@@ -129,22 +130,22 @@ void log_preempt_config(const preempt_config & cfg, size_t n_slots, int32_t n_ct
     }
     // the test knobs, each named once with what it does
     const struct { bool set; std::string what; } knobs[] = {
-        { cfg.swap.verify, "LLAMA_SERVER_PREEMPT_VERIFY compares every swap park with upstream's copy" },
-        { cfg.disk.fault != disk_fault::none, string_format("LLAMA_SERVER_PREEMPT_DISK_FAIL=%s makes every disk park meet that failure",
-                                                            disk_fault_name(cfg.disk.fault)) },
-        { cfg.disk.hold_us > 0, string_format("LLAMA_SERVER_PREEMPT_DISK_HOLD_MS keeps each disk write in flight for %lld ms",
-                                              (long long) (cfg.disk.hold_us / 1000)) },
-        { cfg.disk_always, "LLAMA_SERVER_PREEMPT_DISK_ALWAYS sends every SWAP park to disk" },
-        { !cfg.disk.first_name.empty(), string_format("LLAMA_SERVER_PREEMPT_DISK_NAME=%s is the disk tier's first directory name tried",
-                                                      cfg.disk.first_name.c_str()) },
-        { cfg.swap.copy_in_flight_us > 0, string_format("LLAMA_SERVER_PREEMPT_COPY_HOLD_MS keeps each swap copy in flight for %lld ms",
-                                                        (long long) (cfg.swap.copy_in_flight_us / 1000)) },
-        { cfg.swap.fail_restore, "LLAMA_SERVER_PREEMPT_FAIL_RESTORE makes every SWAP restore fail" },
-        { cfg.swap.fail_alloc, "LLAMA_SERVER_PREEMPT_FAIL_ALLOC makes every swap buffer allocation fail" },
-        { cfg.min_parked_us > 0, string_format("LLAMA_SERVER_PREEMPT_HOLD_MS keeps parked slots parked for %lld ms",
-                                               (long long) (cfg.min_parked_us / 1000)) },
-        { cfg.reactive, "LLAMA_SERVER_PREEMPT_REACTIVE leaves parking to the KV-full retry ladder" },
-        { cfg.every > 0, string_format("LLAMA_SERVER_PREEMPT_EVERY=%d parks every generating slot every %d tokens", cfg.every, cfg.every) },
+        { cfg.knobs.swap.verify, "LLAMA_SERVER_PREEMPT_VERIFY compares every swap park with upstream's copy" },
+        { cfg.knobs.disk.fault != disk_fault::none, string_format("LLAMA_SERVER_PREEMPT_DISK_FAIL=%s makes every disk park meet that failure",
+                                                            disk_fault_name(cfg.knobs.disk.fault)) },
+        { cfg.knobs.disk.hold_us > 0, string_format("LLAMA_SERVER_PREEMPT_DISK_HOLD_MS keeps each disk write in flight for %lld ms",
+                                              (long long) (cfg.knobs.disk.hold_us / 1000)) },
+        { cfg.knobs.disk_always, "LLAMA_SERVER_PREEMPT_DISK_ALWAYS sends every SWAP park to disk" },
+        { !cfg.knobs.disk.first_name.empty(), string_format("LLAMA_SERVER_PREEMPT_DISK_NAME=%s is the disk tier's first directory name tried",
+                                                      cfg.knobs.disk.first_name.c_str()) },
+        { cfg.knobs.swap.copy_in_flight_us > 0, string_format("LLAMA_SERVER_PREEMPT_COPY_HOLD_MS keeps each swap copy in flight for %lld ms",
+                                                        (long long) (cfg.knobs.swap.copy_in_flight_us / 1000)) },
+        { cfg.knobs.swap.fail_restore, "LLAMA_SERVER_PREEMPT_FAIL_RESTORE makes every SWAP restore fail" },
+        { cfg.knobs.swap.fail_alloc, "LLAMA_SERVER_PREEMPT_FAIL_ALLOC makes every swap buffer allocation fail" },
+        { cfg.knobs.min_parked_us > 0, string_format("LLAMA_SERVER_PREEMPT_HOLD_MS keeps parked slots parked for %lld ms",
+                                               (long long) (cfg.knobs.min_parked_us / 1000)) },
+        { cfg.knobs.reactive, "LLAMA_SERVER_PREEMPT_REACTIVE leaves parking to the KV-full retry ladder" },
+        { cfg.knobs.every > 0, string_format("LLAMA_SERVER_PREEMPT_EVERY=%d parks every generating slot every %d tokens", cfg.knobs.every, cfg.knobs.every) },
     };
     for (const auto & k : knobs) {
         if (k.set) {

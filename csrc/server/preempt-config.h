@@ -16,25 +16,35 @@ struct common_params;
 
 namespace llama_preempt {
 
+// The test knobs (LLAMA_SERVER_PREEMPT_*), the one seam through which tests and benchmarks reach
+// in: read once by make_preempt_config(), never from the environment elsewhere. Each reaches a
+// decision only as an input the policy names (force_disk in tier_state, can_resume in slot_view,
+// plan_params.park, cost_rates.fixed, forced_parks()); the rest are faults and delays injected
+// into the mechanics (a copy, a file), which the policy then sees fail like any other.
+struct test_knobs {
+    // decision inputs
+    int32_t    every         = 0;      // LLAMA_SERVER_PREEMPT_EVERY=N: forced_parks() parks generating slots every N tokens
+    bool       reactive      = false;  // LLAMA_SERVER_PREEMPT_REACTIVE: the planner never parks (plan_params.park), only the retry ladder does
+    int64_t    min_parked_us = 0;      // LLAMA_SERVER_PREEMPT_HOLD_MS: a parked slot stays parked at least this long (slot_view.can_resume)
+    bool       disk_always   = false;  // LLAMA_SERVER_PREEMPT_DISK_ALWAYS: every SWAP park goes to disk where it fits (tier_state.force_disk)
+    bool       rates_fixed   = false;  // LLAMA_SERVER_PREEMPT_RATES: the rates are fixed (cost_rates.fixed), the values in preempt_config.rates
+    // faults and delays in the mechanics
+    copy_route route = copy_route::bulk;  // LLAMA_SERVER_PREEMPT_COPY=graph|slice (tests, bench)
+    swap_knobs swap;                      // _FAIL_RESTORE, _FAIL_ALLOC, _VERIFY, _COPY_HOLD_MS
+    disk_knobs disk;                      // _DISK_FAIL, _DISK_HOLD_MS, _DISK_NAME
+};
+
 struct preempt_config {
     bool         on = false;
     std::string  off_why;                    // why preemption is off (for the slot actions' errors)
     int32_t      ram_mib    = 0;             // --preempt-ram as given
     size_t       ram_budget = 0;             // bytes parked slots may hold at once (SIZE_MAX: no limit)
     preempt_mode mode       = preempt_mode::automatic;  // effective: RECOMPUTE with --preempt-ram 0 and no disk tier
-    copy_route   route      = copy_route::bulk;         // LLAMA_SERVER_PREEMPT_COPY=graph|slice (tests, bench)
     std::string  disk_dir;                   // --preempt-disk ("" : no disk tier)
     int32_t      disk_mib    = -1;           // --preempt-disk-mib as given
     size_t       disk_budget = 0;            // bytes parked files may take at once (SIZE_MAX: the disk's free space; 0: no disk tier)
-    disk_knobs   disk;                       // LLAMA_SERVER_PREEMPT_DISK_FAIL, _DISK_HOLD_MS, _DISK_NAME
-    bool         disk_always = false;        // LLAMA_SERVER_PREEMPT_DISK_ALWAYS: every SWAP park goes to disk where it fits
-    cost_rates   rates;                      // LLAMA_SERVER_PREEMPT_RATES fixes them (tests)
-    swap_knobs   swap;                       // knobs that reach into a swap
-
-    // test knobs of the loop
-    int32_t every    = 0;      // LLAMA_SERVER_PREEMPT_EVERY=N: park generating slots every N tokens
-    bool    reactive = false;  // LLAMA_SERVER_PREEMPT_REACTIVE: the planner never parks, only the retry ladder does
-    int64_t min_parked_us  = 0;      // LLAMA_SERVER_PREEMPT_HOLD_MS: a parked slot stays parked at least this long
+    cost_rates   rates;                      // the starting rates (LLAMA_SERVER_PREEMPT_RATES fixes them)
+    test_knobs   knobs;                      // the test knobs, all of them
 
     // idle swap memory kept for reuse: a quarter of the budget, at most 512 MiB (none with the
     // per-slice route, which is the baseline: upstream's copy into fresh memory)

@@ -12,7 +12,9 @@ std::vector<metric_item> metric_items(const preempt_counters & c, const preempt_
         { "n_resume_total",            "counter", "Number of times a parked slot was resumed",                              c.n_resume_total },
         { "n_recompute_tokens_total",  "counter", "Number of tokens re-prefilled to resume parked slots (RECOMPUTE)",       c.n_recompute_tokens_total },
         { "n_swap_restore_fail_total", "counter", "Number of SWAP restores that failed and fell back to RECOMPUTE",          c.n_swap_restore_fail_total },
-        { "n_swap_restore_ahead_total", "counter", "Number of SWAP restores whose bytes were uploaded to the device ahead of their step", c.n_restore_ahead_total },
+        { "n_restore_ahead_total",     "counter", "Number of SWAP restores whose bytes were uploaded to the device ahead of their step", c.n_restore_ahead_total },
+        // the name this series had before 0.2: a dashboard may still read it (removed in the next release)
+        { "n_swap_restore_ahead_total", "counter", "Deprecated: n_restore_ahead_total under its old name (removed in the next release)", c.n_restore_ahead_total },
         { "n_preempt_fail_total",      "counter", "Number of parked requests ended because they no longer fit the pool",    c.n_fail_total },
         { "requests_preempted",        "gauge",   "Number of requests parked now",                                          (uint64_t) g.n_requests_preempted },
         { "preempt_ram_bytes",         "gauge",   "Host RAM held by parked slots now, in bytes",                            g.ram_bytes },

@@ -96,7 +96,8 @@ class PreemptStats:
     n_resume_total: int = 0
     n_recompute_tokens_total: int = 0
     n_swap_restore_fail_total: int = 0
-    n_swap_restore_ahead_total: int = 0   # SWAP restores whose bytes were uploaded to the device ahead
+    n_restore_ahead_total: int = 0        # SWAP restores whose bytes were uploaded to the device ahead
+    n_swap_restore_ahead_total: int = 0   # deprecated: n_restore_ahead_total under its old name (removed in the next release)
     n_preempt_fail_total: int = 0
     requests_preempted: int = 0
     preempt_ram_bytes: int = 0
