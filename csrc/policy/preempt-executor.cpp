@@ -4,8 +4,9 @@
 namespace llama_preempt {
 
 park_order park_victim(plan_executor & ex, int32_t id, park_reason reason) {
-    const tier_state t = ex.tiers();
-    park_order o = decide_park(ex.victim(id, reason), t, t.disk_left > 0 && waits_behind_parked(ex.views(), id));
+    const victim_state v = ex.victim(id, reason);  // first: the park's time starts here, as its state is sized
+    const tier_state   t = ex.tiers();
+    park_order o = decide_park(v, t, t.disk_left > 0 && v.bytes > 0 && waits_behind_parked(ex.views(), id));
     bool fallback = false;
     if (o.how.copies()) {
         const move_result r = ex.copy_out(o);

@@ -51,7 +51,7 @@ struct plan_executor {
     // what the policy reads
     virtual std::vector<slot_view> views() const = 0;
     virtual tier_state tiers() const = 0;
-    virtual victim_state victim(int32_t id, park_reason reason) const = 0;
+    virtual victim_state victim(int32_t id, park_reason reason) = 0;  // begins its park: sizes its state
     virtual parked_state parked(int32_t id) const = 0;
 
     // what it carries out

@@ -25,7 +25,7 @@ tier_state sim_server::tiers() const {
     return t;
 }
 
-victim_state sim_server::victim(int32_t id, park_reason reason) const {
+victim_state sim_server::victim(int32_t id, park_reason reason) {
     const auto & s = slots[id];
     victim_state v;
     v.id           = id;
@@ -149,6 +149,7 @@ void sim_server::read_ahead(int32_t id) {
 
 move_result sim_server::copy_in(int32_t id) {
     auto & s = slots[id];
+    s.t_restore0 = t;  // as the server's, the parked time ends where the restore begins
     if (s.on_disk) {
         if (s.reading) {
             t = std::max(t, s.t_io_done);  // the read ahead lands
@@ -166,7 +167,7 @@ move_result sim_server::copy_in(int32_t id) {
 void sim_server::resume(int32_t id, park_tier from, bool fallback) {
     (void) fallback;  // a simulated copy never fails
     auto & s = slots[id];
-    res.requests[s.req].t_parked_s += t - s.t_parked;
+    res.requests[s.req].t_parked_s += (s.swapped ? s.t_restore0 : t) - s.t_parked;
     res.n_resume++;
     if (from != park_tier::recompute) {
         s.cells   = s.held;

@@ -110,6 +110,7 @@ struct sim_slot {
     int32_t held         = 0;      // cells it held when parked
     int32_t n_restore    = 0;      // cells it needs to be back where it was
     double  t_parked     = 0;
+    double  t_restore0   = 0;      // when its restore began (copy_in): the parked time ends there
     double  bytes        = 0;      // its swapped state
     bool    on_disk      = false;  // a disk park: its state in a file (and in RAM until t_io_done)
     double  ram          = 0;      // host RAM it holds now (a RAM park, a disk write in flight, a read ahead)
@@ -175,7 +176,7 @@ struct sim_server final : plan_executor {
     // the executor (preempt-executor.h), in simulated time (preempt-sim-park.cpp)
     std::vector<slot_view> views() const override;
     tier_state   tiers() const override;
-    victim_state victim(int32_t id, park_reason reason) const override;
+    victim_state victim(int32_t id, park_reason reason) override;
     parked_state parked(int32_t id) const override;
     void         purge(int32_t id) override;
     void         fail(int32_t id) override;

@@ -92,7 +92,6 @@ preempt_config make_preempt_config(const common_params & params, bool has_memory
                 cfg.rates.disk_read_bps  = disk_read * 1e9;
             }
             cfg.rates.fixed = true;
-            cfg.knobs.rates_fixed = true;
         } else {
             CFG_WRN("preemption: ignoring LLAMA_SERVER_PREEMPT_RATES='%s' (want PARK_GBPS,RESTORE_GBPS,PREFILL_TPS[,DISK_WRITE_GBPS,DISK_READ_GBPS])\n", env);
         }

@@ -27,7 +27,7 @@ struct test_knobs {
     bool       reactive      = false;  // LLAMA_SERVER_PREEMPT_REACTIVE: the planner never parks (plan_params.park), only the retry ladder does
     int64_t    min_parked_us = 0;      // LLAMA_SERVER_PREEMPT_HOLD_MS: a parked slot stays parked at least this long (slot_view.can_resume)
     bool       disk_always   = false;  // LLAMA_SERVER_PREEMPT_DISK_ALWAYS: every SWAP park goes to disk where it fits (tier_state.force_disk)
-    bool       rates_fixed   = false;  // LLAMA_SERVER_PREEMPT_RATES: the rates are fixed (cost_rates.fixed), the values in preempt_config.rates
+    // LLAMA_SERVER_PREEMPT_RATES: the rates are fixed, as preempt_config.rates says (cost_rates.fixed)
     // faults and delays in the mechanics
     copy_route route = copy_route::bulk;  // LLAMA_SERVER_PREEMPT_COPY=graph|slice (tests, bench)
     swap_knobs swap;                      // _FAIL_RESTORE, _FAIL_ALLOC, _VERIFY, _COPY_HOLD_MS
