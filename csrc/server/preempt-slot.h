@@ -23,13 +23,6 @@ struct preempt_server;  // preemption beside upstream's server_context_impl (pre
 
 namespace llama_preempt {
 
-// how a parked slot comes back
-enum class park_mode {
-    none,
-    recompute,  // cells dropped; the replay list is re-prefilled (zero host RAM)
-    swap,       // sequence state of the target and draft contexts copied to host RAM, or through it to disk (exact)
-};
-
 // upstream's slot_state by name, for /slots (its values in order, SLOT_STATE_PREEMPTED last: a
 // static_assert in preempt-context.inc keeps the two in step)
 inline const char * slot_state_name(int state) {
@@ -41,7 +34,6 @@ inline const char * slot_state_name(int state) {
 
 struct slot_preempt_state {
     parked_from from = parked_from::none;  // != none while parked (state SLOT_STATE_PREEMPTED)
-    park_mode   mode = park_mode::none;
 
     // SWAP: the slot's state in host RAM or, for a disk park, in its file (preempt-swap.h), and its
     // prompt (tokens and checkpoints) kept beside it, so that a parked slot's prompt is empty like its cells
@@ -71,6 +63,16 @@ struct slot_preempt_state {
 
     bool is_parked() const { return from != parked_from::none; }
 
+    // where a parked slot's state waits, read from the one place that holds it (the swap state):
+    // a file (disk), host RAM, or nowhere (RECOMPUTE: its tokens are re-prefilled). A disk park
+    // whose file failed while its host copy was kept is a RAM park from then on, as it says here.
+    park_tier tier() const {
+        if (!is_parked() || (!swap.disk.on() && swap.bytes() == 0)) {
+            return park_tier::recompute;
+        }
+        return swap.tier();
+    }
+
     size_t swap_bytes() const { return swap.bytes(); }
 
     void free_swap() {
@@ -88,10 +90,9 @@ struct slot_preempt_state {
         res["is_preempted"] = is_parked();
         res["n_preempt"]    = n_preempt;
         res["n_recompute"]  = n_recompute;
-        res["preempt_mode"] = !is_parked() ? json(nullptr) : json(mode == park_mode::swap ? "swap" : "recompute");
+        res["preempt_mode"] = !is_parked() ? json(nullptr) : json(tier() == park_tier::recompute ? "recompute" : "swap");
         res["parked_by"]    = !is_parked() ? json(nullptr) : json(park_reason_key(reason));
-        res["preempt_tier"] = !is_parked() ? json(nullptr)
-                            : json(park_tier_name(mode == park_mode::swap ? swap.tier() : park_tier::recompute));
+        res["preempt_tier"] = !is_parked() ? json(nullptr) : json(park_tier_name(tier()));
         res["preempt_ram_bytes"]  = swap_bytes();
         res["preempt_disk_bytes"] = swap.disk.bytes_on_disk();
         res["preempt_choice"] = !is_parked() ? json(nullptr) : json(park_choice_name(choice));
