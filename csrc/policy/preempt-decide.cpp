@@ -74,13 +74,18 @@ std::vector<int32_t> forced_parks(const std::vector<slot_view> & slots, int32_t 
     return out;
 }
 
+static bool contains(const std::vector<int32_t> & ids, int32_t id) {
+    return std::find(ids.begin(), ids.end(), id) != ids.end();
+}
+
 bool loop_idles(const std::vector<slot_view> & slots, const plan & pl, bool min_park_time) {
     bool any_runs = false;
     bool any_held = min_park_time;
     for (const auto & s : slots) {
-        const bool held = std::find(pl.hold.begin(), pl.hold.end(), s.id) != pl.hold.end();
-        any_runs |= s.phase != slot_phase::idle && s.phase != slot_phase::parked && !held;
-        any_held |= s.phase == slot_phase::parked && s.waits_for_unpark;
+        const bool parked = (s.phase == slot_phase::parked && !contains(pl.resume, s.id)) || contains(pl.park, s.id);
+        const bool idle   = s.phase == slot_phase::idle || contains(pl.fail, s.id);
+        any_runs |= !idle && !parked && !contains(pl.hold, s.id);
+        any_held |= parked && s.waits_for_unpark;
     }
     return any_held && !any_runs;
 }

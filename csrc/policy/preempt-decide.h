@@ -83,9 +83,10 @@ bool may_read_ahead(size_t bytes, size_t ram_left_now);
 // each after N tokens generated since its last forced park. None when every <= 0.
 std::vector<int32_t> forced_parks(const std::vector<slot_view> & slots, int32_t every);
 
-// After a plan: nothing runs (every busy slot parked or held) and a parked slot waits on purpose
-// (for its unpark, or out a minimum park time: `min_park_time`). The loop then idles a moment
-// instead of spinning until that changes.
+// After a plan, read from the views it was made from: nothing runs (every busy slot parked, by
+// the plan or before it, or held) and a parked slot waits on purpose (for its unpark, or out a
+// minimum park time: `min_park_time`). The loop then idles a moment instead of spinning until
+// that changes.
 bool loop_idles(const std::vector<slot_view> & slots, const plan & pl, bool min_park_time);
 
 } // namespace llama_preempt

@@ -67,7 +67,7 @@ struct slot_preempt_state {
     // a file (disk), host RAM, or nowhere (RECOMPUTE: its tokens are re-prefilled). A disk park
     // whose file failed while its host copy was kept is a RAM park from then on, as it says here.
     park_tier tier() const {
-        if (!is_parked() || (!swap.disk.on() && swap.bytes() == 0)) {
+        if (!is_parked() || swap.state_bytes() == 0) {
             return park_tier::recompute;
         }
         return swap.tier();

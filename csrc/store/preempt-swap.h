@@ -114,6 +114,8 @@ struct swap_state {
     ~swap_state() { free(); }
 
     size_t bytes() const { return tgt.size + dft.size; }  // host RAM it holds now
+    // the state's size wherever it waits: its file's for a disk park, else the RAM buffers'
+    size_t state_bytes() const { return disk.on() ? disk.total() : bytes(); }
     // where its state waits: on disk for a disk park, else in RAM (recompute: not a swap at all)
     park_tier tier() const { return disk.on() ? park_tier::disk : park_tier::ram; }
     void free() {
