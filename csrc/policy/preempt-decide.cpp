@@ -1,8 +1,6 @@
 // The whole decision for one victim, and its fallbacks (see preempt-decide.h).
 #include "preempt-decide.h"
 
-#include <algorithm>
-
 namespace llama_preempt {
 
 park_order decide_park(const victim_state & v, const tier_state & t, bool waits_behind) {
@@ -74,17 +72,13 @@ std::vector<int32_t> forced_parks(const std::vector<slot_view> & slots, int32_t 
     return out;
 }
 
-static bool contains(const std::vector<int32_t> & ids, int32_t id) {
-    return std::find(ids.begin(), ids.end(), id) != ids.end();
-}
-
 bool loop_idles(const std::vector<slot_view> & slots, const plan & pl, bool min_park_time) {
     bool any_runs = false;
     bool any_held = min_park_time;
     for (const auto & s : slots) {
-        const bool parked = (s.phase == slot_phase::parked && !contains(pl.resume, s.id)) || contains(pl.park, s.id);
-        const bool idle   = s.phase == slot_phase::idle || contains(pl.fail, s.id);
-        any_runs |= !idle && !parked && !contains(pl.hold, s.id);
+        const bool parked = (s.phase == slot_phase::parked && !contains_id(pl.resume, s.id)) || contains_id(pl.park, s.id);
+        const bool idle   = s.phase == slot_phase::idle || contains_id(pl.fail, s.id);
+        any_runs |= !idle && !parked && !contains_id(pl.hold, s.id);
         any_held |= parked && s.waits_for_unpark;
     }
     return any_held && !any_runs;

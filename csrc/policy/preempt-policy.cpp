@@ -102,10 +102,6 @@ park_shape shape_park(const park_input & in, bool swap, int32_t n_batch) {
     return out;
 }
 
-static bool contains(const std::vector<int32_t> & v, int32_t id) {
-    return std::find(v.begin(), v.end(), id) != v.end();
-}
-
 int32_t reservation(const slot_view & s, const plan_params & p) {
     switch (s.phase) {
         case slot_phase::generating:
@@ -137,7 +133,7 @@ static std::vector<const slot_view *> victim_order(const std::vector<slot_view> 
                                                    const std::vector<int32_t> & skip) {
     const slot_view * lead = nullptr;
     for (const auto & s : slots) {
-        if (is_running(s) && !contains(skip, s.id) &&
+        if (is_running(s) && !contains_id(skip, s.id) &&
             (!lead || s.priority > lead->priority || (s.priority == lead->priority && s.n_cells > lead->n_cells))) {
             lead = &s;
         }
@@ -145,7 +141,7 @@ static std::vector<const slot_view *> victim_order(const std::vector<slot_view> 
 
     std::vector<const slot_view *> cand;
     for (const auto & s : slots) {
-        if (!is_running(s) || &s == lead || contains(skip, s.id)) {
+        if (!is_running(s) || &s == lead || contains_id(skip, s.id)) {
             continue;
         }
         if (may_park(s)) {
@@ -374,7 +370,7 @@ plan plan_step(const std::vector<slot_view> & slots, const plan_params & p) {
     int32_t next_preempt = 0;
     for (int32_t id : restore) {
         const slot_view * s = find[id];
-        if (!failed[id] && !s->waits_for_unpark && !contains(pl.resume, id) &&
+        if (!failed[id] && !s->waits_for_unpark && !contains_id(pl.resume, id) &&
             (!next || ahead_of(*s, s->n_preempt, next, next_preempt))) {
             next = s;
             next_preempt = s->n_preempt;

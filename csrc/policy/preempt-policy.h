@@ -7,6 +7,7 @@
 
 #include "preempt-choice.h"  // how each victim is parked: RAM, disk or RECOMPUTE, by measured cost
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -163,6 +164,11 @@ std::vector<int32_t> restore_order(const std::vector<slot_view> & slots);
 
 // The planner: run once per step before the batch is built.
 plan plan_step(const std::vector<slot_view> & slots, const plan_params & p);
+
+// whether a list of slot ids (a plan's park, resume, hold, ...) names the slot
+inline bool contains_id(const std::vector<int32_t> & ids, int32_t id) {
+    return std::find(ids.begin(), ids.end(), id) != ids.end();
+}
 
 // A one-line description of a plan for logs.
 std::string plan_to_string(const plan & pl);
