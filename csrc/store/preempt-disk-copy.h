@@ -11,6 +11,20 @@
 
 namespace llama_preempt {
 
+// Where a disk park's state is, in the order its life goes: one stage at a time, never two
+// flags that could disagree. in_ram(): the slot's host buffers hold the state (or will, once the
+// read lands); reading(): a read into them is queued or running.
+enum class disk_stage {
+    none,           // not a disk park
+    write_held,     // its write waits for the park's transfer to host RAM to settle (state in RAM)
+    writing,        // its write is queued or running (state in RAM as well)
+    written_in_ram, // written, and the host copy kept (the slot is the next back)
+    on_disk,        // written, host copy freed: the state is only on disk
+    reading_ahead,  // a read into new host buffers is queued or running, ahead of the resume
+    reading,        // a read for the resume itself is queued or running
+    read_back,      // file removed, the state in RAM again: read back, or its host copy taken as it
+};
+
 // A SWAP park's file on the disk tier (a member of the slot's swap_state, preempt-swap.h). While
 // its file is written the state is in the slot's host buffers as well; once written they are
 // freed and the state is only on disk; a read back fills new ones. Removing it (reset(), also on
@@ -19,11 +33,7 @@ struct disk_copy {
     std::shared_ptr<disk_store> store;  // set for a disk park (null: the slot is not on the disk tier)
     std::shared_ptr<disk_file>  file;   // null until its write is queued, and after its read
     size_t  n_bytes[2] = { 0, 0 };      // the state's two parts (target, draft)
-    bool    pending = false;            // its write waits for the park's transfer to host RAM to settle
-    bool    in_ram  = false;            // the slot's host buffers hold the state
-    bool    reading = false;            // a read into them is queued or running (ahead of its turn)
-    bool    read_ahead = false;         // the last read was queued ahead of the resume
-    bool    write_seen = false;         // its write was seen written (counted once)
+    disk_stage stage = disk_stage::none;  // where its state is, as its file's life goes on
     std::vector<uint8_t> ref;           // LLAMA_SERVER_PREEMPT_VERIFY: upstream's serialization at the park (else empty)
 
     disk_copy() = default;
@@ -43,6 +53,8 @@ struct disk_copy {
     size_t total() const { return n_bytes[0] + n_bytes[1]; }
     // bytes its file holds on disk now (written or being written)
     size_t bytes_on_disk() const { return file ? total() : 0; }
+    bool   in_ram() const { return stage != disk_stage::none && stage != disk_stage::on_disk; }
+    bool   reading() const { return stage == disk_stage::reading_ahead || stage == disk_stage::reading; }
 
     void reset() {
         if (store && file) {
@@ -56,7 +68,7 @@ private:
         store.reset();
         file.reset();
         n_bytes[0] = n_bytes[1] = 0;
-        pending = in_ram = reading = read_ahead = write_seen = false;
+        stage = disk_stage::none;
         ref.clear();
         ref.shrink_to_fit();
     }
@@ -65,11 +77,7 @@ private:
         file       = std::move(o.file);
         n_bytes[0] = o.n_bytes[0];
         n_bytes[1] = o.n_bytes[1];
-        pending    = o.pending;
-        in_ram     = o.in_ram;
-        reading    = o.reading;
-        read_ahead = o.read_ahead;
-        write_seen = o.write_seen;
+        stage      = o.stage;
         ref          = std::move(o.ref);
         o.clear();
     }

@@ -21,9 +21,10 @@ static int verify(const swap_state & st) {
            (st.dft.size == 0 || memcmp(ref.data() + st.tgt.size, st.dft.data, st.dft.size) == 0) ? 1 : 0;
 }
 
-// the file holds the state: its write is counted once (bytes, time, the measured rate)
+// the file holds the state: its write is counted once (bytes, time, the measured rate); the host
+// copy stays until free_host_copy()
 static void note_write(swap_state & st, swap_host & host, disk_result & r) {
-    st.disk.write_seen = true;
+    st.disk.stage = disk_stage::written_in_ram;
     r.bytes = st.disk.total();
     r.t_us  = st.disk.file->t_us;
     host.rates.observe_disk_write(r.bytes, r.t_us);
@@ -33,7 +34,7 @@ static void note_write(swap_state & st, swap_host & host, disk_result & r) {
 static void free_host_copy(swap_state & st) {
     st.tgt.reset();
     st.dft.reset();
-    st.disk.in_ram = false;
+    st.disk.stage = disk_stage::on_disk;
 }
 
 // the file could not be had but the host copy, within the RAM budget, still holds the state: the
@@ -55,15 +56,15 @@ disk_result disk_park(swap_state & st, swap_host & host, bool background, std::v
     d.store      = host.disk;
     d.n_bytes[0] = st.tgt.size;
     d.n_bytes[1] = st.dft.size;
-    d.in_ram     = true;
     d.ref        = std::move(ref);
     if (!background) {
         settle_copy(st, *host.copier);  // written now: the bytes must be in host RAM
     }
     // on a device the transfer to host RAM may still run: the write is queued held (its bytes taken
     // from the disk budget now) and disk_step() starts it once the transfer has settled
-    d.pending = background && st.copy_in_flight;
-    d.file    = host.disk->write(st.tgt.data, st.tgt.size, st.dft.data, st.dft.size, d.pending, r.why, r.error);
+    const bool held = background && st.copy_in_flight;
+    d.stage = held ? disk_stage::write_held : disk_stage::writing;
+    d.file  = host.disk->write(st.tgt.data, st.tgt.size, st.dft.data, st.dft.size, held, r.why, r.error);
     if (!d.file) {
         r.ok = false;
         if (background) {
@@ -94,25 +95,23 @@ disk_result disk_step(swap_state & st, swap_host & host, bool keep, bool keep_re
     if (!d.on() || !d.file) {
         return r;
     }
-    if (d.pending) {
+    if (d.stage == disk_stage::write_held) {
         if (!st.copy_in_flight) {
-            d.pending = false;
+            d.stage = disk_stage::writing;
             d.store->start(d.file);
         }
         return r;
     }
-    if (!d.in_ram || !d.store->is_settled(d.file)) {
+    if (!d.in_ram() || !d.store->is_settled(d.file)) {
         return r;
     }
     const auto status = d.store->settle(d.file);
-    if (d.reading) {
+    if (d.stage == disk_stage::reading_ahead) {
         // read ahead, and the slot is no longer the next back while RAM is short: its RAM goes to
         // others meanwhile
         if (status == disk_file::status::read && !keep_read && d.store->unread(d.file)) {
             free_host_copy(st);
-            d.reading    = false;
-            d.read_ahead = false;
-            r.dropped    = true;
+            r.dropped = true;
         }
         return r;  // a read that failed is reported by the resume
     }
@@ -121,7 +120,7 @@ disk_result disk_step(swap_state & st, swap_host & host, bool keep, bool keep_re
         keep_in_ram(st, r);
         return r;
     }
-    if (!d.write_seen) {
+    if (d.stage == disk_stage::writing) {
         note_write(st, host, r);
         written = true;
     }
@@ -133,7 +132,7 @@ disk_result disk_step(swap_state & st, swap_host & host, bool keep, bool keep_re
 
 bool disk_read_ahead(swap_state & st, swap_host & host) {
     auto & d = st.disk;
-    if (!d.on() || d.in_ram || d.reading || !d.file || !alloc_buffers(st, host)) {
+    if (d.stage != disk_stage::on_disk || !d.file || !alloc_buffers(st, host)) {
         return false;
     }
     if (!d.store->read(d.file, st.tgt.data, st.dft.data)) {
@@ -141,16 +140,14 @@ bool disk_read_ahead(swap_state & st, swap_host & host) {
         st.dft.reset();
         return false;
     }
-    d.in_ram     = true;  // the buffers are the state's, once the read lands
-    d.reading    = true;
-    d.read_ahead = true;
+    d.stage = disk_stage::reading_ahead;  // the buffers are the state's, once the read lands
     return true;
 }
 
 disk_result disk_read_back(swap_state & st, swap_host & host) {
     disk_result r;
     auto & d = st.disk;
-    if (d.in_ram && !d.reading) {
+    if (d.in_ram() && !d.reading()) {
         // the write is queued or still running, or the host copy was kept (the slot was next back):
         // the host copy is the state, the file is dropped; a write that failed since the last step
         // is counted here
@@ -160,12 +157,12 @@ disk_result disk_read_back(swap_state & st, swap_host & host) {
         }
         d.store->remove(d.file);
         d.file.reset();
-        d.pending     = false;
+        d.stage       = disk_stage::read_back;
         r.from_memory = true;
         r.verified    = verify(st);
         return r;
     }
-    if (!d.reading) {
+    if (!d.reading()) {
         if (!alloc_buffers(st, host)) {
             r.ok  = false;
             r.why = "cannot allocate host RAM to read its file back";
@@ -178,13 +175,10 @@ disk_result disk_read_back(swap_state & st, swap_host & host) {
             st.free();
             return r;
         }
-        d.in_ram     = true;
-        d.reading    = true;
-        d.read_ahead = false;
+        d.stage = disk_stage::reading;
     }
-    r.read_ahead = d.read_ahead;
+    r.read_ahead = d.stage == disk_stage::reading_ahead;
     const auto status = d.store->settle(d.file);
-    d.reading = false;
     if (status != disk_file::status::read) {
         r.ok    = false;
         r.error = d.file->error;
@@ -197,6 +191,7 @@ disk_result disk_read_back(swap_state & st, swap_host & host) {
     host.rates.observe_disk_read(r.bytes, r.t_us);
     d.store->remove(d.file);  // the disk budget gets it back now; the state is in RAM again
     d.file.reset();
+    d.stage = disk_stage::read_back;
     r.verified = verify(st);
     return r;
 }
