@@ -8,8 +8,8 @@ using namespace llama_preempt;
 int main(int argc, char ** argv) {
     std::vector<sim_request> reqs; std::ifstream f("/tmp/ab/wl.txt"); double t; int p, g;
     while (f >> t >> p >> g) reqs.push_back({t, p, g});
-    for (long long ram : {-1LL, 0LL, 4096LL << 20}) {
-        sim_params sp; sp.n_pool = 1 << 20; sp.n_slots = 256; sp.n_batch = 2048; sp.ram_budget_bytes = ram;
+    for (long long ram : {-1LL, 0LL, 4096LL}) {
+        sim_params sp; sp.n_pool = 1 << 20; sp.n_slots = 256; sp.n_batch = 2048; sp.preempt_ram_mib = ram;
         double best = 1e9; sim_result r;
         for (int rep = 0; rep < 3; ++rep) {
             auto t0 = std::chrono::steady_clock::now();
@@ -17,7 +17,7 @@ int main(int argc, char ** argv) {
             double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
             if (s < best) best = s;
         }
-        printf("ram %lld: best of 3 %.3f s, %lld steps, %.2f us/step, swap %lld rec %lld makespan %.1f\n", ram, best, (long long) r.n_steps, 1e6 * best / r.n_steps,
+        printf("ram %lld MiB: best of 3 %.3f s, %lld steps, %.2f us/step, swap %lld rec %lld makespan %.1f\n", ram, best, (long long) r.n_steps, 1e6 * best / r.n_steps,
                (long long) r.n_park_swap, (long long) r.n_park_recompute, r.makespan_s);
     }
     // the planner alone

@@ -157,7 +157,7 @@ def test_the_policy_never_livelocks_every_step_makes_progress() -> None:
     p = _core.SimParams()
     p.n_pool, p.n_slots, p.n_batch = 128, 3, 16
     for ram in (-1, 0):  # by SWAP and by RECOMPUTE
-        p.ram_budget_bytes = ram
+        p.preempt_ram_mib = ram
         r = _core.simulate([0.0, 0.0, 0.0], [20, 30, 40], [70, 70, 70], p)
         assert [q.outcome for q in r.requests] == [_core.SimOutcome.COMPLETED] * 3  # all completed
         assert not r.hit_step_limit

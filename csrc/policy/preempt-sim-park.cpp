@@ -50,6 +50,18 @@ parked_state sim_server::parked(int32_t id) const {
     return st;
 }
 
+// a parked slot's host RAM, counted against --preempt-ram as the server's store counts it
+void sim_server::hold_ram(sim_slot & s, double bytes) {
+    s.ram         = bytes;
+    parked_bytes += bytes;
+    res.peak_parked_bytes = std::max(res.peak_parked_bytes, parked_bytes);
+}
+
+void sim_server::free_ram(sim_slot & s) {
+    parked_bytes -= s.ram;
+    s.ram         = 0;
+}
+
 void sim_server::purge(int32_t id) {
     slots[id].cells = 0;
 }
@@ -68,18 +80,13 @@ move_result sim_server::copy_out(const park_order & o) {
         res.peak_disk_bytes = std::max(res.peak_disk_bytes, disk_bytes);
         // one I/O thread: the write queues behind what it is doing
         t_io_free = std::max(t_io_free, t) + bytes / p.disk_write_bps;
-        if (o.background) {
-            s.t_io_done = t_io_free;  // written from the host copy, held until then
-            s.ram       = bytes;
-        } else {
-            t     = t_io_free;  // the loop waits for the write
-            s.ram = 0;
+        if (!o.background) {
+            t = t_io_free;  // the loop waits for the write
+            return {};
         }
-    } else {
-        s.ram = bytes;
+        s.t_io_done = t_io_free;  // written from the host copy, held until then
     }
-    parked_bytes += s.ram;
-    res.peak_parked_bytes = std::max(res.peak_parked_bytes, parked_bytes);
+    hold_ram(s, bytes);
     return {};
 }
 
@@ -127,8 +134,7 @@ void sim_server::settle_disk() {
         }
         const disk_keep k = disk_hold(s.id, restore_next, (size_t) s.bytes, left);
         if (s.reading ? !k.keep_read : !k.keep_copy) {
-            parked_bytes -= s.ram;  // the state is only on disk now
-            s.ram     = 0;
+            free_ram(s);  // the state is only on disk now
             s.reading = false;
         }
     }
@@ -142,9 +148,7 @@ void sim_server::read_ahead(int32_t id) {
     t_io_free   = std::max(t_io_free, t) + s.bytes / p.disk_read_bps;
     s.t_io_done = t_io_free;
     s.reading   = true;
-    s.ram       = s.bytes;
-    parked_bytes += s.ram;
-    res.peak_parked_bytes = std::max(res.peak_parked_bytes, parked_bytes);
+    hold_ram(s, s.bytes);
 }
 
 move_result sim_server::copy_in(int32_t id) {
@@ -160,7 +164,7 @@ move_result sim_server::copy_in(int32_t id) {
         disk_bytes -= s.bytes;
     }
     t += s.bytes / p.swap_in_bps;
-    parked_bytes -= s.ram;
+    free_ram(s);
     return {};
 }
 

@@ -110,7 +110,7 @@ void sim_server::finish(sim_slot & s, sim_outcome outcome) {
     r.outcome = outcome;
     r.t_done  = t;
     if (s.phase == slot_phase::parked) {
-        parked_bytes -= s.ram;
+        free_ram(s);
         disk_bytes   -= s.on_disk ? s.bytes : 0;
     }
     if (outcome == sim_outcome::failed) {
@@ -146,12 +146,13 @@ void sim_server::admit() {
     }
 }
 
+// the flags' MiB as the server reads them (preempt-config.cpp)
 size_t sim_server::ram_budget() const {
-    return p.ram_budget_bytes < 0 ? SIZE_MAX : (size_t) p.ram_budget_bytes;
+    return ram_budget_from_mib(p.preempt_ram_mib);
 }
 
 size_t sim_server::disk_budget() const {
-    return p.disk_budget_bytes < 0 ? SIZE_MAX : (size_t) p.disk_budget_bytes;
+    return p.preempt_disk_mib == 0 ? 0 : ram_budget_from_mib(p.preempt_disk_mib);
 }
 
 // a step that does not fit the pool at all: upstream fails every running request; with

@@ -32,7 +32,7 @@ struct sim_params {
     int32_t n_slots = 4;      // -np
     int32_t n_batch = 512;    // -b
     bool    preempt = true;   // false: upstream's behaviour (a full pool fails every running request)
-    int64_t ram_budget_bytes = int64_t(8192) << 20;  // --preempt-ram in bytes; -1 no limit, 0 recompute only
+    int64_t preempt_ram_mib = 8192;  // --preempt-ram (MiB): -1 no limit, 0 recompute only (ram_budget_from_mib())
     preempt_mode mode = preempt_mode::automatic;   // --preempt-mode: the server's choose_park() with the rates below
 
     // costs (seconds and bytes); defaults are SmolLM2-135M Q4_1 on 2 CPU cores (see simulate.py)
@@ -44,8 +44,8 @@ struct sim_params {
     double swap_out_bps    = 9.5e9;   // park copy bandwidth, bytes/s (bench/swap_bandwidth.py, CPU)
     double swap_in_bps     = 15.0e9;  // restore copy bandwidth, bytes/s
 
-    // the disk tier (--preempt-disk): bytes its files may take (0: none, -1: no limit) and its rates
-    int64_t disk_budget_bytes = 0;
+    // the disk tier: --preempt-disk-mib (0: no disk tier, -1: no limit) and its rates
+    int64_t preempt_disk_mib = 0;
     double  disk_write_bps = cost_rates::DEFAULT_DISK_WRITE_BPS;
     double  disk_read_bps  = cost_rates::DEFAULT_DISK_READ_BPS;
 
@@ -168,6 +168,8 @@ struct sim_server final : plan_executor {
     void finish(sim_slot & s, sim_outcome outcome);
     void admit();
     void settle_disk();  // written files free their host copy, reads ahead let go (disk_hold())
+    void hold_ram(sim_slot & s, double bytes);  // its host copy, as the RAM budget counts it
+    void free_ram(sim_slot & s);
     size_t ram_budget() const;
     size_t disk_budget() const;  // 0: no disk tier
     bool last_resort();

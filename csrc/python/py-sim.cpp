@@ -94,7 +94,7 @@ void register_sim(py::module_ & m) {
         .def_readwrite("n_slots",          &lp::sim_params::n_slots)
         .def_readwrite("n_batch",          &lp::sim_params::n_batch)
         .def_readwrite("preempt",          &lp::sim_params::preempt)
-        .def_readwrite("ram_budget_bytes", &lp::sim_params::ram_budget_bytes)
+        .def_readwrite("preempt_ram_mib", &lp::sim_params::preempt_ram_mib)
         .def_property("mode",
             [](const lp::sim_params & sp) { return std::string(lp::preempt_mode_name(sp.mode)); },
             [](lp::sim_params & sp, const std::string & v) {
@@ -109,7 +109,7 @@ void register_sim(py::module_ & m) {
         .def_readwrite("state_overhead_bytes", &lp::sim_params::state_overhead_bytes)
         .def_readwrite("swap_out_bps",     &lp::sim_params::swap_out_bps)
         .def_readwrite("swap_in_bps",      &lp::sim_params::swap_in_bps)
-        .def_readwrite("disk_budget_bytes", &lp::sim_params::disk_budget_bytes)
+        .def_readwrite("preempt_disk_mib", &lp::sim_params::preempt_disk_mib)
         .def_readwrite("disk_write_bps",   &lp::sim_params::disk_write_bps)
         .def_readwrite("disk_read_bps",    &lp::sim_params::disk_read_bps)
         .def_readwrite("max_steps",        &lp::sim_params::max_steps);

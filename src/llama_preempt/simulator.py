@@ -238,8 +238,7 @@ def sim_params(*, n_ctx: int, n_parallel: int, n_batch: int, preempt: bool, pree
     p = _core.SimParams()
     p.mode = preempt_mode
     p.n_pool, p.n_slots, p.n_batch, p.preempt = n_ctx, n_parallel, n_batch, preempt
-    p.ram_budget_bytes = -1 if preempt_ram_mib < 0 else preempt_ram_mib << 20
-    p.disk_budget_bytes = -1 if preempt_disk_mib < 0 else preempt_disk_mib << 20
+    p.preempt_ram_mib, p.preempt_disk_mib = preempt_ram_mib, preempt_disk_mib  # the policy converts them
     p.max_steps = max_steps
     costs.to_params(p)
     return p
