@@ -124,8 +124,8 @@ int32_t charged_cells(const slot_view & s) {
 }
 
 // Running slots that may be parked, best victim first: lowest priority first; within a priority,
-// tier 0 (preferred) before tier 1 (starved or resuming, only when no tier-0 candidate of that
-// priority exists), then the smallest, then the later id so the order is stable. The leader keeps
+// the fresh before the spared (starved, resuming or holding no cells: taken only when no fresh
+// candidate of that priority exists), then the smallest, then the later id so the order is stable. The leader keeps
 // running: the slot with the most tokens among those of the highest priority. Parking it would
 // waste the most work, and a pool that cannot hold the leader alone is a context overflow, not a
 // scheduling problem. Parking others never changes who leads, so one order serves a whole step.
@@ -148,18 +148,19 @@ static std::vector<const slot_view *> victim_order(const std::vector<slot_view> 
             cand.push_back(&s);
         }
     }
-    auto tier = [&](const slot_view * s) {
+    // "spared" is a victim's rank, not where a parked state waits (park_tier)
+    auto spared = [&](const slot_view * s) {
         const bool resuming = s->phase == slot_phase::prompt && s->n_replay_left > 0;
         // a slot holding no cells frees nothing but its reservation
-        return (s->n_preempt >= p.n_starved || resuming || s->n_cells == 0) ? 1 : 0;
+        return s->n_preempt >= p.n_starved || resuming || s->n_cells == 0;
     };
     std::sort(cand.begin(), cand.end(), [&](const slot_view * a, const slot_view * b) {
         if (a->priority != b->priority) {
             return a->priority < b->priority;
         }
-        const int ta = tier(a), tb = tier(b);
-        if (ta != tb) {
-            return ta < tb;
+        const bool sa = spared(a), sb = spared(b);
+        if (sa != sb) {
+            return sb;
         }
         if (a->n_cells != b->n_cells) {
             return a->n_cells < b->n_cells;

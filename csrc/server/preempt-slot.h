@@ -24,7 +24,16 @@ struct preempt_server;  // preemption beside upstream's server_context_impl (pre
 namespace llama_preempt {
 
 // upstream's slot_state by name, for /slots (its values in order, SLOT_STATE_PREEMPTED last: a
-// static_assert in preempt-context.inc keeps the two in step)
+// static_assert in preempt-context.inc keeps the two in step). This header comes before upstream's
+// enum, hence its value by number.
+constexpr int slot_state_preempted = 6;
+
+// "parked" has one source: upstream's slot state (SLOT_STATE_PREEMPTED), which the executor sets
+// at a park and clears at the resume
+inline bool is_parked_state(int state) {
+    return state == slot_state_preempted;
+}
+
 inline const char * slot_state_name(int state) {
     static const char * const names[] = {
         "idle", "wait_other", "started", "processing_prompt", "done_prompt", "generating", "preempted",
@@ -33,7 +42,7 @@ inline const char * slot_state_name(int state) {
 }
 
 struct slot_preempt_state {
-    parked_from from = parked_from::none;  // != none while parked (state SLOT_STATE_PREEMPTED)
+    parked_from from = parked_from::none;  // the phase it was parked from (read while parked only)
 
     // SWAP: the slot's state in host RAM or, for a disk park, in its file (preempt-swap.h), and its
     // prompt (tokens and checkpoints) kept beside it, so that a parked slot's prompt is empty like its cells
@@ -61,16 +70,12 @@ struct slot_preempt_state {
     int32_t n_recompute = 0;  // tokens re-prefilled for this request
     int64_t t_parked_total_us = 0;
 
-    bool is_parked() const { return from != parked_from::none; }
-
     // where a parked slot's state waits, read from the one place that holds it (the swap state):
     // a file (disk), host RAM, or nowhere (RECOMPUTE: its tokens are re-prefilled). A disk park
     // whose file failed while its host copy was kept is a RAM park from then on, as it says here.
+    // Asked of a slot that is not parked, it says recompute (no state is kept).
     park_tier tier() const {
-        if (!is_parked() || swap.state_bytes() == 0) {
-            return park_tier::recompute;
-        }
-        return swap.tier();
+        return swap.state_bytes() == 0 ? park_tier::recompute : swap.tier();
     }
 
     size_t swap_bytes() const { return swap.bytes(); }
@@ -84,26 +89,27 @@ struct slot_preempt_state {
     // request (or null): id_cmpl is the "id" its OpenAI-style responses carry, so a client can
     // find its own slot
     void add_to_json(json & res, int state, const server_task * task) const {
+        const bool parked = is_parked_state(state);
         res["state"]        = slot_state_name(state);
         res["id_cmpl"]      = task ? json(task->params.oaicompat_cmpl_id) : json(nullptr);
         res["priority"]     = task ? task->params.priority : 0;
-        res["is_preempted"] = is_parked();
+        res["is_preempted"] = parked;
         res["n_preempt"]    = n_preempt;
         res["n_recompute"]  = n_recompute;
-        res["preempt_mode"] = !is_parked() ? json(nullptr) : json(tier() == park_tier::recompute ? "recompute" : "swap");
-        res["parked_by"]    = !is_parked() ? json(nullptr) : json(park_reason_key(reason));
-        res["preempt_tier"] = !is_parked() ? json(nullptr) : json(park_tier_name(tier()));
+        res["preempt_mode"] = !parked ? json(nullptr) : json(tier() == park_tier::recompute ? "recompute" : "swap");
+        res["parked_by"]    = !parked ? json(nullptr) : json(park_reason_key(reason));
+        res["preempt_tier"] = !parked ? json(nullptr) : json(park_tier_name(tier()));
         res["preempt_ram_bytes"]  = swap_bytes();
         res["preempt_disk_bytes"] = swap.disk.bytes_on_disk();
-        res["preempt_choice"] = !is_parked() ? json(nullptr) : json(park_choice_name(choice));
+        res["preempt_choice"] = !parked ? json(nullptr) : json(park_choice_name(choice));
         res["preempt_copy_in_flight"] = swap.copy_in_flight;
-        res["t_preempted_ms"] = t_parked_so_far_us() / 1000.0;
+        res["t_preempted_ms"] = t_parked_so_far_us(parked) / 1000.0;
     }
 
     // time parked, this request: the parks it came back from, and the current one while it lasts
     // (an operator looks while the slot is parked: a total kept only at resume reads 0 then)
-    int64_t t_parked_so_far_us() const {
-        return t_parked_total_us + (is_parked() ? ggml_time_us() - t_parked_us : 0);
+    int64_t t_parked_so_far_us(bool parked) const {
+        return t_parked_total_us + (parked ? ggml_time_us() - t_parked_us : 0);
     }
 
     int32_t n_replay_left() const {
