@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from dataclasses import fields
 
+import pytest
 from llama_preempt import _core
 from llama_preempt.engine import EndEvent, FailEvent, ParkEvent, ResumeEvent
 from llama_preempt.stats import (COUNTERS, DISK_FAILURES, GAUGES, LABELED, PARK_CHOICES, PARK_TIERS, PREEMPT_MODES,
@@ -54,6 +55,23 @@ def test_the_names_python_uses_come_from_the_core() -> None:
     assert PARK_TIERS == ("recompute", "ram", "disk") == tuple(_core.PARK_TIERS)
     assert DISK_FAILURES == tuple(_core.DISK_FAILURES) and "checksum" in DISK_FAILURES
     assert {"planner", "api", "last_resort", "forced"} == set(_core.PARK_REASONS)
+
+
+def test_the_policys_enums_cross_as_str_enums_in_both_directions() -> None:
+    """C++ hands Python a member equal to the server's name for it; Python may hand back a member or
+    that name; anything else is a ValueError that lists the names."""
+    assert tuple(_core.ParkTier) == (_core.ParkTier.RECOMPUTE, _core.ParkTier.RAM, _core.ParkTier.DISK)
+    assert PARK_TIERS == tuple(t.value for t in _core.ParkTier)
+    assert PARK_CHOICES == tuple(c.value for c in _core.ParkChoice)
+    assert {t: 1 for t in _core.ParkTier}["disk"] == 1 and f"{_core.ParkTier.DISK}" == "disk"
+    assert _core.ParkReason.POOL_FULL == "planner"  # as /slots' parked_by says
+    for mode in (_core.PreemptMode.SWAP, "swap"):
+        assert _core.effective_mode(mode, 0, -1) is _core.PreemptMode.SWAP
+    assert _core.effective_mode("swap", 0, 0) is _core.PreemptMode.RECOMPUTE  # nowhere to swap to
+    with pytest.raises(ValueError, match="PreemptMode must be auto, swap or recompute, got 'fast'"):
+        _core.effective_mode("fast", 0, 0)
+    with pytest.raises(TypeError):
+        _core.effective_mode(1, 0, 0)
 
 
 def test_the_step_events_are_the_cores_own_types() -> None:

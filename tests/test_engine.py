@@ -12,6 +12,7 @@ from typing import Any, Callable, Iterator
 import pytest
 
 from helpers import complete, long_prompt, rss_mib
+from llama_preempt import ParkChoice, ParkReason, ParkTier, PreemptMode, StopType
 from llama_preempt.engine import (
     Completion,
     Engine,
@@ -153,7 +154,11 @@ def test_a_forced_park_shows_up_in_the_step_reports_with_its_resume(
     assert len(parks) >= 40 // 8 - 1
     assert len(resumes) == len(parks)
     for (i_park, park), (i_resume, resume) in zip(parks, resumes):
+        # the policy's enums, equal to the names the server writes (the strings they replaced)
         assert park.mode == mode and park.reason.startswith("forced")
+        assert park.reason is ParkReason.FORCED and park.mode is PreemptMode(mode)
+        assert park.tier is (ParkTier.RAM if mode == "swap" else ParkTier.RECOMPUTE) and park.tier == str(park.tier)
+        assert isinstance(park.choice, ParkChoice) and json.loads(json.dumps(park._asdict()))["tier"] == park.tier
         assert park.n_tokens > 0
         assert (park.bytes > 0) == (mode == "swap")
         assert resume.slot == park.slot and resume.task == park.task and resume.mode == mode
@@ -163,7 +168,7 @@ def test_a_forced_park_shows_up_in_the_step_reports_with_its_resume(
     # per-step token counts add up to what was generated, and the end is reported once
     assert sum(r.n_generated for r in reports) == 40
     ends = [e for r in reports for e in r.finished]
-    assert len(ends) == 1 and ends[0].n_generated == 40 and ends[0].stop == "limit"
+    assert len(ends) == 1 and ends[0].n_generated == 40 and ends[0].stop == "limit" and ends[0].stop is StopType.LIMIT
 
 
 def test_step_reports_count_every_token_of_concurrent_requests(make_engine: EngineFactory, stories_model: Path) -> None:

@@ -33,26 +33,25 @@ N_BATCH = 32
 LARGE, SMALL = (8, 2048, 400), (4, 256, 100)
 
 
-def server_trace(reports: list[Any], tasks: list[int]) -> list[tuple[str, int, str, str]]:
+Trace = list[tuple[Any, int, Any, Any]]
+
+
+def server_trace(reports: list[Any], tasks: list[int]) -> Trace:
     """(kind, request, tier, reason) per park and resume, in the order the server made them;
-    requests numbered by submission (their task ids ascend in that order)."""
+    requests numbered by submission (their task ids ascend in that order). The events and the
+    simulator's decisions report in the same enums (ParkTier, ParkReason)."""
     request_of = {task: i for i, task in enumerate(sorted(tasks))}
-    trace: list[tuple[str, int, str, str]] = []
+    trace: Trace = []
     for rep in reports:
         # within a step the policy parks before it resumes (apply_plan's order), as the events list them
-        trace += [("park", request_of[e.task], e.tier, e.reason.split(" (")[0].replace(" ", "_")) for e in rep.parked]
-        trace += [("resume", request_of[e.task], e.tier, "") for e in rep.resumed]
+        trace += [(_core.DecisionKind.PARK, request_of[e.task], e.tier, e.reason) for e in rep.parked]
+        trace += [(_core.DecisionKind.RESUME, request_of[e.task], e.tier, None) for e in rep.resumed]
     return trace
 
 
-def sim_trace(decisions: list[Any]) -> list[tuple[str, int, str, str]]:
-    out = []
-    for d in decisions:
-        if d.kind == _core.DecisionKind.PARK:
-            out.append(("park", d.request, d.tier.name.lower(), d.reason.name.lower()))
-        elif d.kind == _core.DecisionKind.RESUME:
-            out.append(("resume", d.request, d.tier.name.lower(), ""))
-    return out
+def sim_trace(decisions: list[Any]) -> Trace:
+    return [(d.kind, d.request, d.tier, d.reason if d.kind == _core.DecisionKind.PARK else None)
+            for d in decisions if d.kind in (_core.DecisionKind.PARK, _core.DecisionKind.RESUME)]
 
 
 @pytest.mark.parametrize("mode, ram_mib, disk, load", [

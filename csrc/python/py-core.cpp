@@ -17,6 +17,7 @@
 #include "ggml-rpc.h"
 #include "log.h"
 #include "preempt-copy.h"
+#include "py-enums.h"
 #include "preempt-flags.h"
 #include "preempt-policy.h"
 #include "preempt-sim.h"
@@ -163,18 +164,14 @@ PYBIND11_MODULE(_core, m) {
     py::class_<lp::park_decision>(m, "ParkDecision", "RAM, disk or RECOMPUTE for one victim, and why")
         .def_property_readonly("swap", [](const lp::park_decision & d) { return d.copies(); })  // copied out, to RAM or disk
         .def_property_readonly("disk", [](const lp::park_decision & d) { return d.tier == lp::park_tier::disk; })
-        .def_property_readonly("why", [](const lp::park_decision & d) { return std::string(lp::park_choice_name(d.why)); })
-        .def_property_readonly("tier", [](const lp::park_decision & d) { return std::string(lp::park_tier_name(d.tier)); })
+        .def_readonly("why",  &lp::park_decision::why)
+        .def_readonly("tier", &lp::park_decision::tier)
         .def_readonly("swap_ms",      &lp::park_decision::swap_ms)
         .def_readonly("disk_ms",      &lp::park_decision::disk_ms)
         .def_readonly("recompute_ms", &lp::park_decision::recompute_ms);
 
-    m.def("choose_park", [](const std::string & mode, size_t bytes, int64_t n_tokens, size_t ram_left, const lp::cost_rates & rates,
+    m.def("choose_park", [](lp::preempt_mode pm, size_t bytes, int64_t n_tokens, size_t ram_left, const lp::cost_rates & rates,
                             size_t disk_left, bool waits_behind) {
-              lp::preempt_mode pm;
-              if (!lp::parse_preempt_mode(mode, pm)) {
-                  throw py::value_error("mode must be auto, swap or recompute, got '" + mode + "'");
-              }
               lp::park_options o;
               o.bytes        = bytes;
               o.n_tokens     = n_tokens;
@@ -216,13 +213,9 @@ PYBIND11_MODULE(_core, m) {
         .def_readonly("n_redo", &lp::park_shape::n_redo);
     m.def("has_swap_state", &lp::has_swap_state, py::arg("victim"));
     m.def("shape_park", &lp::shape_park, py::arg("victim"), py::arg("swap"), py::arg("n_batch"));
-    m.def("effective_mode", [](const std::string & mode, int64_t ram_mib, int64_t disk_mib) {
-              lp::preempt_mode pm;
-              if (!lp::parse_preempt_mode(mode, pm)) {
-                  throw py::value_error("mode must be auto, swap or recompute, got '" + mode + "'");
-              }
+    m.def("effective_mode", [](lp::preempt_mode pm, int64_t ram_mib, int64_t disk_mib) {
               const size_t disk = disk_mib == 0 ? 0 : lp::ram_budget_from_mib(disk_mib);
-              return std::string(lp::preempt_mode_name(lp::effective_mode(pm, lp::ram_budget_from_mib(ram_mib), disk)));
+              return lp::effective_mode(pm, lp::ram_budget_from_mib(ram_mib), disk);
           }, py::arg("mode"), py::arg("preempt_ram_mib"), py::arg("preempt_disk_mib") = 0,
           "the mode a victim is parked by, with this --preempt-ram and disk tier (0: none, -1: the disk's free space)");
     m.def("ram_left", &lp::ram_left, py::arg("ram_budget"), py::arg("held"));

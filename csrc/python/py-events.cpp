@@ -8,6 +8,7 @@
 #include "preempt-events.h"
 #include "preempt-metrics.h"
 #include "preempt-policy.h"
+#include "py-enums.h"
 
 #include <string>
 #include <vector>
@@ -71,6 +72,15 @@ struct event_class {
 } // namespace
 
 void register_events(py::module_ & m) {
+    // the policy's enums, one Python str enum each (py-enums.h), before anything that reports in them
+    lp::def_str_enum<lp::park_tier>(m);
+    lp::def_str_enum<lp::park_reason>(m);
+    lp::def_str_enum<lp::park_choice>(m);
+    lp::def_str_enum<lp::preempt_mode>(m);
+    lp::def_str_enum<lp::decision_kind>(m);
+    lp::def_str_enum<lp::sim_outcome>(m);
+    lp::def_str_enum<lp::end_stop>(m);
+
     event_class<lp::park_event>(m, "ParkEvent", "a slot parked in this step")
         .field("slot", &lp::park_event::slot)
         .field("task", &lp::park_event::task)
@@ -122,32 +132,16 @@ void register_events(py::module_ & m) {
         .field("cancelled", &lp::step_report::cancelled)
         .done();
 
-    // the names the policy and /metrics use: Python reads them from here
-    std::vector<std::string> modes;
-    for (auto mode : { lp::preempt_mode::automatic, lp::preempt_mode::swap, lp::preempt_mode::recompute }) {
-        modes.emplace_back(lp::preempt_mode_name(mode));
-    }
-    m.attr("PREEMPT_MODES") = py::tuple(py::cast(modes));
-    std::vector<std::string> choices;
-    for (int i = 0; i < lp::N_PARK_CHOICES; ++i) {
-        choices.emplace_back(lp::park_choice_name((lp::park_choice) i));
-    }
-    m.attr("PARK_CHOICES") = py::tuple(py::cast(choices));
-    std::vector<std::string> tiers;
-    for (int i = 0; i < lp::N_PARK_TIERS; ++i) {
-        tiers.emplace_back(lp::park_tier_name((lp::park_tier) i));
-    }
-    m.attr("PARK_TIERS") = py::tuple(py::cast(tiers));
+    // the names the policy and /metrics use: Python reads them from here (the enums' values, in order)
+    m.attr("PREEMPT_MODES") = lp::str_enum_values<lp::preempt_mode>();
+    m.attr("PARK_CHOICES")  = lp::str_enum_values<lp::park_choice>();
+    m.attr("PARK_TIERS")    = lp::str_enum_values<lp::park_tier>();
+    m.attr("PARK_REASONS")  = lp::str_enum_values<lp::park_reason>();
     std::vector<std::string> disk_errors;
     for (int i = 1; i < lp::N_DISK_ERRORS; ++i) {
         disk_errors.emplace_back(lp::disk_error_name((lp::disk_error) i));
     }
     m.attr("DISK_FAILURES") = py::tuple(py::cast(disk_errors));
-    std::vector<std::string> reasons;
-    for (auto r : { lp::park_reason::pool_full, lp::park_reason::forced, lp::park_reason::last_resort, lp::park_reason::api }) {
-        reasons.emplace_back(lp::park_reason_key(r));
-    }
-    m.attr("PARK_REASONS") = py::tuple(py::cast(reasons));
     m.attr("DEFAULT_PARK_BPS")    = lp::cost_rates::DEFAULT_PARK_BPS;
     m.attr("DEFAULT_RESTORE_BPS") = lp::cost_rates::DEFAULT_RESTORE_BPS;
     m.attr("DEFAULT_PREFILL_TPS") = lp::cost_rates::DEFAULT_PREFILL_TPS;

@@ -1,5 +1,5 @@
-// llama_preempt._core: the simulator (policy/preempt-sim.h), its typed results and the policy's
-// enums they report in (tiers, reasons, choices), bound as types, not tuples or strings.
+// llama_preempt._core: the simulator (policy/preempt-sim.h) and its typed results, which report in
+// the policy's enums (py-enums.h), not tuples or strings.
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
@@ -9,6 +9,7 @@
 
 #include "preempt-policy.h"
 #include "preempt-sim.h"
+#include "py-enums.h"
 
 namespace py = pybind11;
 namespace lp = llama_preempt;
@@ -31,39 +32,9 @@ std::vector<lp::sim_request> sim_requests(const std::vector<double> & t_arrival,
     return reqs;
 }
 
-// (outcome 0 pending / 1 completed / 2 failed, t_start, t_first, t_done, n_preempt, t_parked_s)
-
 } // namespace
 
 void register_sim(py::module_ & m) {
-    py::enum_<lp::park_tier>(m, "ParkTier", "where a parked slot's state waits")
-        .value("RECOMPUTE", lp::park_tier::recompute)
-        .value("RAM",       lp::park_tier::ram)
-        .value("DISK",      lp::park_tier::disk);
-    py::enum_<lp::park_reason>(m, "ParkReason", "why a slot was parked")
-        .value("POOL_FULL",   lp::park_reason::pool_full)
-        .value("FORCED",      lp::park_reason::forced)
-        .value("LAST_RESORT", lp::park_reason::last_resort)
-        .value("API",         lp::park_reason::api);
-    py::enum_<lp::park_choice>(m, "ParkChoice", "why a victim went to its tier (the preempt_parks_by_choice_total label)")
-        .value("SWAP_CHEAPER",      lp::park_choice::swap_cheaper)
-        .value("RECOMPUTE_CHEAPER", lp::park_choice::recompute_cheaper)
-        .value("SWAP_MODE",         lp::park_choice::swap_mode)
-        .value("RECOMPUTE_MODE",    lp::park_choice::recompute_mode)
-        .value("OVER_BUDGET",       lp::park_choice::over_budget)
-        .value("NO_STATE",          lp::park_choice::no_state)
-        .value("SWAP_FAILED",       lp::park_choice::swap_failed)
-        .value("DISK_CHEAPER",      lp::park_choice::disk_cheaper)
-        .value("RAM_FULL",          lp::park_choice::ram_full);
-    py::enum_<lp::decision_kind>(m, "DecisionKind", "what a decision of the trace did")
-        .value("PARK",   lp::decision_kind::park)
-        .value("RESUME", lp::decision_kind::resume)
-        .value("FAIL",   lp::decision_kind::fail);
-    py::enum_<lp::sim_outcome>(m, "SimOutcome", "how a simulated request ended")
-        .value("PENDING",   lp::sim_outcome::pending)
-        .value("COMPLETED", lp::sim_outcome::completed)
-        .value("FAILED",    lp::sim_outcome::failed);
-
     py::class_<lp::sim_request_result>(m, "SimRequestResult", "one simulated request: times in seconds since the start")
         .def_readonly("outcome",    &lp::sim_request_result::outcome)
         .def_readonly("t_start",    &lp::sim_request_result::t_start, "admitted into a slot (-1: never)")
@@ -95,13 +66,7 @@ void register_sim(py::module_ & m) {
         .def_readwrite("n_batch",          &lp::sim_params::n_batch)
         .def_readwrite("preempt",          &lp::sim_params::preempt)
         .def_readwrite("preempt_ram_mib", &lp::sim_params::preempt_ram_mib)
-        .def_property("mode",
-            [](const lp::sim_params & sp) { return std::string(lp::preempt_mode_name(sp.mode)); },
-            [](lp::sim_params & sp, const std::string & v) {
-                if (!lp::parse_preempt_mode(v, sp.mode)) {
-                    throw py::value_error("mode must be auto, swap or recompute, got '" + v + "'");
-                }
-            }, "--preempt-mode: auto, swap or recompute")
+        .def_readwrite("mode",             &lp::sim_params::mode, "--preempt-mode: a PreemptMode or its name (auto, swap, recompute)")
         .def_readwrite("step_s",           &lp::sim_params::step_s)
         .def_readwrite("decode_token_s",   &lp::sim_params::decode_token_s)
         .def_readwrite("prefill_token_s",  &lp::sim_params::prefill_token_s)

@@ -3,6 +3,8 @@
 // record them (preempt-engine-step.inc); the binding (py-core.cpp) hands them to Python as they are.
 #pragma once
 
+#include "preempt-policy.h"
+
 #include <cstddef>
 #include <cstdint>
 #include <map>
@@ -11,17 +13,33 @@
 
 namespace llama_preempt {
 
+// why a request ended: upstream's stop_type, which this header cannot see ("none": cancelled)
+enum class end_stop { none, eos, word, limit };
+
+inline const char * end_stop_name(end_stop s) {
+    switch (s) {
+        case end_stop::none:  return "none";
+        case end_stop::eos:   return "eos";
+        case end_stop::word:  return "word";
+        case end_stop::limit: return "limit";
+    }
+    return "none";
+}
+
+// The enums below cross into Python as str enums (py-enums.h): a member equals the name the
+// server writes in /slots, /metrics and its logs (ParkTier.DISK == "disk").
+
 struct park_event {
     int32_t     slot     = -1;
     int32_t     task     = -1;
-    std::string mode;              // "swap" or "recompute"
-    std::string tier;              // where its state waits: "ram", "disk" or "recompute"
+    preempt_mode mode = preempt_mode::recompute;  // swap or recompute
+    park_tier    tier = park_tier::recompute;     // where its state waits: ram, disk or recompute
     int32_t     n_tokens = 0;      // tokens the slot held
     size_t      bytes    = 0;      // bytes of its state copied out (swap, to RAM or disk)
-    std::string reason;            // park_reason_name()
+    park_reason reason = park_reason::pool_full;  // who parked it (park_reason_key(): planner, forced, last_resort, api)
     double      ms       = 0;      // time the park took
     int32_t     priority = 0;      // the request's priority
-    std::string choice;            // park_choice_name(): why SWAP or RECOMPUTE
+    park_choice choice = park_choice::no_state;   // why SWAP or RECOMPUTE (park_choice_name())
     double      swap_ms_predicted      = 0;  // what the policy priced a swap to RAM at (park + restore)
     double      disk_ms_predicted      = 0;  // a disk park (0: no disk tier)
     double      recompute_ms_predicted = 0;  // and a recompute (re-prefill of the tokens held)
@@ -30,8 +48,8 @@ struct park_event {
 struct resume_event {
     int32_t     slot       = -1;
     int32_t     task       = -1;
-    std::string mode;              // how it came back: "swap" (restored) or "recompute" (replays)
-    std::string tier;              // from where: "ram", "disk" (its file read back) or "recompute"
+    preempt_mode mode = preempt_mode::recompute;  // how it came back: swap (restored) or recompute (replays)
+    park_tier    tier = park_tier::recompute;     // from where: ram, disk (its file read back) or recompute
     bool        fallback   = false; // a swap restore (from RAM or disk) failed and it recomputes instead
     double      parked_ms  = 0;
     double      restore_ms = 0;
@@ -42,7 +60,7 @@ struct end_event {
     int32_t     slot        = -1;
     int32_t     task        = -1;
     int64_t     n_generated = 0;   // tokens its request generated in all
-    std::string stop;              // eos, word, limit ("none": cancelled)
+    end_stop    stop        = end_stop::none;  // eos, word, limit (none: cancelled)
 };
 
 struct fail_event {

@@ -25,6 +25,7 @@ _EXPORTS = {
     "SamplingParams": "sampling",
     "Completion": "reports", "StepReport": "reports", "ParkEvent": "reports", "ResumeEvent": "reports",
     "EndEvent": "reports", "FailEvent": "reports", "stream_text": "reports",
+    "ParkTier": "reports", "ParkReason": "reports", "ParkChoice": "reports", "PreemptMode": "reports", "StopType": "reports",
     "PreemptStats": "stats", "SlotStats": "stats",
     "LlamaServer": "server", "ServerConfig": "server", "ServerStartError": "server",
     "Workload": "simulator", "SimReport": "simulator",
@@ -36,7 +37,8 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time the names load
     from .aio import AsyncEngine, StreamNotice
     from .engine import (Engine, EngineArgumentError, EngineBusyError, EngineClosedError, EngineError, GenerateError,
                          ModelLoadError, Request, RequestCancelled, RequestError)
-    from .reports import Completion, EndEvent, FailEvent, ParkEvent, ResumeEvent, StepReport, stream_text
+    from .reports import (Completion, EndEvent, FailEvent, ParkChoice, ParkEvent, ParkReason, ParkTier, PreemptMode,
+                          ResumeEvent, StepReport, StopType, stream_text)
     from .sampling import SamplingParams
     from .server import LlamaServer, ServerConfig, ServerStartError
     from .simulator import SimReport, Workload

@@ -26,7 +26,8 @@ from . import _core
 from .flags import server_flags
 from .llamacpp_api import LlamaCppCalls
 from .metrics import MetricsSnapshot, parse_prometheus
-from .reports import Completion, EndEvent, FailEvent, ParkEvent, ResumeEvent, StepReport, stream_text  # noqa: F401
+from .reports import (Completion, EndEvent, FailEvent, ParkChoice, ParkEvent, ParkReason, ParkTier,  # noqa: F401
+                      PreemptMode, ResumeEvent, StepReport, StopType, stream_text)
 from .sampling import SamplingParams, per_prompt
 from .stats import PreemptStats
 

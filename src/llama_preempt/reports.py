@@ -13,7 +13,15 @@ from . import _core
 # are: read-only attributes, `_fields` and `_asdict()` as a namedtuple has, equality by fields.
 ParkEvent = _core.ParkEvent      # slot, task, mode, tier, n_tokens, bytes, reason, ms, priority, choice, *_ms_predicted
 ResumeEvent = _core.ResumeEvent  # slot, task, mode, tier, fallback, parked_ms, restore_ms, n_replay
-EndEvent = _core.EndEvent        # slot, task, n_generated, stop (eos, word, limit)
+EndEvent = _core.EndEvent        # slot, task, n_generated, stop
+
+# Their enums, the policy's own (csrc/python/py-enums.h): str enums whose members equal the names
+# the server writes in /slots, /metrics and its logs (ParkTier.DISK == "disk").
+ParkTier = _core.ParkTier        # where a parked state waits: RAM, DISK, RECOMPUTE
+ParkReason = _core.ParkReason    # who parked it: POOL_FULL ("planner"), FORCED, LAST_RESORT, API
+ParkChoice = _core.ParkChoice    # why that tier (preempt_parks_by_choice_total's label)
+PreemptMode = _core.PreemptMode  # AUTO, SWAP, RECOMPUTE (an event's mode is SWAP or RECOMPUTE)
+StopType = _core.StopType        # why a request ended: EOS, WORD, LIMIT (NONE: cancelled)
 FailEvent = _core.FailEvent      # slot (-1: the task never had a slot), task, message
 
 

@@ -254,7 +254,7 @@ def sim_report(r: Any, arrivals: Sequence[float], *, n_ctx: int, n_parallel: int
                preempt_ram_mib: int, preempt_mode: str, preempt_disk_mib: int = 0) -> SimReport:
     """The report of one simulated server: its `_core.SimResult` and its requests' arrival times."""
     reqs = r.requests
-    per = [{"outcome": q.outcome.name.lower(), "t_arrival": arrival, "t_start": q.t_start, "t_first": q.t_first,
+    per = [{"outcome": str(q.outcome), "t_arrival": arrival, "t_start": q.t_start, "t_first": q.t_first,
             "t_done": q.t_done, "n_preempt": q.n_preempt, "t_parked_s": q.t_parked_s}
            for arrival, q in zip(arrivals, reqs)]
     ttft, queue = latencies(per)
