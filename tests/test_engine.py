@@ -1,6 +1,7 @@
 """The in-process Engine: the patched server in this process, its loop driven from Python."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -12,7 +13,7 @@ from typing import Any, Callable, Iterator
 import pytest
 
 from helpers import complete, long_prompt, rss_mib
-from llama_preempt import ParkChoice, ParkReason, ParkTier, PreemptMode, StopType
+from llama_preempt import ParkChoice, ParkReason, ParkTier, PreemptMode, SlotStats, StopType
 from llama_preempt.engine import (
     Completion,
     Engine,
@@ -419,3 +420,23 @@ def test_the_engine_stats_show_the_time_parked_while_it_runs(
         assert time.monotonic() < deadline, (first, later)
         later = next(s for s in eng.stats().slots if s.id == parked[0].id).t_preempted_ms
     eng.stop()
+
+
+def test_the_engine_stats_of_a_parked_slot_say_what_its_slots_entry_says(
+        make_engine: EngineFactory, stories_model: Path) -> None:
+    """stats() reads typed fields (no JSON tree); /slots' JSON is written from the same fields: a
+    slot parked through the API reads the same both ways, its kinds as the policy's enums."""
+    eng = make_engine(stories_model, n_ctx=512, n_parallel=2, kv_unified=True)
+    req = eng.submit("Once upon a time", n_predict=200, temperature=0, ignore_eos=True)
+    eng.run(lambda: any(s.n_decoded >= 4 for s in eng.stats().slots))
+    slot = next(s.id for s in eng.stats().slots if s.is_processing)
+    eng.park(slot)
+    typed = next(s for s in eng.stats().slots if s.id == slot)
+    from_json = SlotStats.from_json(next(s for s in eng.slots() if s["id"] == slot))
+    assert typed.is_preempted and typed.state == "preempted"
+    assert typed.preempt_tier is ParkTier.RAM and typed.preempt_mode is PreemptMode.SWAP
+    assert isinstance(typed.preempt_choice, ParkChoice) and typed.preempt_ram_bytes > 0
+    assert dataclasses.replace(typed, t_preempted_ms=0.0) == dataclasses.replace(from_json, t_preempted_ms=0.0)
+    eng.unpark(slot)
+    eng.run(req)
+    assert req.completion().n_generated == 200 and not eng.stats().parked()

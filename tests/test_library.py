@@ -153,13 +153,13 @@ def test_stats_answer_while_a_long_prefill_runs_without_waiting_for_it(stories_m
     # called meanwhile answer with the snapshot of the step boundary before it, and say so
     with Engine(stories_model, ["-b", "4096", "-ub", "4096"], n_ctx=4096, n_parallel=2, n_threads=1) as eng:
         eng.start()
-        seen: list[dict[str, Any]] = []
+        seen: list[Any] = []
         stop = threading.Event()
 
         views: list[dict[str, Any]] = []
 
         def reader() -> None:
-            while not stop.is_set() and not (any(d["while_stepping"] for d in seen) and
+            while not stop.is_set() and not (any(d.while_stepping for d in seen) and
                                               any(v["while_stepping"] for v in views)):
                 seen.append(eng._core.stats())
                 views.append(eng._core.views())  # what slots() and metrics() read
@@ -170,7 +170,7 @@ def test_stats_answer_while_a_long_prefill_runs_without_waiting_for_it(stories_m
         req.wait(120)
         stop.set()
         t.join(30)
-        during = [d for d in seen if d["while_stepping"]]
+        during = [d for d in seen if d.while_stepping]
         assert during, f"no stats() call landed inside a step ({len(seen)} calls)"
         assert any(v["while_stepping"] for v in views), "no slots()/metrics() call landed inside a step"
         assert len(eng.slots()) == 2 and eng.metrics()["prompt_tokens_total"] > 1800

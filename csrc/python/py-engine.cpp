@@ -23,6 +23,7 @@
 
 #include "preempt-params.h"
 #include "preempt-notice.h"
+#include "py-enums.h"
 #include "py-engine-request.h"
 #include "py-json.h"
 
@@ -42,6 +43,7 @@
 #include <vector>
 
 namespace py = pybind11;
+namespace lp = llama_preempt;
 
 namespace {
 
@@ -143,8 +145,8 @@ public:
         build_route_table();
         ctx->step_begin();
         looping = true;
-        publish(snap_stats, false);
-        publish(snap_views, true);
+        publish(snap_stats);
+        publish(snap_views);
     }
 
     ~engine() {
@@ -218,10 +220,10 @@ public:
         // and the /slots and /metrics views, dearer, every 100 ms once they were asked for
         const int64_t now = now_us();
         if (snap_stats.wanted.exchange(false) || now - snap_stats.t_us.load() > 20000) {
-            publish(snap_stats, false);
+            publish(snap_stats);
         }
         if (snap_views.wanted.exchange(false) || (snap_views.used && now - snap_views.t_us.load() > 100000)) {
-            publish(snap_views, true);
+            publish(snap_views);
         }
         return rep;
     }
@@ -255,15 +257,25 @@ public:
     // The stats as of the last step boundary, never waiting for a step: between steps they are
     // read now; while a step runs (a long prefill can take seconds) the snapshot published at the
     // end of a step before is returned, and the running step publishes a fresh one when it ends.
-    // "age_ms": how old they are; "while_stepping": a step was running.
-    py::object stats() {
-        return to_python(read_snapshot(snap_stats, false));
+    // age_ms: how old they are; while_stepping: a step was running. Typed (preempt-stats.h).
+    lp::engine_stats stats() {
+        bool while_stepping = false;
+        double age_ms = 0;
+        auto st = read_snapshot(snap_stats, while_stepping, age_ms);
+        st.while_stepping = while_stepping;
+        st.age_ms         = age_ms;
+        return st;
     }
 
     // upstream's /slots entries and /metrics text, the same way: {"slots", "metrics_text", "age_ms", ...}
     py::object views() {
         snap_views.used = true;
-        return to_python(read_snapshot(snap_views, true));
+        bool while_stepping = false;
+        double age_ms = 0;
+        json out = read_snapshot(snap_views, while_stepping, age_ms);
+        out["while_stepping"] = while_stepping;
+        out["age_ms"]         = age_ms;
+        return to_python(out);
     }
 
     // The read end of a pipe that carries, 8 bytes each, the ids of requests with news (submitted
@@ -364,15 +376,15 @@ private:
 
     std::mutex                   mtx_step;      // held by step(); stats() reads between steps
     // what stats() and views() answer while a step runs: as of a step boundary
-    struct snapshot {
+    template <typename T> struct snapshot {
         std::mutex           mtx;
-        json                 data;
+        T                    data;
         std::atomic<int64_t> t_us{0};         // when it was taken (now_us())
         std::atomic<bool>    wanted{false};   // a call found a step running: publish at its end
         std::atomic<bool>    used{false};     // asked for at least once (the views: publish them on)
     };
-    snapshot snap_stats;
-    snapshot snap_views;
+    snapshot<lp::engine_stats> snap_stats;
+    snapshot<json>             snap_views;
     uint64_t                     n_submitted = 0;  // under mtx_submit
     std::shared_ptr<engine_notifier> notifier;     // made by notify_fd()
     int                          notify_read_fd = -1;
@@ -395,14 +407,16 @@ private:
     }
 
     // under mtx_step: the stats (or the views) now, for the calls made while a step runs
-    void publish(snapshot & snap, bool views) {
-        json fresh = ctx->preempt_stats(views);
+    void publish(snapshot<lp::engine_stats> & snap) { store(snap, ctx->preempt_stats()); }
+    void publish(snapshot<json> & snap) { store(snap, ctx->upstream_views()); }
+
+    template <typename T> static void store(snapshot<T> & snap, T && fresh) {
         std::lock_guard<std::mutex> lk(snap.mtx);
         snap.data = std::move(fresh);
         snap.t_us = now_us();
     }
 
-    json read_snapshot(snapshot & snap, bool views) {
+    template <typename T> T read_snapshot(snapshot<T> & snap, bool & while_stepping, double & age_ms) {
         check_open();
         py::gil_scoped_release nogil;
         std::unique_lock<std::mutex> lk(mtx_step, std::try_to_lock);
@@ -410,15 +424,14 @@ private:
             if (!ctx) {  // closed after the check above
                 throw engine_closed_error("the Engine is closed: create a new one");
             }
-            publish(snap, views);  // between steps: the slots are not moving
+            publish(snap);  // between steps: the slots are not moving
         } else {
             snap.wanted = true;
         }
         std::lock_guard<std::mutex> lk_snap(snap.mtx);
-        json out = snap.data;
-        out["while_stepping"] = !lk.owns_lock();  // answered without waiting for the step that runs
-        out["age_ms"] = (double) (now_us() - snap.t_us.load()) / 1000.0;
-        return out;
+        while_stepping = !lk.owns_lock();  // answered without waiting for the step that runs
+        age_ms         = (double) (now_us() - snap.t_us.load()) / 1000.0;
+        return snap.data;
     }
 
     static int64_t now_us() {
@@ -570,9 +583,9 @@ void register_engine(py::module_ & m) {
         .def("step", &engine::step, "one iteration of the server loop; what happened in it (a StepReportCore)")
         .def("wait", &engine::wait, py::arg("timeout_s"),
              "wait (GIL released) until a task is queued or a request finished; True if either happened")
-        .def("stats", &engine::stats, "preemption counters and gauges (every series of metric_names()), the parks by "
-             "choice and the slots (the fields /slots shows), as Python objects, as of the last step boundary (never waits "
-             "for a step); age_ms: how old")
+        .def("stats", &engine::stats, "preemption counters and gauges (every series of metric_names()), the labeled "
+             "counters and the slots (the fields /slots shows), as an EngineStatsCore, as of the last step boundary (never "
+             "waits for a step); age_ms: how old")
         .def("views", &engine::views, "upstream's /slots entries and /metrics text as of the last step boundary "
              "(never waits for a step): {'slots', 'metrics_text', 'age_ms', 'while_stepping'}")
         .def("notify_fd", &engine::notify_fd, "the read end of a pipe carrying the ids (uint64, native order) of "

@@ -6,6 +6,7 @@
 #include <pybind11/stl.h>
 
 #include "preempt-events.h"
+#include "preempt-stats.h"
 #include "preempt-metrics.h"
 #include "preempt-policy.h"
 #include "py-enums.h"
@@ -130,6 +131,57 @@ void register_events(py::module_ & m) {
         .field("finished", &lp::step_report::finished)
         .field("failed", &lp::step_report::failed)
         .field("cancelled", &lp::step_report::cancelled)
+        .done();
+
+    // the Engine's stats() between steps (preempt-stats.h): PreemptStats.from_core() reads them
+    event_class<lp::metric_item>(m, "MetricItem", "one series of ours /metrics shows")
+        .field("name", &lp::metric_item::name)
+        .field("type", &lp::metric_item::type)
+        .field("help", &lp::metric_item::help)
+        .field("value", &lp::metric_item::value)
+        .done();
+    event_class<lp::labeled_metric>(m, "LabeledMetric", "one counter with one label: (label value, count) for every value")
+        .field("name", &lp::labeled_metric::name)
+        .field("label", &lp::labeled_metric::label)
+        .field("help", &lp::labeled_metric::help)
+        .field("values", &lp::labeled_metric::values)
+        .done();
+    event_class<lp::slot_park_fields>(m, "SlotParkFields", "what /slots shows of a slot's park (tier, parked_by and "
+                                      "choice mean something while is_preempted)")
+        .field("state", &lp::slot_park_fields::state)
+        .field("id_cmpl", &lp::slot_park_fields::id_cmpl)
+        .field("priority", &lp::slot_park_fields::priority)
+        .field("is_preempted", &lp::slot_park_fields::is_preempted)
+        .field("n_preempt", &lp::slot_park_fields::n_preempt)
+        .field("n_recompute", &lp::slot_park_fields::n_recompute)
+        .field("tier", &lp::slot_park_fields::tier)
+        .field("parked_by", &lp::slot_park_fields::parked_by)
+        .field("choice", &lp::slot_park_fields::choice)
+        .field("ram_bytes", &lp::slot_park_fields::ram_bytes)
+        .field("disk_bytes", &lp::slot_park_fields::disk_bytes)
+        .field("copy_in_flight", &lp::slot_park_fields::copy_in_flight)
+        .field("t_preempted_ms", &lp::slot_park_fields::t_preempted_ms)
+        .done();
+    event_class<lp::slot_stats>(m, "SlotStatsCore", "one slot as the Engine's stats() reports it")
+        .field("id", &lp::slot_stats::id)
+        .field("n_ctx", &lp::slot_stats::n_ctx)
+        .field("is_processing", &lp::slot_stats::is_processing)
+        .field("id_task", &lp::slot_stats::id_task)
+        .field("n_tokens", &lp::slot_stats::n_tokens)
+        .field("n_decoded", &lp::slot_stats::n_decoded)
+        .field("park", &lp::slot_stats::park)
+        .done();
+    event_class<lp::engine_stats>(m, "EngineStatsCore", "the Engine's stats() as C++ reports them, as of a step boundary")
+        .field("preempt_on", &lp::engine_stats::preempt_on)
+        .field("n_pool", &lp::engine_stats::n_pool)
+        .field("ram_budget_bytes", &lp::engine_stats::ram_budget_bytes)
+        .field("disk_budget_bytes", &lp::engine_stats::disk_budget_bytes)
+        .field("mode", &lp::engine_stats::mode)
+        .field("series", &lp::engine_stats::series)
+        .field("labeled", &lp::engine_stats::labeled)
+        .field("slots", &lp::engine_stats::slots)
+        .field("age_ms", &lp::engine_stats::age_ms)
+        .field("while_stepping", &lp::engine_stats::while_stepping)
         .done();
 
     // the names the policy and /metrics use: Python reads them from here (the enums' values, in order)

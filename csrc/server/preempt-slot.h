@@ -10,6 +10,7 @@
 #include "preempt-events.h"
 #include "preempt-executor.h"
 #include "preempt-policy.h"
+#include "preempt-stats.h"
 #include "preempt-swap.h"
 #include "server-common.h"
 #include "server-task.h"
@@ -85,25 +86,45 @@ struct slot_preempt_state {
         swap_prompt.clear();
     }
 
-    // the /slots fields; `state` is upstream's slot_state (slot_state_name()), `task` its
-    // request (or null): id_cmpl is the "id" its OpenAI-style responses carry, so a client can
-    // find its own slot
+    // what /slots shows of the slot's park; `state` is upstream's slot_state (slot_state_name()),
+    // `task` its request (or null): id_cmpl is the "id" its OpenAI-style responses carry, so a
+    // client can find its own slot
+    slot_park_fields park_fields(int state, const server_task * task) const {
+        slot_park_fields f;
+        f.state          = slot_state_name(state);
+        f.id_cmpl        = task ? task->params.oaicompat_cmpl_id : "";
+        f.priority       = task ? task->params.priority : 0;
+        f.is_preempted   = is_parked_state(state);
+        f.n_preempt      = n_preempt;
+        f.n_recompute    = n_recompute;
+        f.tier           = tier();
+        f.parked_by      = reason;
+        f.choice         = choice;
+        f.ram_bytes      = swap_bytes();
+        f.disk_bytes     = swap.disk.bytes_on_disk();
+        f.copy_in_flight = swap.copy_in_flight;
+        f.t_preempted_ms = t_parked_so_far_us(f.is_preempted) / 1000.0;
+        return f;
+    }
+
+    // the same fields as /slots' JSON (the park's kind, reason and choice null unless parked)
     void add_to_json(json & res, int state, const server_task * task) const {
-        const bool parked = is_parked_state(state);
-        res["state"]        = slot_state_name(state);
-        res["id_cmpl"]      = task ? json(task->params.oaicompat_cmpl_id) : json(nullptr);
-        res["priority"]     = task ? task->params.priority : 0;
+        const auto f      = park_fields(state, task);
+        const bool parked = f.is_preempted;
+        res["state"]        = f.state;
+        res["id_cmpl"]      = task ? json(f.id_cmpl) : json(nullptr);
+        res["priority"]     = f.priority;
         res["is_preempted"] = parked;
-        res["n_preempt"]    = n_preempt;
-        res["n_recompute"]  = n_recompute;
-        res["preempt_mode"] = !parked ? json(nullptr) : json(tier() == park_tier::recompute ? "recompute" : "swap");
-        res["parked_by"]    = !parked ? json(nullptr) : json(park_reason_key(reason));
-        res["preempt_tier"] = !parked ? json(nullptr) : json(park_tier_name(tier()));
-        res["preempt_ram_bytes"]  = swap_bytes();
-        res["preempt_disk_bytes"] = swap.disk.bytes_on_disk();
-        res["preempt_choice"] = !parked ? json(nullptr) : json(park_choice_name(choice));
-        res["preempt_copy_in_flight"] = swap.copy_in_flight;
-        res["t_preempted_ms"] = t_parked_so_far_us(parked) / 1000.0;
+        res["n_preempt"]    = f.n_preempt;
+        res["n_recompute"]  = f.n_recompute;
+        res["preempt_mode"] = !parked ? json(nullptr) : json(f.tier == park_tier::recompute ? "recompute" : "swap");
+        res["parked_by"]    = !parked ? json(nullptr) : json(park_reason_key(f.parked_by));
+        res["preempt_tier"] = !parked ? json(nullptr) : json(park_tier_name(f.tier));
+        res["preempt_ram_bytes"]  = f.ram_bytes;
+        res["preempt_disk_bytes"] = f.disk_bytes;
+        res["preempt_choice"] = !parked ? json(nullptr) : json(park_choice_name(f.choice));
+        res["preempt_copy_in_flight"] = f.copy_in_flight;
+        res["t_preempted_ms"] = f.t_preempted_ms;
     }
 
     // time parked, this request: the parks it came back from, and the current one while it lasts

@@ -395,8 +395,7 @@ class Engine(LlamaCppCalls):
         waits for the loop: while a step runs (a long prefill can take seconds) they are those of
         the step boundary before it; `age_ms` says how old they are."""
         self._check_open()
-        d = self._core.stats()
-        return PreemptStats.from_series(d["metrics"], d["slots"], d.get("labeled"), d.get("age_ms", 0.0))
+        return PreemptStats.from_core(self._core.stats())
 
     # --- the loop ---
 
@@ -563,7 +562,7 @@ class Engine(LlamaCppCalls):
             def idle() -> bool:
                 if self._core.n_pending() > 0:
                     return False
-                return not any(s["is_processing"] for s in self._core.stats()["slots"])
+                return not any(s.is_processing for s in self._core.stats().slots)
             return idle
         if isinstance(until, Request):
             return lambda: until.done

@@ -57,7 +57,7 @@ class SlotStats:
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> "SlotStats":
-        """From an Engine stats slot or a /slots entry (which nests n_decoded in next_token)."""
+        """From a /slots entry (which nests n_decoded in next_token)."""
         n_decoded = d.get("n_decoded")
         if n_decoded is None:
             nt = d.get("next_token") or [{}]
@@ -83,6 +83,22 @@ class SlotStats:
             preempt_copy_in_flight=bool(d.get("preempt_copy_in_flight", False)),
             preempt_tier=d.get("preempt_tier") or None,
             preempt_disk_bytes=int(d.get("preempt_disk_bytes", 0) or 0),
+        )
+
+    @classmethod
+    def from_core(cls, s: Any) -> "SlotStats":
+        """From a slot of the Engine's stats (_core.SlotStatsCore): typed, its enums as they are
+        (str enums equal to the names /slots writes)."""
+        p = s.park
+        parked = p.is_preempted
+        return cls(
+            id=s.id, state=p.state, is_processing=s.is_processing, is_preempted=parked,
+            preempt_mode=(_core.PreemptMode.RECOMPUTE if p.tier == _core.ParkTier.RECOMPUTE else _core.PreemptMode.SWAP)
+            if parked else None,
+            n_tokens=s.n_tokens, n_decoded=s.n_decoded, n_preempt=p.n_preempt, n_recompute=p.n_recompute,
+            preempt_ram_bytes=p.ram_bytes, t_preempted_ms=p.t_preempted_ms, id_cmpl=p.id_cmpl or None,
+            priority=p.priority, preempt_choice=p.choice if parked else None, preempt_copy_in_flight=p.copy_in_flight,
+            preempt_tier=p.tier if parked else None, preempt_disk_bytes=p.disk_bytes,
         )
 
 
@@ -153,6 +169,13 @@ class PreemptStats:
                     for name, _ in LABELED}
         return cls(**{n: int(values[n]) for n, _ in SERIES}, slots=tuple(SlotStats.from_json(s) for s in slots),
                    age_ms=float(age_ms), **by_label)
+
+    @classmethod
+    def from_core(cls, st: Any) -> "PreemptStats":
+        """From the Engine's stats (_core.EngineStatsCore): every series, the labeled counters and
+        the slots, as C++ typed them."""
+        return cls(**{it.name: it.value for it in st.series}, slots=tuple(SlotStats.from_core(s) for s in st.slots),
+                   age_ms=st.age_ms, **{labeled_field(lm.name): dict(lm.values) for lm in st.labeled})
 
     def parked(self) -> list[SlotStats]:
         return [s for s in self.slots if s.is_preempted]
