@@ -82,6 +82,25 @@ def summarize(name: str, out: list[tuple[ChatResult, float]], wall: float, parks
     }
 
 
+def median_range(values: list[float | None]) -> str:
+    """"median (lo-hi)" of the runs, or "-" when a run had none."""
+    v = [x for x in values if x is not None]
+    if not v:
+        return "-"
+    med = statistics.median(v)
+    return f"{med:g}" if len(v) == 1 else f"{med:g} ({min(v):g}-{max(v):g})"
+
+
+def workload_words(shape: str, n: int, rate: float, ctx: int, quick: bool, seed: int) -> Workload:
+    """chat: many short prompts and answers, a few long; long: a few very long prompts among many
+    short chats (sigma 1.6)."""
+    if shape == "long":
+        return Workload.lognormal(n, rate=rate, prompt_median=24 if quick else 32, gen_median=32 if quick else 40,
+                                  sigma=1.6, max_prompt=ctx * 3 // 8, max_gen=ctx // 5, seed=seed)
+    return Workload.lognormal(n, rate=rate, prompt_median=48 if quick else 64, gen_median=48,
+                              max_prompt=ctx // 3, max_gen=ctx // 4, seed=seed)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="stories260K and a smaller pool")
@@ -89,7 +108,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--requests", type=int, default=32)
     ap.add_argument("--rate", type=float, default=None, help="arrivals per second (default 2, --quick 150)")
     ap.add_argument("--ctx", type=int, default=None, help="the pool (default 1024, --quick 512)")
-    ap.add_argument("--parallel", type=int, default=8, help="slots of stock and auto")
+    ap.add_argument("--parallel", default="8", help="slots of the auto cells, comma-separated (stock takes the first)")
+    ap.add_argument("--shape", choices=("chat", "long"), default="chat",
+                    help="chat: log-normal lengths; long: a few very long prompts among many short chats")
+    ap.add_argument("--runs", type=int, default=1, help="runs per cell, interleaved (medians and ranges)")
+    ap.add_argument("--sched", default=None, help="--preempt-sched for the auto cells (default: the server's)")
+    ap.add_argument("--no-stock", action="store_true", help="leave out the stock cell")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--name", default=None)
@@ -100,9 +124,10 @@ def main(argv: list[str] | None = None) -> int:
     ctx = args.ctx or (512 if quick else 1024)
     rate = args.rate or (150.0 if quick else 2.0)
     name = args.name or ("mixed_quick" if quick else "mixed")
-    wl_words = Workload.lognormal(args.requests, rate=rate, prompt_median=48 if quick else 64,
-                                  gen_median=48 if quick else 48, max_prompt=ctx // 3, max_gen=ctx // 4, seed=args.seed)
+    parallel = [int(x) for x in args.parallel.split(",")]
+    wl_words = workload_words(args.shape, args.requests, rate, ctx, quick, args.seed)
     prompts = [prompt_of(n, i) for i, n in enumerate(wl_words.n_prompt)]
+    sched = ["--preempt-sched", args.sched] if args.sched else []
 
     def server(binary: Path | None, n_parallel: int, unified: bool, extra: list[str] | None = None) -> LlamaServer:
         cfg = ServerConfig(model=model, n_ctx=ctx, n_parallel=n_parallel, kv_unified=unified, threads=args.threads,
@@ -110,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
         return LlamaServer(cfg, binary=binary)
 
     # the workload in tokens (as the model counts them), and the simulator's costs, from our server
-    with server(None, args.parallel, True) as srv:
+    with server(None, parallel[0], True) as srv:
         n_prompt = [len(srv.post("/tokenize", {"content": p, "add_special": True}).json()["tokens"]) for p in prompts]
         costs = calibrate(srv.url)
     wl = Workload(wl_words.t_arrival, tuple(n_prompt), wl_words.n_gen)
@@ -118,44 +143,56 @@ def main(argv: list[str] | None = None) -> int:
     longest = max(p + g for p, g in zip(wl.n_prompt, wl.n_gen)) + 1
     slot = -(-longest // 256) * 256  # llama.cpp pads a slot's context to 256
     n_split = max(1, ctx // slot)
-    console.print(f"workload: {len(wl)} requests at {rate}/s, prompts {min(n_prompt)}-{max(n_prompt)} tokens "
+    console.print(f"workload ({args.shape}): {len(wl)} requests at {rate}/s, prompts {min(n_prompt)}-{max(n_prompt)} tokens "
                   f"(median {statistics.median(n_prompt)}), answers {min(wl.n_gen)}-{max(wl.n_gen)} "
                   f"(median {statistics.median(wl.n_gen)}); longest {longest} cells; pool {ctx}")
 
-    cells = [("stock", server(stock_server(console.print), args.parallel, True)),
-             (f"static split {n_split}x{ctx // n_split}", server(None, n_split, False)),
-             ("auto (llama-preempt)", server(None, args.parallel, True))]
-    rows: list[dict[str, Any]] = []
-    for cell_name, srv in cells:
-        with srv:
-            out, wall = run_load(srv, prompts, wl)
-            parks = int(srv.metrics().get("n_preempt_total", 0)) if "stock" not in cell_name else 0
-        rows.append(summarize(cell_name, out, wall, parks))
-        console.print(rows[-1])
+    split_name = f"static split {n_split}x{ctx // n_split}"
+    cells: list[tuple[str, Any]] = []
+    if not args.no_stock:
+        cells.append((f"stock, {parallel[0]} slots", lambda: server(stock_server(console.print), parallel[0], True)))
+    cells.append((split_name, lambda: server(None, n_split, False)))
+    for n_par in parallel:
+        cells.append((f"auto, {n_par} slots", lambda n_par=n_par: server(None, n_par, True, sched)))
+    runs: dict[str, list[dict[str, Any]]] = {c: [] for c, _ in cells}
+    for run in range(args.runs):  # interleaved: every cell once per run
+        for cell_name, make in cells:
+            with make() as srv:
+                out, wall = run_load(srv, prompts, wl)
+                m = srv.metrics() if not cell_name.startswith("stock") else {}
+            row = summarize(cell_name, out, wall, int(m.get("n_preempt_total", 0)))
+            row["recomputed"] = int(m.get("n_recompute_tokens_total", 0))
+            runs[cell_name].append(row)
+            console.print(f"run {run + 1}/{args.runs}", row)
+
+    keys = ["tok_s", "ttft_p50_s", "ttft_p99_s", "e2e_p50_s", "e2e_p99_s", "parks", "recomputed", "wall_s"]
+    rows = []
+    for cell_name, _ in cells:
+        rs = runs[cell_name]
+        done = sorted({r["completed"] for r in rs})
+        rows.append([cell_name, len(rs), "/".join(done)] + [median_range([r[k] for r in rs]) for k in keys])
 
     sims = []
-    for label, n_par, preempt in ((f"static split {n_split}x{ctx // n_split}", n_split, False),
-                                  ("auto (llama-preempt)", args.parallel, True)):
+    sim_cells = [(split_name, n_split, False)] + [(f"auto, {n} slots", n, True) for n in parallel]
+    for label, n_par, preempt in sim_cells:
         rep = simulate(wl, n_ctx=ctx if preempt else n_split * slot, n_parallel=n_par, preempt=preempt, costs=costs)
         e2e = [q["t_done"] - q["t_arrival"] for q in rep.per_request if q["outcome"] == "completed"]
-        sims.append({"cell": f"simulated {label}", "completed": f"{rep.completed}/{rep.requests}",
-                     "tok_s": round(rep.tokens_generated / rep.makespan_s, 1) if rep.makespan_s else None,
-                     "ttft_p50_s": round(rep.ttft_p50_s, 3), "ttft_p99_s": round(rep.ttft_p99_s, 3),
-                     "e2e_p50_s": r3(pct(e2e, 50)), "e2e_p99_s": r3(pct(e2e, 99)), "parks": rep.parks, "wall_s": round(rep.makespan_s, 1)})
-        console.print(sims[-1])
+        sims.append([f"simulated {label}", 1, f"{rep.completed}/{rep.requests}",
+                     round(rep.tokens_generated / rep.makespan_s, 1) if rep.makespan_s else None,
+                     round(rep.ttft_p50_s, 3), round(rep.ttft_p99_s, 3), r3(pct(e2e, 50)), r3(pct(e2e, 99)),
+                     rep.parks, rep.recomputed_tokens, round(rep.makespan_s, 1)])
 
-    headers = ["cell", "completed", "tok/s", "TTFT p50 s", "TTFT p99 s", "end-to-end p50 s", "end-to-end p99 s",
-               "parks", "wall s"]
-    table = [[r["cell"], r["completed"], r["tok_s"], r["ttft_p50_s"], r["ttft_p99_s"], r["e2e_p50_s"], r["e2e_p99_s"],
-              r["parks"], r["wall_s"]] for r in rows + sims]
-    cmd = "python bench/mixed.py" + (" --quick" if quick else "")
-    md = [f"Mixed load on {display_path(model)}: {len(wl)} requests, Poisson arrivals at {rate}/s, log-normal lengths "
-          f"(prompts {min(n_prompt)}-{max(n_prompt)} tokens, median {statistics.median(n_prompt)}; answers "
-          f"{min(wl.n_gen)}-{max(wl.n_gen)}, median {statistics.median(wl.n_gen)}); one pool of {ctx} cells; the "
-          f"longest request needs {longest}. Workload: `{name}_workload.jsonl`.", ""] + md_table(headers, table) + \
+    headers = ["cell", "runs", "completed", "tok/s", "TTFT p50 s", "TTFT p99 s", "end-to-end p50 s", "end-to-end p99 s",
+               "parks", "recomputed", "wall s"]
+    cmd = "python bench/mixed.py" + (" " + " ".join(argv) if argv else (" --quick" if quick else ""))
+    md = [f"Mixed load ({args.shape}) on {display_path(model)}: {len(wl)} requests, Poisson arrivals at {rate}/s, "
+          f"log-normal lengths (prompts {min(n_prompt)}-{max(n_prompt)} tokens, median {statistics.median(n_prompt)}; "
+          f"answers {min(wl.n_gen)}-{max(wl.n_gen)}, median {statistics.median(wl.n_gen)}); one pool of {ctx} cells; "
+          f"the longest request needs {longest}. Workload: `{name}_workload.jsonl`. Medians over the runs, with their "
+          f"ranges; the cells took turns.", ""] + md_table(headers, rows + sims) + \
          ["", f"Simulated with costs calibrated against the live server: {asdict(costs)}.", "", f"Command: `{cmd}`."]
-    write_results(name, {"workload": {"n": len(wl), "rate": rate, "ctx": ctx}, "cells": rows, "simulated": sims,
-                         "costs": asdict(costs)}, md)
+    write_results(name, {"workload": {"n": len(wl), "rate": rate, "ctx": ctx, "shape": args.shape},
+                         "runs": runs, "simulated": sims, "costs": asdict(costs)}, md)
     console.print("\n".join(md))
     return 0
 

@@ -496,3 +496,101 @@ def test_the_simulator_parks_to_disk_when_the_ram_is_too_small() -> None:
     small = llama_preempt.simulate(wl, n_ctx=1024, n_parallel=4, preempt_ram_mib=1, preempt_disk_mib=1,
                                    costs=slow_prefill)
     assert small.parks_disk == 0
+
+
+# --- overload: who goes first when the pool is short (issue 31) ---
+
+def sched(**kw: int) -> _core.SchedParams:
+    s = _core.SchedParams()
+    for k, v in kw.items():
+        setattr(s, k, v)
+    return s
+
+
+def test_new_requests_are_admitted_in_arrival_order_not_slot_order() -> None:
+    # slot 3's request came first and does not fit yet: the later, smaller one in slot 1 waits behind
+    # it instead of passing it (a long prompt is never passed over by short ones for ever)
+    slots = [gen(0, 180), prompt(1, 0, 20, is_new=True, arrival=9), idle(2, 0), prompt(3, 0, 100, is_new=True, arrival=4)]
+    pl = _core.plan_step(slots, _core.PlanParams(256, n_batch=512))
+    assert list(pl.hold) == [3, 1]
+    # room returns for one: the first to arrive goes first, the next waits for its turn
+    slots[0] = gen(0, 130)
+    pl = _core.plan_step(slots, _core.PlanParams(256, n_batch=512))
+    assert list(pl.hold) == [1]
+
+
+def test_a_parked_request_resumes_before_a_newcomer_takes_its_room() -> None:
+    # room for one of them (170 + 1 running, 60 to restore, the margin of 8: 239 of 256)
+    slots = [gen(0, 170), parked(1, 60, t=1), prompt(2, 0, 20, is_new=True, arrival=1)]
+    pl = _core.plan_step(slots, _core.PlanParams(256, sched=sched(n_restore_headroom=0)))
+    assert list(pl.resume) == [1] and list(pl.hold) == [2]
+
+
+def test_aging_lifts_a_waiting_request_one_priority_level_per_step_of_waiting() -> None:
+    # a priority-0 request waiting since t=0 and a priority-2 newcomer: before two age steps have
+    # passed the newcomer goes first; from then on the older one ranks with it, first come first served
+    slots = [gen(0, 150), prompt(1, 0, 60, is_new=True, arrival=1, t_arrival_us=0),
+             prompt(2, 0, 60, is_new=True, arrival=2, t_arrival_us=19_000_000, priority=2)]
+    step = 10_000_000
+    early = _core.plan_step(slots, _core.PlanParams(256, t_now_us=19_500_000, sched=sched(age_step_us=step)))
+    assert list(early.hold) == [1]
+    late = _core.plan_step(slots, _core.PlanParams(256, t_now_us=20_000_000, sched=sched(age_step_us=step)))
+    assert list(late.hold) == [2]
+    # without aging the priority-2 request always goes first
+    never = _core.plan_step(slots, _core.PlanParams(256, t_now_us=10**12, sched=sched(age_step_us=0)))
+    assert list(never.hold) == [1]
+
+
+def test_aging_orders_parked_slots_across_priorities_only() -> None:
+    slots = [parked(0, 10, t=0, n_preempt=1), parked(1, 10, t=5_000_000, n_preempt=1)]
+    slots[1].priority = 1
+    p = _core.PlanParams(256, t_now_us=9_000_000, sched=sched(age_step_us=10_000_000))
+    assert list(_core.restore_order(slots, p)) == [1, 0]
+    p.t_now_us = 10_000_000  # slot 0 has waited one step: it ranks with slot 1, and was parked first
+    assert list(_core.restore_order(slots, p)) == [0, 1]
+
+
+def test_repeated_parks_of_one_request_are_capped() -> None:
+    # slot 1 is the smallest, but it was parked n_starved times already: slot 2 goes instead
+    slots = [gen(0, 200), gen(1, 20, n_preempt=2), gen(2, 30, n_preempt=0)]
+    assert _core.select_victim(slots, _core.PlanParams(256, sched=sched(n_starved=2))) == 2
+    assert _core.select_victim(slots, _core.PlanParams(256, sched=sched(n_starved=3))) == 1
+
+
+def test_a_slot_about_to_finish_is_not_parked_while_another_can_be() -> None:
+    slots = [gen(0, 200), gen(1, 20, n_gen_left=4), gen(2, 30, n_gen_left=300)]
+    assert _core.select_victim(slots, _core.PlanParams(256, sched=sched(n_near_finish=16))) == 2
+    assert _core.select_victim(slots, _core.PlanParams(256, sched=sched(n_near_finish=0))) == 1
+
+
+def test_among_equals_the_latest_arrival_is_parked_first() -> None:
+    slots = [gen(0, 200), gen(1, 30, arrival=5), gen(2, 30, arrival=8), gen(3, 30, arrival=2)]
+    assert _core.select_victim(slots, _core.PlanParams(512)) == 2
+
+
+def test_a_resume_waits_for_headroom_so_it_is_not_parked_again_at_once() -> None:
+    # 100 + 1 held and reserved, a restore of 100, the margin of 8: 209 of 256 fit, but 30 cells of
+    # headroom for each of the two slots that would run do not
+    slots = [gen(0, 100), parked(1, 100, t=1)]
+    assert list(_core.plan_step(slots, _core.PlanParams(256, sched=sched(n_restore_headroom=0))).resume) == [1]
+    assert list(_core.plan_step(slots, _core.PlanParams(256, sched=sched(n_restore_headroom=30))).resume) == []
+    # with nothing else running, the progress rule brings it back regardless
+    assert list(_core.plan_step([parked(1, 100, t=1)], _core.PlanParams(256, sched=sched(n_restore_headroom=99))).resume) == [1]
+
+
+def test_the_prompt_budget_spreads_a_long_prompt_over_steps_beside_a_generating_slot() -> None:
+    """The simulator runs the plan's budget as the server's prompt hook does: a 1,000-token prompt
+    arriving beside a generating request takes ceil(1000 / 64) steps instead of two, and the
+    generating request decodes a token in every one of them."""
+    def run(budget: int) -> tuple[int, float, float]:
+        p = _core.SimParams()
+        p.n_pool, p.n_slots, p.n_batch = 4096, 2, 512
+        p.sched = sched(n_prompt_budget=budget)
+        r = _core.simulate([0.0, 0.05], [8, 1000], [120, 1], p)
+        return r.n_steps, r.requests[0].t_done, r.requests[1].t_first
+    steps_off, _, first_off = run(0)
+    steps_on, _, first_on = run(64)
+    assert steps_on == steps_off  # the generating request's 120 steps carry the chunks either way
+    assert first_on > first_off   # the long prompt's first token comes later: 16 chunks, not 2
+    pl = _core.plan_step([gen(0, 10)], _core.PlanParams(256, sched=sched(n_prompt_budget=64)))
+    assert pl.n_prompt_budget == 64

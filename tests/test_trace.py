@@ -11,7 +11,9 @@ copies the server's control flow and drifts from it, makes the traces differ.
 What is compared is the decisions, not the token counts: the simulator's batch model parks a
 victim a few steps later than the live loop (about 10 tokens more held, 4 %), so a RAM budget that
 a state fits by fewer bytes than that can tip either way, and over a long RECOMPUTE run the replays
-drift apart by steps; the workloads here stay off that edge.
+drift apart by steps; the workloads here stay off that edge. For that reason the RECOMPUTE workload
+runs without the restore headroom (`--preempt-sched restore-headroom=0`, in both): a resume that
+waits for headroom turns a drift of a few steps into a different resume step.
 """
 from __future__ import annotations
 
@@ -54,16 +56,20 @@ def sim_trace(decisions: list[Any]) -> Trace:
             for d in decisions if d.kind in (_core.DecisionKind.PARK, _core.DecisionKind.RESUME)]
 
 
-@pytest.mark.parametrize("mode, ram_mib, disk, load", [
-    ("auto", 1, True, LARGE),        # RAM while it lasts, then disk by price: both tiers, reads ahead
-    ("swap", 0, True, LARGE),        # every park to disk, written while the loop waits
-    ("swap", -1, False, LARGE),      # RAM only
-    ("recompute", 0, False, SMALL),  # no copies: the planner's order and the replays alone
+@pytest.mark.parametrize("mode, ram_mib, disk, load, headroom", [
+    ("auto", 1, True, LARGE, None),        # RAM while it lasts, then disk by price: both tiers, reads ahead
+    ("swap", 0, True, LARGE, None),        # every park to disk, written while the loop waits
+    ("swap", -1, False, LARGE, None),      # RAM only
+    ("recompute", 0, False, SMALL, 0),     # no copies: the planner's order and the replays alone
 ])
 def test_the_simulator_makes_the_servers_decisions(stories_model: Path, tmp_path: Path, mode: str, ram_mib: int,
-                                                   disk: bool, load: tuple[int, int, int]) -> None:
+                                                   disk: bool, load: tuple[int, int, int], headroom: int | None) -> None:
     n_slots, n_ctx, n_gen = load
     args = ["-ctk", "f32", "-ctv", "f32", "--preempt-mode", mode, "--preempt-ram", str(ram_mib)]
+    sched = _core.SchedParams()  # the server's defaults, unless the case sets the headroom
+    if headroom is not None:
+        args += ["--preempt-sched", f"restore-headroom={headroom}"]
+        sched.n_restore_headroom = headroom
     if disk:
         args += ["--preempt-disk", str(tmp_path)]
     with Engine(stories_model, args, n_ctx=n_ctx, n_parallel=n_slots, n_batch=N_BATCH, kv_unified=True,
@@ -91,6 +97,7 @@ def test_the_simulator_makes_the_servers_decisions(stories_model: Path, tmp_path
                   disk_read_gbps=st.preempt_disk_read_bytes_per_second / 1e9 or Costs().disk_read_gbps)
     p = sim_params(n_ctx=n_ctx, n_parallel=n_slots, n_batch=N_BATCH, preempt=True, preempt_ram_mib=ram_mib,
                    preempt_mode=mode, preempt_disk_mib=-1 if disk else 0, costs=costs, max_steps=100_000)
+    p.sched = sched
     sim = _core.simulate([0.0] * n_slots, n_prompt, [n_gen] * n_slots, p)
     assert [q.outcome for q in sim.requests] == [_core.SimOutcome.COMPLETED] * n_slots
     tasks = [e.task for r in reports for e in r.finished]

@@ -124,8 +124,10 @@ int32_t charged_cells(const slot_view & s) {
 }
 
 // Running slots that may be parked, best victim first: lowest priority first; within a priority,
-// the fresh before the spared (starved, resuming or holding no cells: taken only when no fresh
-// candidate of that priority exists), then the smallest, then the later id so the order is stable. The leader keeps
+// the fresh before the spared (starved, resuming, holding no cells, or about to finish: taken only
+// when no fresh candidate of that priority exists), then the smallest (its park wastes least: the
+// fewest tokens to recompute, the smallest state to copy), then the latest arrival (first come,
+// first served), then the later id so the order is stable. The leader keeps
 // running: the slot with the most tokens among those of the highest priority. Parking it would
 // waste the most work, and a pool that cannot hold the leader alone is a context overflow, not a
 // scheduling problem. Parking others never changes who leads, so one order serves a whole step.
@@ -151,8 +153,10 @@ static std::vector<const slot_view *> victim_order(const std::vector<slot_view> 
     // "spared" is a victim's rank, not where a parked state waits (park_tier)
     auto spared = [&](const slot_view * s) {
         const bool resuming = s->phase == slot_phase::prompt && s->n_replay_left > 0;
-        // a slot holding no cells frees nothing but its reservation
-        return s->n_preempt >= p.n_starved || resuming || s->n_cells == 0;
+        // a slot holding no cells frees nothing but its reservation; one about to finish frees
+        // its cells in a few steps anyway, and parking it would only delay its end
+        const bool finishing = s->n_gen_left >= 0 && s->n_gen_left <= p.sched.n_near_finish;
+        return s->n_preempt >= p.sched.n_starved || resuming || s->n_cells == 0 || finishing;
     };
     std::sort(cand.begin(), cand.end(), [&](const slot_view * a, const slot_view * b) {
         if (a->priority != b->priority) {
@@ -165,9 +169,23 @@ static std::vector<const slot_view *> victim_order(const std::vector<slot_view> 
         if (a->n_cells != b->n_cells) {
             return a->n_cells < b->n_cells;
         }
+        if (a->arrival != b->arrival) {
+            return a->arrival > b->arrival;
+        }
         return a->id > b->id;
     });
     return cand;
+}
+
+// A waiting request's priority, aged: one level per p.sched.age_step_us waited since `since_us`, never
+// above `top` (the highest priority among those it waits with). Aging reorders priorities only:
+// among equal priorities it changes nothing, and a request of priority q waits at most
+// (top - q) * age_step_us before it ranks with the highest.
+static int64_t aged_priority(const slot_view & s, int64_t since_us, int32_t top, const plan_params & p) {
+    if (p.sched.age_step_us <= 0 || since_us < 0 || p.t_now_us <= since_us || s.priority >= top) {
+        return s.priority;
+    }
+    return std::min<int64_t>(top, s.priority + (p.t_now_us - since_us) / p.sched.age_step_us);
 }
 
 int32_t select_victim(const std::vector<slot_view> & slots, const plan_params & p,
@@ -176,16 +194,28 @@ int32_t select_victim(const std::vector<slot_view> & slots, const plan_params & 
     return order.empty() ? -1 : order.front()->id;
 }
 
-std::vector<int32_t> restore_order(const std::vector<slot_view> & slots) {
+std::vector<int32_t> restore_order(const std::vector<slot_view> & slots, const plan_params & p) {
     std::vector<const slot_view *> parked;
+    int32_t top = INT32_MIN;
     for (const auto & s : slots) {
         if (s.phase == slot_phase::parked) {
             parked.push_back(&s);
+            top = std::max(top, s.priority);
         }
     }
-    std::stable_sort(parked.begin(), parked.end(), [](const slot_view * a, const slot_view * b) {
-        if (a->priority != b->priority) {
-            return a->priority > b->priority;     // highest priority first
+    std::vector<int64_t> aged(parked.size());  // indexed as `parked` before the sort
+    for (size_t i = 0; i < parked.size(); ++i) {
+        aged[i] = aged_priority(*parked[i], parked[i]->t_parked_us, top, p);
+    }
+    std::vector<size_t> order(parked.size());
+    for (size_t i = 0; i < order.size(); ++i) {
+        order[i] = i;
+    }
+    std::stable_sort(order.begin(), order.end(), [&](size_t ia, size_t ib) {
+        const slot_view * a = parked[ia];
+        const slot_view * b = parked[ib];
+        if (aged[ia] != aged[ib]) {
+            return aged[ia] > aged[ib];           // highest (aged) priority first
         }
         if (a->n_preempt != b->n_preempt) {
             return a->n_preempt > b->n_preempt;   // most-preempted first
@@ -196,10 +226,37 @@ std::vector<int32_t> restore_order(const std::vector<slot_view> & slots) {
         return a->id < b->id;
     });
     std::vector<int32_t> ids;
-    for (const auto * s : parked) {
-        ids.push_back(s->id);
+    for (size_t i : order) {
+        ids.push_back(parked[i]->id);
     }
     return ids;
+}
+
+// New requests in the order they are admitted: highest (aged) priority first, then first come,
+// first served.
+static std::vector<const slot_view *> admission_order(const std::vector<slot_view> & slots, const plan_params & p) {
+    std::vector<const slot_view *> out;
+    int32_t top = INT32_MIN;
+    for (const auto & s : slots) {
+        if (is_new(s)) {
+            out.push_back(&s);
+            top = std::max(top, s.priority);
+        }
+    }
+    std::vector<std::pair<int64_t, const slot_view *>> keyed;
+    for (const slot_view * s : out) {
+        keyed.emplace_back(aged_priority(*s, s->t_arrival_us, top, p), s);
+    }
+    std::stable_sort(keyed.begin(), keyed.end(), [](const auto & a, const auto & b) {
+        if (a.first != b.first) {
+            return a.first > b.first;
+        }
+        return a.second->arrival < b.second->arrival;
+    });
+    for (size_t i = 0; i < keyed.size(); ++i) {
+        out[i] = keyed[i].second;
+    }
+    return out;
 }
 
 // slot ids are looked up often in a step: index them once
@@ -300,9 +357,11 @@ plan plan_step(const std::vector<slot_view> & slots, const plan_params & p) {
     }
 
     // 3. restore in restore order, fit-first, but never in a step that parked (that would thrash);
-    //    a resuming slot is charged its whole replay, not one batch
+    //    a resuming slot is charged its whole replay, not one batch. Thrash guard: a resume leaves
+    //    n_restore_headroom cells per running slot free (their growth over that many steps), so
+    //    that the slots it joins do not park it, or another, again at once
     bool waiting = false;
-    const std::vector<int32_t> restore = restore_order(slots);
+    const std::vector<int32_t> restore = restore_order(slots, p);
     for (int32_t id : restore) {
         if (failed[id]) {
             continue;
@@ -312,7 +371,7 @@ plan plan_step(const std::vector<slot_view> & slots, const plan_params & p) {
             waiting = true;
             continue;
         }
-        if (pl.park.empty() && make_room(s->n_restore)) {
+        if (pl.park.empty() && make_room(s->n_restore + p.sched.n_restore_headroom * (n_running + 1))) {
             need += s->n_restore;
             n_running += 1;
             pl.resume.push_back(id);
@@ -321,19 +380,18 @@ plan plan_step(const std::vector<slot_view> & slots, const plan_params & p) {
         }
     }
 
-    // 4. admit new requests while they fit and nobody parked is waiting; with nothing running,
-    //    the first one always goes (its own size checks end it if it can never fit)
-    for (const auto & s : slots) {
-        if (!is_new(s)) {
-            continue;
-        }
-        const int32_t res = reservation(s, p);
+    // 4. admit new requests in arrival order while they fit and nobody parked is waiting; the
+    //    first that does not fit holds every later one (a long prompt is not passed over by short
+    //    ones for ever); with nothing running, the first one always goes (its own size checks end
+    //    it if it can never fit)
+    for (const slot_view * s : admission_order(slots, p)) {
+        const int32_t res = reservation(*s, p);
         // make_room first: even the request that goes regardless gets idle caches out of its way
         if (!waiting && (make_room(res) || n_running == 0)) {
             need += res;
             n_running += 1;
         } else {
-            pl.hold.push_back(s.id);
+            pl.hold.push_back(s->id);
             waiting = true;  // later arrivals queue behind this one
         }
     }
@@ -385,6 +443,10 @@ plan plan_step(const std::vector<slot_view> & slots, const plan_params & p) {
         }
     }
     pl.restore_next = next ? next->id : -1;
+
+    // 7. the batch's prompt budget: while slots generate, a long prompt (or replay) is spread over
+    //    steps instead of stalling their decode for a whole n_batch chunk
+    pl.n_prompt_budget = p.sched.n_prompt_budget;
 
     pl.n_used = used;
     pl.n_need = need;

@@ -18,6 +18,9 @@ namespace llama_preempt {
 constexpr int     PREEMPT_N_STARVED = 3;
 // cells kept free on top of the next step's reservation, so the decode does not run the pool dry
 constexpr int32_t PREEMPT_MARGIN    = 8;
+// a request waiting to be admitted or resumed rises one priority level per this much waiting
+// (aging), up to the highest priority waiting, so that no priority starves another for ever
+constexpr int64_t PREEMPT_AGE_STEP_US = 10 * 1000 * 1000;
 
 enum class slot_phase {
     idle,        // no task; may still hold cells cached from its last task
@@ -48,21 +51,37 @@ struct slot_view {
     bool    waits_for_unpark = false;  // parked through the API: it waits for unpark, not for room
 
     int32_t n_gen_since_forced = 0;  // generating: tokens since its last forced park (LLAMA_SERVER_PREEMPT_EVERY)
+    int32_t n_gen_left    = -1;      // tokens its request may still generate (-1: not known)
 
     int32_t priority      = 0;      // the request's priority: higher is parked later and restored sooner
+    int64_t arrival       = 0;      // the request's place in arrival order (the server's task id): earlier first
+    int64_t t_arrival_us  = -1;     // when the request reached its slot (its wait for admission ages from there; -1: not known)
     int32_t n_preempt     = 0;      // times parked so far
     bool    in_family     = false;  // parent or child of an n_cmpl request: never a victim
     bool    is_multimodal = false;  // its tokens hold media placeholders: never a victim
     bool    can_park      = true;   // other hard exclusions decided by the mechanics
 };
 
+// How the planner shares an overloaded pool (docs/design.md, "Overload"): the knobs the server's
+// flags set, the simulator sweeps, and plan_step() reads; one struct for all three.
+struct sched_params {
+    int32_t n_starved   = PREEMPT_N_STARVED;    // a slot parked this often is spared as a victim
+    int64_t age_step_us = PREEMPT_AGE_STEP_US;  // aging: one priority level per this much waiting (0: none)
+    // the defaults below were chosen by sweeping them in the simulator over two workload shapes
+    // (bench/results/overload.md) and confirmed live
+    int32_t n_prompt_budget    = 256;  // prompt and replay tokens a step adds while a slot generates (0: n_batch)
+    int32_t n_restore_headroom = 8;    // thrash guard: cells per running slot a resume leaves free
+    int32_t n_near_finish      = 16;   // a slot with at most this many tokens left is spared as a victim
+};
+
 struct plan_params {
     int32_t n_pool    = 0;                  // cells in the unified pool
     int32_t n_batch   = 512;                // prompt chunk a step may add for one slot
     int32_t margin    = PREEMPT_MARGIN;
-    int32_t n_starved = PREEMPT_N_STARVED;
     bool    park      = true;  // false: the planner never parks, only resumes and admits
                                // (parking is left to the decode's retry ladder; for tests)
+    int64_t t_now_us  = 0;     // the planner's clock, for aging
+    sched_params sched;
 };
 
 enum class park_reason {
@@ -86,6 +105,7 @@ struct plan {
     std::vector<int32_t> hold;    // new requests kept waiting this step: no room, or a parked slot waits first
     int32_t restore_next = -1;    // the parked slot that comes back next, after this step: restore ahead
                                   // uploads its state now (-1: none; never one waiting for unpark)
+    int32_t n_prompt_budget = 0;  // prompt and replay tokens this step's batch may take (0: up to n_batch)
 
     int32_t n_used = 0;  // cells held after the plan
     int32_t n_need = 0;  // cells the next step reserves after the plan
@@ -158,9 +178,9 @@ int32_t charged_cells(const slot_view & s);
 int32_t select_victim(const std::vector<slot_view> & slots, const plan_params & p,
                       const std::vector<int32_t> & skip = {});
 
-// Order in which parked slots are considered for restore: highest priority first, then
-// most-preempted, then longest parked.
-std::vector<int32_t> restore_order(const std::vector<slot_view> & slots);
+// Order in which parked slots are considered for restore: highest priority first (aged by the time
+// parked, p.age_step_us), then most-preempted, then longest parked.
+std::vector<int32_t> restore_order(const std::vector<slot_view> & slots, const plan_params & p = {});
 
 // The planner: run once per step before the batch is built.
 plan plan_step(const std::vector<slot_view> & slots, const plan_params & p);

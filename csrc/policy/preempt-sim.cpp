@@ -12,6 +12,7 @@ namespace llama_preempt {
 sim_server::sim_server(const sim_params & p) : p(p) {
     pp.n_pool  = p.n_pool;
     pp.n_batch = p.n_batch;
+    pp.sched   = p.sched;
     slots.resize(std::max(1, p.n_slots));
     for (size_t i = 0; i < slots.size(); ++i) {
         slots[i].id = (int32_t) i;
@@ -85,6 +86,11 @@ slot_view sim_server::view(const sim_slot & s) const {
     v.n_cells   = s.phase == slot_phase::parked ? 0 : s.cells;
     v.n_preempt = s.n_preempt;
     v.is_new    = s.is_new;
+    v.arrival   = s.req;
+    if (s.req >= 0) {
+        v.t_arrival_us = (int64_t) (s.t_arrival * 1e6);
+        v.n_gen_left   = reqs[s.req].n_gen - s.gen_done;
+    }
     if (s.phase == slot_phase::prompt) {
         v.n_replay_left = s.replay_left;
         v.n_prompt_left = s.replay_left > 0 ? s.replay_left : reqs[s.req].n_prompt - s.prompt_done;
@@ -137,6 +143,7 @@ void sim_server::admit() {
         waiting.pop_front();
         const auto & rq = reqs[id];
         best->req = id;
+        best->t_arrival = t;
         if (rq.n_prompt + rq.n_gen + 1 > p.n_pool) {
             finish(*best, sim_outcome::failed);  // larger than a slot's context: upstream's size check
             continue;
@@ -195,9 +202,11 @@ bool sim_server::step(double t_next) {
     held.assign(slots.size(), 0);
     if (p.preempt) {
         settle_disk();
+        pp.t_now_us = (int64_t) (t * 1e6);
         const plan pl = plan_step(views(), pp);
         apply_plan(pl, *this);
-        restore_next = pl.restore_next;
+        restore_next    = pl.restore_next;
+        prompt_budget   = pl.n_prompt_budget;
     }
 
     // the batch: one token per generating slot, then prompt and replay chunks in slot order
@@ -214,15 +223,17 @@ bool sim_server::step(double t_next) {
                 n_gen_tok++;
             }
         }
+        // the plan's prompt budget, while slots generate (the server's prompt hook does the same)
+        const int32_t n_batch = prompt_budget > 0 && n_gen_tok > 0 ? std::min(p.n_batch, n_gen_tok + prompt_budget) : p.n_batch;
         for (auto & s : slots) {
-            if (s.phase != slot_phase::prompt || held[s.id] || n_gen_tok + n_prompt_tok >= p.n_batch) {
+            if (s.phase != slot_phase::prompt || held[s.id] || n_gen_tok + n_prompt_tok >= n_batch) {
                 continue;
             }
             if (s.is_new) {
                 s.cells = 0;  // the prompt starts: nothing of the cached cells is reused
             }
             const int32_t left = s.replay_left > 0 ? s.replay_left : reqs[s.req].n_prompt - s.prompt_done;
-            chunk[s.id] = std::min(left, p.n_batch - n_gen_tok - n_prompt_tok);
+            chunk[s.id] = std::min(left, n_batch - n_gen_tok - n_prompt_tok);
             n_prompt_tok += chunk[s.id];
         }
         int32_t used = cells_used();

@@ -34,6 +34,7 @@ struct sim_params {
     bool    preempt = true;   // false: upstream's behaviour (a full pool fails every running request)
     int64_t preempt_ram_mib = 8192;  // --preempt-ram (MiB): -1 no limit, 0 recompute only (ram_budget_from_mib())
     preempt_mode mode = preempt_mode::automatic;   // --preempt-mode: the server's choose_park() with the rates below
+    sched_params sched;                            // how the planner shares an overloaded pool (the server's flags)
 
     // costs (seconds and bytes); defaults are SmolLM2-135M Q4_1 on 2 CPU cores (see simulate.py)
     double step_s          = 0.0023;  // fixed cost of a step that decodes anything
@@ -103,6 +104,7 @@ struct sim_slot {
     int32_t    prompt_done = 0;
     int32_t    gen_done    = 0;
     double     t_last_used = 0;
+    double     t_arrival   = -1;    // when its request reached the slot (the planner ages its wait from there)
 
     // parked, or resuming after a park
     bool    swapped      = false;  // parked by SWAP (else RECOMPUTE)
@@ -141,6 +143,7 @@ struct sim_server final : plan_executor {
     double disk_bytes   = 0;  // bytes in the disk tier's files
     double t_io_free    = 0;  // the disk's I/O thread is free then (its writes and reads run one at a time)
     int32_t restore_next = -1; // the last plan's: it keeps a written disk park's host copy
+    int32_t prompt_budget = 0; // the last plan's: prompt tokens a step adds while slots generate
     std::vector<uint8_t> held; // per slot: a new request kept waiting this step
     bool   stopped = false;  // gave up: the step limit, or held requests that nothing can unblock
 

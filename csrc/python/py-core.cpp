@@ -84,6 +84,9 @@ PYBIND11_MODULE(_core, m) {
         .def_readwrite("can_resume",    &lp::slot_view::can_resume)
         .def_readwrite("waits_for_unpark", &lp::slot_view::waits_for_unpark)
         .def_readwrite("priority",      &lp::slot_view::priority)
+        .def_readwrite("arrival",       &lp::slot_view::arrival)
+        .def_readwrite("t_arrival_us",  &lp::slot_view::t_arrival_us)
+        .def_readwrite("n_gen_left",    &lp::slot_view::n_gen_left)
         .def_readwrite("n_preempt",     &lp::slot_view::n_preempt)
         .def_readwrite("in_family",     &lp::slot_view::in_family)
         .def_readwrite("is_multimodal", &lp::slot_view::is_multimodal)
@@ -93,20 +96,53 @@ PYBIND11_MODULE(_core, m) {
                    " n_cells=" + std::to_string(s.n_cells) + " n_preempt=" + std::to_string(s.n_preempt) + ">";
         });
 
+    py::class_<lp::sched_params>(m, "SchedParams", "how the planner shares an overloaded pool (the --preempt-* "
+                                 "scheduling flags; the simulator sweeps them)")
+        .def(py::init<>())
+        .def_readwrite("n_starved",          &lp::sched_params::n_starved, "a slot parked this often is spared as a victim")
+        .def_readwrite("age_step_us",        &lp::sched_params::age_step_us, "aging: one priority level per this much waiting")
+        .def_readwrite("n_prompt_budget",    &lp::sched_params::n_prompt_budget,
+                       "prompt tokens a step adds while a slot generates (0: n_batch)")
+        .def_readwrite("n_restore_headroom", &lp::sched_params::n_restore_headroom,
+                       "thrash guard: cells per running slot a resume leaves free")
+        .def_readwrite("n_near_finish",      &lp::sched_params::n_near_finish,
+                       "a slot with at most this many tokens left is spared as a victim")
+        .def("__repr__", [](const lp::sched_params & s) {
+            return "SchedParams(n_starved=" + std::to_string(s.n_starved) + ", age_step_us=" + std::to_string(s.age_step_us) +
+                   ", n_prompt_budget=" + std::to_string(s.n_prompt_budget) + ", n_restore_headroom=" +
+                   std::to_string(s.n_restore_headroom) + ", n_near_finish=" + std::to_string(s.n_near_finish) + ")";
+        });
+
     py::class_<lp::plan_params>(m, "PlanParams", "pool size and knobs of the planner")
-        .def(py::init([](int32_t n_pool, int32_t n_batch, int32_t margin, int32_t n_starved, bool park) {
+        .def(py::init([](int32_t n_pool, int32_t n_batch, int32_t margin, int32_t n_starved, bool park, int64_t t_now_us,
+                         const lp::sched_params * sched) {
                  if (n_pool <= 0) {
                      throw py::value_error("n_pool must be positive");
                  }
-                 return lp::plan_params{ n_pool, n_batch, margin, n_starved, park };
+                 lp::plan_params p;
+                 p.n_pool   = n_pool;
+                 p.n_batch  = n_batch;
+                 p.margin   = margin;
+                 p.park     = park;
+                 p.t_now_us = t_now_us;
+                 if (sched) {
+                     p.sched = *sched;
+                 }
+                 if (n_starved >= 0) {
+                     p.sched.n_starved = n_starved;
+                 }
+                 return p;
              }),
              py::arg("n_pool"), py::arg("n_batch") = 512, py::arg("margin") = lp::PREEMPT_MARGIN,
-             py::arg("n_starved") = lp::PREEMPT_N_STARVED, py::arg("park") = true)
+             py::arg("n_starved") = -1, py::arg("park") = true, py::arg("t_now_us") = 0, py::arg("sched") = nullptr)
         .def_readwrite("n_pool",    &lp::plan_params::n_pool)
         .def_readwrite("n_batch",   &lp::plan_params::n_batch)
         .def_readwrite("margin",    &lp::plan_params::margin)
-        .def_readwrite("n_starved", &lp::plan_params::n_starved)
-        .def_readwrite("park",      &lp::plan_params::park);
+        .def_property("n_starved", [](const lp::plan_params & p) { return p.sched.n_starved; },
+                      [](lp::plan_params & p, int32_t v) { p.sched.n_starved = v; })
+        .def_readwrite("park",      &lp::plan_params::park)
+        .def_readwrite("t_now_us",  &lp::plan_params::t_now_us)
+        .def_readwrite("sched",     &lp::plan_params::sched);
 
     py::class_<lp::plan>(m, "Plan", "one step's decisions")
         .def_readonly("purge",  &lp::plan::purge)
@@ -117,6 +153,7 @@ PYBIND11_MODULE(_core, m) {
         .def_readonly("n_used", &lp::plan::n_used)
         .def_readonly("n_need", &lp::plan::n_need)
         .def_readonly("restore_next", &lp::plan::restore_next)
+        .def_readonly("n_prompt_budget", &lp::plan::n_prompt_budget)
         .def("has_action", &lp::plan::has_action)
         .def("__repr__", [](const lp::plan & pl) { return "<Plan " + lp::plan_to_string(pl) + ">"; });
 
@@ -124,7 +161,7 @@ PYBIND11_MODULE(_core, m) {
           "run the planner over slot snapshots; returns the step's Plan");
     m.def("select_victim", &lp::select_victim, py::arg("slots"), py::arg("params"),
           py::arg("skip") = std::vector<int32_t>{}, "the slot to park next, or -1");
-    m.def("restore_order", &lp::restore_order, py::arg("slots"),
+    m.def("restore_order", &lp::restore_order, py::arg("slots"), py::arg("params") = lp::plan_params{},
           "parked slot ids in the order they are considered for restore");
     m.def("reservation", &lp::reservation, py::arg("slot"), py::arg("params"),
           "cells the slot's next step adds to the pool");

@@ -67,6 +67,7 @@ void register_sim(py::module_ & m) {
         .def_readwrite("preempt",          &lp::sim_params::preempt)
         .def_readwrite("preempt_ram_mib", &lp::sim_params::preempt_ram_mib)
         .def_readwrite("mode",             &lp::sim_params::mode, "--preempt-mode: a PreemptMode or its name (auto, swap, recompute)")
+        .def_readwrite("sched",            &lp::sim_params::sched, "how the planner shares an overloaded pool (SchedParams)")
         .def_readwrite("step_s",           &lp::sim_params::step_s)
         .def_readwrite("decode_token_s",   &lp::sim_params::decode_token_s)
         .def_readwrite("prefill_token_s",  &lp::sim_params::prefill_token_s)

@@ -3,6 +3,7 @@
 
 #include "common.h"
 #include "log.h"
+#include "preempt-flags.h"
 #include "preempt-params.h"
 
 #include <algorithm>
@@ -14,6 +15,11 @@
 #define CFG_WRN(fmt, ...) LOG_WRN("srv  %12.*s: " fmt, 12, "preempt_init", __VA_ARGS__)
 
 namespace llama_preempt {
+
+// a host that sets common_params directly (the Engine's callers do not) may leave it empty
+static preempt_sched_flag parse_preempt_sched_or_defaults(const std::string & value) {
+    return value.empty() ? preempt_sched_flag{} : parse_preempt_sched(value);
+}
 
 static int32_t env_int(const char * name) {
     const char * env = getenv(name);
@@ -53,6 +59,14 @@ preempt_config make_preempt_config(const common_params & params, bool has_memory
     cfg.disk_mib    = params.preempt_disk_mib;
     cfg.disk_budget = cfg.disk_dir.empty() ? 0 : ram_budget_from_mib(cfg.disk_mib);
     cfg.mode = effective_mode(cfg.mode, cfg.ram_budget, cfg.disk_budget);
+
+    // --preempt-sched: the keys given replace the policy's defaults
+    const auto sf = parse_preempt_sched_or_defaults(params.preempt_sched);
+    cfg.sched.n_prompt_budget    = sf.prompt_budget >= 0 ? (int32_t) sf.prompt_budget : cfg.sched.n_prompt_budget;
+    cfg.sched.n_restore_headroom = sf.restore_headroom >= 0 ? (int32_t) sf.restore_headroom : cfg.sched.n_restore_headroom;
+    cfg.sched.n_near_finish      = sf.near_finish >= 0 ? (int32_t) sf.near_finish : cfg.sched.n_near_finish;
+    cfg.sched.n_starved          = sf.starved >= 0 ? (int32_t) sf.starved : cfg.sched.n_starved;
+    cfg.sched.age_step_us        = sf.age_step_ms >= 0 ? sf.age_step_ms * 1000 : cfg.sched.age_step_us;
 
     cfg.knobs.every              = env_int("LLAMA_SERVER_PREEMPT_EVERY");
     cfg.knobs.reactive           = env_int("LLAMA_SERVER_PREEMPT_REACTIVE") > 0;

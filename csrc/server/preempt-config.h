@@ -44,6 +44,7 @@ struct preempt_config {
     int32_t      disk_mib    = -1;           // --preempt-disk-mib as given
     size_t       disk_budget = 0;            // bytes parked files may take at once (SIZE_MAX: the disk's free space; 0: no disk tier)
     cost_rates   rates;                      // the starting rates (LLAMA_SERVER_PREEMPT_RATES fixes them)
+    sched_params sched;                      // how the planner shares an overloaded pool
     test_knobs   knobs;                      // the test knobs, all of them
 
     // idle swap memory kept for reuse: a quarter of the budget, at most 512 MiB (none with the

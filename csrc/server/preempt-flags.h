@@ -4,6 +4,7 @@
 // it without linking anything of ours.
 #pragma once
 
+#include <algorithm>
 #include <climits>
 #include <cstdint>
 #include <stdexcept>
@@ -100,6 +101,53 @@ inline int32_t check_preempt_keepalive(int value) {
     if (value < 0) {
         throw std::invalid_argument("--preempt-keepalive expects seconds >= 0 (0 turns the keepalive off)");
     }
+    return value;
+}
+
+// --preempt-sched KEY=N[,KEY=N...]: how the planner shares an overloaded pool; a key left out keeps
+// its default (-1 here). Throws std::invalid_argument naming the key or the part it cannot read.
+struct preempt_sched_flag {
+    long long prompt_budget    = -1;  // prompt tokens a step adds while slots generate (0: n_batch)
+    long long restore_headroom = -1;  // cells per running slot a resume leaves free (0: none)
+    long long near_finish      = -1;  // tokens left at or below which a slot is spared as a victim (0: none)
+    long long starved          = -1;  // parks after which a slot is spared as a victim (at least 1)
+    long long age_step_ms      = -1;  // aging: one priority level per this much waiting (0: no aging)
+};
+
+inline preempt_sched_flag parse_preempt_sched(const std::string & value) {
+    static const char * const usage = "--preempt-sched expects KEY=N[,KEY=N...] with KEY one of prompt-budget, "
+                                      "restore-headroom, near-finish, starved, age-step-ms";
+    preempt_sched_flag out;
+    size_t pos = 0;
+    while (pos <= value.size()) {
+        const size_t end  = std::min(value.find(',', pos), value.size());
+        const std::string part = value.substr(pos, end - pos);
+        const size_t eq = part.find('=');
+        long long v = 0;
+        if (eq == std::string::npos || !parse_whole(part.substr(eq + 1), v) || v < 0 || v > INT32_MAX) {
+            throw std::invalid_argument(std::string(usage) + " and N a whole number >= 0, got '" + part + "'");
+        }
+        const std::string key = part.substr(0, eq);
+        long long * slot = key == "prompt-budget"    ? &out.prompt_budget
+                         : key == "restore-headroom" ? &out.restore_headroom
+                         : key == "near-finish"      ? &out.near_finish
+                         : key == "starved"          ? &out.starved
+                         : key == "age-step-ms"      ? &out.age_step_ms
+                         :                             nullptr;
+        if (!slot) {
+            throw std::invalid_argument(std::string(usage) + ", got the key '" + key + "'");
+        }
+        if (key == "starved" && v < 1) {
+            throw std::invalid_argument("--preempt-sched starved expects at least 1 park, got '" + part + "'");
+        }
+        *slot = v;
+        pos = end + 1;
+    }
+    return out;
+}
+
+inline std::string check_preempt_sched(const std::string & value) {
+    parse_preempt_sched(value);
     return value;
 }
 

@@ -62,6 +62,7 @@ struct slot_preempt_state {
     park_choice choice      = park_choice::no_state;   // why by SWAP or by RECOMPUTE
     bool        waits_for_unpark = false;  // parked through the API: the planner leaves it parked until unparked
 
+    int64_t t_arrival_us = -1; // when its request reached the slot (the planner ages a held request's wait)
     int32_t n_restore   = 0;  // cells needed to be back where it was
     int64_t t_parked_us = 0;
     int32_t n_gen_forced = 0; // stats.n_gen at the last forced park (LLAMA_SERVER_PREEMPT_EVERY)
