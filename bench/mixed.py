@@ -91,13 +91,14 @@ def median_range(values: list[float | None]) -> str:
     return f"{med:g}" if len(v) == 1 else f"{med:g} ({min(v):g}-{max(v):g})"
 
 
-def workload_words(shape: str, n: int, rate: float, ctx: int, quick: bool, seed: int) -> Workload:
+def workload_words(shape: str, n: int, rate: float, ctx: int, prompt_median: int, gen_median: int,
+                   seed: int) -> Workload:
     """chat: many short prompts and answers, a few long; long: a few very long prompts among many
-    short chats (sigma 1.6)."""
+    short chats (sigma 1.6). Lengths in words (about one token each)."""
     if shape == "long":
-        return Workload.lognormal(n, rate=rate, prompt_median=24 if quick else 32, gen_median=32 if quick else 40,
+        return Workload.lognormal(n, rate=rate, prompt_median=prompt_median, gen_median=gen_median,
                                   sigma=1.6, max_prompt=ctx * 3 // 8, max_gen=ctx // 5, seed=seed)
-    return Workload.lognormal(n, rate=rate, prompt_median=48 if quick else 64, gen_median=48,
+    return Workload.lognormal(n, rate=rate, prompt_median=prompt_median, gen_median=gen_median,
                               max_prompt=ctx // 3, max_gen=ctx // 4, seed=seed)
 
 
@@ -112,6 +113,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--shape", choices=("chat", "long"), default="chat",
                     help="chat: log-normal lengths; long: a few very long prompts among many short chats")
     ap.add_argument("--runs", type=int, default=1, help="runs per cell, interleaved (medians and ranges)")
+    ap.add_argument("--prompt-median", type=int, default=None, help="prompt words, median (default 64, --quick 48)")
+    ap.add_argument("--gen-median", type=int, default=48, help="answer tokens, median")
     ap.add_argument("--sched", default=None, help="--preempt-sched for the auto cells (default: the server's)")
     ap.add_argument("--no-stock", action="store_true", help="leave out the stock cell")
     ap.add_argument("--threads", type=int, default=2)
@@ -125,7 +128,8 @@ def main(argv: list[str] | None = None) -> int:
     rate = args.rate or (150.0 if quick else 2.0)
     name = args.name or ("mixed_quick" if quick else "mixed")
     parallel = [int(x) for x in args.parallel.split(",")]
-    wl_words = workload_words(args.shape, args.requests, rate, ctx, quick, args.seed)
+    wl_words = workload_words(args.shape, args.requests, rate, ctx, args.prompt_median or (48 if quick else 64),
+                              args.gen_median, args.seed)
     prompts = [prompt_of(n, i) for i, n in enumerate(wl_words.n_prompt)]
     sched = ["--preempt-sched", args.sched] if args.sched else []
 
@@ -169,8 +173,9 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for cell_name, _ in cells:
         rs = runs[cell_name]
-        done = sorted({r["completed"] for r in rs})
-        rows.append([cell_name, len(rs), "/".join(done)] + [median_range([r[k] for r in rs]) for k in keys])
+        n_done = sorted(int(r["completed"].split("/")[0]) for r in rs)
+        done = f"{n_done[0]}/{len(wl)}" if n_done[0] == n_done[-1] else f"{n_done[0]}-{n_done[-1]}/{len(wl)}"
+        rows.append([cell_name, len(rs), done] + [median_range([r[k] for r in rs]) for k in keys])
 
     sims = []
     sim_cells = [(split_name, n_split, False)] + [(f"auto, {n} slots", n, True) for n in parallel]
@@ -184,7 +189,8 @@ def main(argv: list[str] | None = None) -> int:
 
     headers = ["cell", "runs", "completed", "tok/s", "TTFT p50 s", "TTFT p99 s", "end-to-end p50 s", "end-to-end p99 s",
                "parks", "recomputed", "wall s"]
-    cmd = "python bench/mixed.py" + (" " + " ".join(argv) if argv else (" --quick" if quick else ""))
+    given = sys.argv[1:] if argv is None else argv
+    cmd = "python bench/mixed.py" + "".join(" " + a for a in given)
     md = [f"Mixed load ({args.shape}) on {display_path(model)}: {len(wl)} requests, Poisson arrivals at {rate}/s, "
           f"log-normal lengths (prompts {min(n_prompt)}-{max(n_prompt)} tokens, median {statistics.median(n_prompt)}; "
           f"answers {min(wl.n_gen)}-{max(wl.n_gen)}, median {statistics.median(wl.n_gen)}); one pool of {ctx} cells; "

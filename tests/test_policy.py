@@ -519,6 +519,19 @@ def test_new_requests_are_admitted_in_arrival_order_not_slot_order() -> None:
     assert list(pl.hold) == [1]
 
 
+def test_a_later_request_may_pass_one_that_does_not_fit_only_for_the_pass_limit() -> None:
+    # slot 3's request (arrived first, at t=0) does not fit; slot 1's, later and small, does
+    slots = [gen(0, 180), prompt(1, 0, 20, is_new=True, arrival=9, t_arrival_us=1_000_000), idle(2, 0),
+             prompt(3, 0, 100, is_new=True, arrival=4, t_arrival_us=0)]
+    limit = sched(pass_limit_us=5_000_000)
+    early = _core.plan_step(slots, _core.PlanParams(256, t_now_us=4_000_000, sched=limit))
+    assert list(early.hold) == [3]     # passed while it has waited less than the limit
+    late = _core.plan_step(slots, _core.PlanParams(256, t_now_us=5_000_000, sched=limit))
+    assert list(late.hold) == [3, 1]   # from then on nothing passes it
+    strict = _core.plan_step(slots, _core.PlanParams(256, t_now_us=0, sched=sched(pass_limit_us=0)))
+    assert list(strict.hold) == [3, 1]
+
+
 def test_a_parked_request_resumes_before_a_newcomer_takes_its_room() -> None:
     # room for one of them (170 + 1 running, 60 to restore, the margin of 8: 239 of 256)
     slots = [gen(0, 170), parked(1, 60, t=1), prompt(2, 0, 20, is_new=True, arrival=1)]

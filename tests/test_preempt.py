@@ -5,6 +5,7 @@ both modes: RECOMPUTE, and SWAP under the default host-RAM budget.
 """
 from __future__ import annotations
 
+import re
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -12,8 +13,10 @@ from typing import Any
 
 import pytest
 
-from helpers import BackgroundStream, complete, complete_all, long_prompt, n_tokens, run_concurrently, sse_events
+from helpers import (BackgroundStream, complete, complete_all, long_prompt, n_tokens, run_concurrently, sse_events,
+                     wait_for_parked)
 from llama_preempt import Completion
+from llama_preempt.server import ServerStartError
 
 RECOMPUTE = ["--preempt-ram", "0"]
 MODES = {"recompute": RECOMPUTE, "swap": []}
@@ -297,3 +300,54 @@ def test_overflowing_requests_with_ngram_speculation_both_finish(
     m = srv.metrics()
     assert m["n_preempt_total"] >= 1
     assert m["spec_decode_num_draft_tokens_total"] > 0, "the speculators never drafted"
+
+
+# --- overload: parked work first (issue 31) ---
+
+def test_a_parked_request_finishes_before_requests_that_arrived_after_it_was_parked(
+        start_server, stories_model: Path) -> None:
+    """Arrivals over time on an overloaded pool: two chats that each fit alone overflow it together
+    and one is parked; two more arrive while it waits. Parked work goes first: the parked request
+    resumes before the newcomers take its room, and ends before either of them."""
+    srv = start_server(stories_model, n_ctx=256, n_parallel=4, n_batch=64)
+    done: dict[str, tuple[float, dict[str, Any]]] = {}
+
+    def run(name: str, prompt: str) -> None:
+        r = complete(srv, prompt, 200, temperature=0, ignore_eos=True)
+        assert r.status_code == 200, r.text
+        done[name] = (time.monotonic(), r.json())
+
+    with ThreadPoolExecutor(4) as pool:
+        first = [pool.submit(run, "a", "Once upon a time"), pool.submit(run, "b", "There was a little dog")]
+        wait_for_parked(srv)
+        later = [pool.submit(run, "c", "The sun was hot"), pool.submit(run, "d", "Lily saw a big red ball")]
+        for f in first + later:
+            f.result(timeout=120)
+    assert all(body["tokens_predicted"] == 200 for _, body in done.values())
+    parked = [n for n in ("a", "b") if done[n][1]["timings"].get("n_preempt", 0) > 0]
+    assert parked, "one of the first two requests must have been parked"
+    t_parked_done = min(done[n][0] for n in parked)
+    assert t_parked_done < min(done["c"][0], done["d"][0]), {n: (t, b["timings"].get("n_preempt")) for n, (t, b) in done.items()}
+
+
+@pytest.mark.parametrize("value, words", [
+    ("prompt-budget=abc", "--preempt-sched expects KEY=N"),
+    ("fast=1", "got the key 'fast'"),
+    ("starved=0", "--preempt-sched starved expects at least 1"),
+    ("restore-headroom=-4", "--preempt-sched expects KEY=N"),
+], ids=["not-a-number", "unknown-key", "starved-0", "negative"])
+def test_a_bad_preempt_sched_is_a_startup_error_naming_it(start_server, stories_model: Path, value: str,
+                                                          words: str) -> None:
+    with pytest.raises(ServerStartError, match=re.escape(words)):
+        start_server(stories_model, n_ctx=256, n_parallel=2, extra_args=["--preempt-sched", value])
+
+
+def test_preempt_sched_sets_the_planners_knobs_and_the_log_says_them(start_server, stories_model: Path) -> None:
+    srv = start_server(stories_model, n_ctx=256, n_parallel=2,
+                       extra_args=["--preempt-sched", "prompt-budget=64,pass-limit-ms=0,starved=2"])
+    log = srv.log_text()
+    assert "passed by later ones for at most 0 ms" in log
+    assert "prompt-budget=64 restore-headroom=8 near-finish=16 starved=2" in log
+    # and it serves: an overflow that parks still completes every request
+    complete_all(srv, [long_prompt(12), "Once upon a time there was a dog"], 200)
+    assert srv.metrics()["n_preempt_total"] >= 1

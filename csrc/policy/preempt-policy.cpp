@@ -380,19 +380,23 @@ plan plan_step(const std::vector<slot_view> & slots, const plan_params & p) {
         }
     }
 
-    // 4. admit new requests in arrival order while they fit and nobody parked is waiting; the
-    //    first that does not fit holds every later one (a long prompt is not passed over by short
-    //    ones for ever); with nothing running, the first one always goes (its own size checks end
-    //    it if it can never fit)
+    // 4. admit new requests in arrival order while they fit and nobody parked is waiting. One
+    //    that does not fit may be passed by later ones that do, but only for pass_limit_us: from
+    //    then on it holds every later one, so a long prompt is not passed over for ever by short
+    //    ones. With nothing running, the first one always goes (its own size checks end it if it
+    //    can never fit).
+    bool blocked = waiting;  // a parked slot waits for room: nothing new goes
     for (const slot_view * s : admission_order(slots, p)) {
         const int32_t res = reservation(*s, p);
         // make_room first: even the request that goes regardless gets idle caches out of its way
-        if (!waiting && (make_room(res) || n_running == 0)) {
+        if (!blocked && (make_room(res) || n_running == 0)) {
             need += res;
             n_running += 1;
         } else {
             pl.hold.push_back(s->id);
-            waiting = true;  // later arrivals queue behind this one
+            waiting = true;
+            const bool waited_long = s->t_arrival_us < 0 || p.t_now_us - s->t_arrival_us >= p.sched.pass_limit_us;
+            blocked = blocked || waited_long;  // later arrivals queue behind this one
         }
     }
 

@@ -72,6 +72,7 @@ struct sched_params {
     int32_t n_prompt_budget    = 256;  // prompt and replay tokens a step adds while a slot generates (0: n_batch)
     int32_t n_restore_headroom = 8;    // thrash guard: cells per running slot a resume leaves free
     int32_t n_near_finish      = 16;   // a slot with at most this many tokens left is spared as a victim
+    int64_t pass_limit_us      = 5 * 1000 * 1000;  // a new request that does not fit may be passed by later ones this long (0: never)
 };
 
 struct plan_params {

@@ -107,6 +107,8 @@ PYBIND11_MODULE(_core, m) {
                        "thrash guard: cells per running slot a resume leaves free")
         .def_readwrite("n_near_finish",      &lp::sched_params::n_near_finish,
                        "a slot with at most this many tokens left is spared as a victim")
+        .def_readwrite("pass_limit_us",      &lp::sched_params::pass_limit_us,
+                       "a new request that does not fit may be passed by later ones this long (0: never)")
         .def("__repr__", [](const lp::sched_params & s) {
             return "SchedParams(n_starved=" + std::to_string(s.n_starved) + ", age_step_us=" + std::to_string(s.age_step_us) +
                    ", n_prompt_budget=" + std::to_string(s.n_prompt_budget) + ", n_restore_headroom=" +

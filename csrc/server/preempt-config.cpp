@@ -67,6 +67,7 @@ preempt_config make_preempt_config(const common_params & params, bool has_memory
     cfg.sched.n_near_finish      = sf.near_finish >= 0 ? (int32_t) sf.near_finish : cfg.sched.n_near_finish;
     cfg.sched.n_starved          = sf.starved >= 0 ? (int32_t) sf.starved : cfg.sched.n_starved;
     cfg.sched.age_step_us        = sf.age_step_ms >= 0 ? sf.age_step_ms * 1000 : cfg.sched.age_step_us;
+    cfg.sched.pass_limit_us      = sf.pass_limit_ms >= 0 ? sf.pass_limit_ms * 1000 : cfg.sched.pass_limit_us;
 
     cfg.knobs.every              = env_int("LLAMA_SERVER_PREEMPT_EVERY");
     cfg.knobs.reactive           = env_int("LLAMA_SERVER_PREEMPT_REACTIVE") > 0;
@@ -133,6 +134,11 @@ void log_preempt_config(const preempt_config & cfg, size_t n_slots, int32_t n_ct
                           : string_format("%s within %d MiB of host RAM, %s", choose, mib, above.c_str());
     CFG_INF("preemption: on (%s), %zu slots share a pool of %d cells; a slot is parked "
             "instead of failing every request when the pool fills\n", how.c_str(), n_slots, n_ctx);
+    const auto & s = cfg.sched;
+    CFG_INF("preemption: overload (--preempt-sched): parked requests first, then arrivals in order (aging one priority "
+            "level per %lld ms, passed by later ones for at most %lld ms); prompt-budget=%d restore-headroom=%d near-finish=%d "
+            "starved=%d\n", (long long) (s.age_step_us / 1000), (long long) (s.pass_limit_us / 1000), s.n_prompt_budget,
+            s.n_restore_headroom, s.n_near_finish, s.n_starved);
     if (cfg.knobs.route != copy_route::bulk) {
         CFG_WRN("preemption: LLAMA_SERVER_PREEMPT_COPY=%s copies swap state that way (testing and benchmarks)\n",
                 copy_route_name(cfg.knobs.route));

@@ -112,11 +112,12 @@ struct preempt_sched_flag {
     long long near_finish      = -1;  // tokens left at or below which a slot is spared as a victim (0: none)
     long long starved          = -1;  // parks after which a slot is spared as a victim (at least 1)
     long long age_step_ms      = -1;  // aging: one priority level per this much waiting (0: no aging)
+    long long pass_limit_ms    = -1;  // a new request that does not fit may be passed this long (0: never)
 };
 
 inline preempt_sched_flag parse_preempt_sched(const std::string & value) {
     static const char * const usage = "--preempt-sched expects KEY=N[,KEY=N...] with KEY one of prompt-budget, "
-                                      "restore-headroom, near-finish, starved, age-step-ms";
+                                      "restore-headroom, near-finish, starved, age-step-ms, pass-limit-ms";
     preempt_sched_flag out;
     size_t pos = 0;
     while (pos <= value.size()) {
@@ -133,6 +134,7 @@ inline preempt_sched_flag parse_preempt_sched(const std::string & value) {
                          : key == "near-finish"      ? &out.near_finish
                          : key == "starved"          ? &out.starved
                          : key == "age-step-ms"      ? &out.age_step_ms
+                         : key == "pass-limit-ms"    ? &out.pass_limit_ms
                          :                             nullptr;
         if (!slot) {
             throw std::invalid_argument(std::string(usage) + ", got the key '" + key + "'");
