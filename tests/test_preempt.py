@@ -120,6 +120,9 @@ def test_two_requests_that_fit_alone_but_not_together_both_finish(
     assert m["requests_preempted"] == 0
     assert m["preempt_ram_bytes"] == 0
     assert m[f"n_preempt_{mode}_total"] == m["n_preempt_total"]
+    # the wasted work: SWAP moved each parked state out and back; RECOMPUTE re-prefilled tokens instead
+    assert (m["n_preempt_bytes_moved_total"] > 0) == (mode == "swap")
+    assert (m["n_recompute_tokens_total"] > 0) == (mode == "recompute")
 
 
 def test_the_overflow_fails_every_request_with_no_preempt(start_server, stories_model: Path) -> None:
