@@ -1,6 +1,8 @@
-// The preemption policy, read top to bottom: plan_step() is the whole of it. How a victim is parked
-// (RAM, disk or RECOMPUTE, by measured cost) is preempt-choice.cpp.
+// The preemption policy, read top to bottom: plan_step() is the whole of it. The orders it walks
+// (victims, resumes, admissions) are preempt-order.cpp; how a victim is parked (RAM, disk or
+// RECOMPUTE, by measured cost) is preempt-choice.cpp.
 #include "preempt-policy.h"
+#include "preempt-order.h"
 
 #include <algorithm>
 #include <cstdint>
@@ -26,19 +28,6 @@ const char * park_reason_key(park_reason r) {
         case park_reason::api:         return "api";
     }
     return "?";
-}
-
-static bool is_active(const slot_view & s) {
-    return s.phase == slot_phase::prompt || s.phase == slot_phase::generating;
-}
-
-static bool is_new(const slot_view & s) {
-    return s.phase == slot_phase::prompt && s.is_new;
-}
-
-// active and admitted: a new request waits in the admission queue instead
-static bool is_running(const slot_view & s) {
-    return is_active(s) && !s.is_new;
 }
 
 park_block park_blocker(const slot_view & s) {
@@ -121,142 +110,6 @@ int32_t charged_cells(const slot_view & s) {
         return 0;
     }
     return std::max(0, s.n_cells - s.n_shared);
-}
-
-// Running slots that may be parked, best victim first: lowest priority first; within a priority,
-// the fresh before the spared (starved, resuming, holding no cells, or about to finish: taken only
-// when no fresh candidate of that priority exists), then the smallest (its park wastes least: the
-// fewest tokens to recompute, the smallest state to copy), then the latest arrival (first come,
-// first served), then the later id so the order is stable. The leader keeps
-// running: the slot with the most tokens among those of the highest priority. Parking it would
-// waste the most work, and a pool that cannot hold the leader alone is a context overflow, not a
-// scheduling problem. Parking others never changes who leads, so one order serves a whole step.
-static std::vector<const slot_view *> victim_order(const std::vector<slot_view> & slots, const plan_params & p,
-                                                   const std::vector<int32_t> & skip) {
-    const slot_view * lead = nullptr;
-    for (const auto & s : slots) {
-        if (is_running(s) && !contains_id(skip, s.id) &&
-            (!lead || s.priority > lead->priority || (s.priority == lead->priority && s.n_cells > lead->n_cells))) {
-            lead = &s;
-        }
-    }
-
-    std::vector<const slot_view *> cand;
-    for (const auto & s : slots) {
-        if (!is_running(s) || &s == lead || contains_id(skip, s.id)) {
-            continue;
-        }
-        if (may_park(s)) {
-            cand.push_back(&s);
-        }
-    }
-    // "spared" is a victim's rank, not where a parked state waits (park_tier)
-    auto spared = [&](const slot_view * s) {
-        const bool resuming = s->phase == slot_phase::prompt && s->n_replay_left > 0;
-        // a slot holding no cells frees nothing but its reservation; one about to finish frees
-        // its cells in a few steps anyway, and parking it would only delay its end
-        const bool finishing = s->n_gen_left >= 0 && s->n_gen_left <= p.sched.n_near_finish;
-        return s->n_preempt >= p.sched.n_starved || resuming || s->n_cells == 0 || finishing;
-    };
-    std::sort(cand.begin(), cand.end(), [&](const slot_view * a, const slot_view * b) {
-        if (a->priority != b->priority) {
-            return a->priority < b->priority;
-        }
-        const bool sa = spared(a), sb = spared(b);
-        if (sa != sb) {
-            return sb;
-        }
-        if (a->n_cells != b->n_cells) {
-            return a->n_cells < b->n_cells;
-        }
-        if (a->arrival != b->arrival) {
-            return a->arrival > b->arrival;
-        }
-        return a->id > b->id;
-    });
-    return cand;
-}
-
-// A waiting request's priority, aged: one level per p.sched.age_step_us waited since `since_us`, never
-// above `top` (the highest priority among those it waits with). Aging reorders priorities only:
-// among equal priorities it changes nothing, and a request of priority q waits at most
-// (top - q) * age_step_us before it ranks with the highest.
-static int64_t aged_priority(const slot_view & s, int64_t since_us, int32_t top, const plan_params & p) {
-    if (p.sched.age_step_us <= 0 || since_us < 0 || p.t_now_us <= since_us || s.priority >= top) {
-        return s.priority;
-    }
-    return std::min<int64_t>(top, s.priority + (p.t_now_us - since_us) / p.sched.age_step_us);
-}
-
-int32_t select_victim(const std::vector<slot_view> & slots, const plan_params & p,
-                      const std::vector<int32_t> & skip) {
-    const auto order = victim_order(slots, p, skip);
-    return order.empty() ? -1 : order.front()->id;
-}
-
-std::vector<int32_t> restore_order(const std::vector<slot_view> & slots, const plan_params & p) {
-    std::vector<const slot_view *> parked;
-    int32_t top = INT32_MIN;
-    for (const auto & s : slots) {
-        if (s.phase == slot_phase::parked) {
-            parked.push_back(&s);
-            top = std::max(top, s.priority);
-        }
-    }
-    std::vector<int64_t> aged(parked.size());  // indexed as `parked` before the sort
-    for (size_t i = 0; i < parked.size(); ++i) {
-        aged[i] = aged_priority(*parked[i], parked[i]->t_parked_us, top, p);
-    }
-    std::vector<size_t> order(parked.size());
-    for (size_t i = 0; i < order.size(); ++i) {
-        order[i] = i;
-    }
-    std::stable_sort(order.begin(), order.end(), [&](size_t ia, size_t ib) {
-        const slot_view * a = parked[ia];
-        const slot_view * b = parked[ib];
-        if (aged[ia] != aged[ib]) {
-            return aged[ia] > aged[ib];           // highest (aged) priority first
-        }
-        if (a->n_preempt != b->n_preempt) {
-            return a->n_preempt > b->n_preempt;   // most-preempted first
-        }
-        if (a->t_parked_us != b->t_parked_us) {
-            return a->t_parked_us < b->t_parked_us; // then longest parked
-        }
-        return a->id < b->id;
-    });
-    std::vector<int32_t> ids;
-    for (size_t i : order) {
-        ids.push_back(parked[i]->id);
-    }
-    return ids;
-}
-
-// New requests in the order they are admitted: highest (aged) priority first, then first come,
-// first served.
-static std::vector<const slot_view *> admission_order(const std::vector<slot_view> & slots, const plan_params & p) {
-    std::vector<const slot_view *> out;
-    int32_t top = INT32_MIN;
-    for (const auto & s : slots) {
-        if (is_new(s)) {
-            out.push_back(&s);
-            top = std::max(top, s.priority);
-        }
-    }
-    std::vector<std::pair<int64_t, const slot_view *>> keyed;
-    for (const slot_view * s : out) {
-        keyed.emplace_back(aged_priority(*s, s->t_arrival_us, top, p), s);
-    }
-    std::stable_sort(keyed.begin(), keyed.end(), [](const auto & a, const auto & b) {
-        if (a.first != b.first) {
-            return a.first > b.first;
-        }
-        return a.second->arrival < b.second->arrival;
-    });
-    for (size_t i = 0; i < keyed.size(); ++i) {
-        out[i] = keyed[i].second;
-    }
-    return out;
 }
 
 // slot ids are looked up often in a step: index them once

@@ -1,0 +1,145 @@
+// Who goes first when the pool is short (preempt-order.h): the victim order, the restore order and
+// the admission order, with aging. The planner (plan_step(), preempt-policy.cpp) walks them.
+#include "preempt-order.h"
+
+#include <algorithm>
+#include <climits>
+#include <cstdint>
+#include <utility>
+
+namespace llama_preempt {
+
+// Running slots that may be parked, best victim first: lowest priority first; within a priority,
+// the fresh before the spared (starved, resuming, holding no cells, or about to finish: taken only
+// when no fresh candidate of that priority exists), then the smallest (its park wastes least: the
+// fewest tokens to recompute, the smallest state to copy), then the latest arrival (first come,
+// first served), then the later id so the order is stable. The leader keeps
+// running: the slot with the most tokens among those of the highest priority. Parking it would
+// waste the most work, and a pool that cannot hold the leader alone is a context overflow, not a
+// scheduling problem. Parking others never changes who leads, so one order serves a whole step.
+std::vector<const slot_view *> victim_order(const std::vector<slot_view> & slots, const plan_params & p,
+                                            const std::vector<int32_t> & skip) {
+    const slot_view * lead = nullptr;
+    for (const auto & s : slots) {
+        if (is_running(s) && !contains_id(skip, s.id) &&
+            (!lead || s.priority > lead->priority || (s.priority == lead->priority && s.n_cells > lead->n_cells))) {
+            lead = &s;
+        }
+    }
+
+    std::vector<const slot_view *> cand;
+    for (const auto & s : slots) {
+        if (!is_running(s) || &s == lead || contains_id(skip, s.id)) {
+            continue;
+        }
+        if (may_park(s)) {
+            cand.push_back(&s);
+        }
+    }
+    // "spared" is a victim's rank, not where a parked state waits (park_tier)
+    auto spared = [&](const slot_view * s) {
+        const bool resuming = s->phase == slot_phase::prompt && s->n_replay_left > 0;
+        // a slot holding no cells frees nothing but its reservation; one about to finish frees
+        // its cells in a few steps anyway, and parking it would only delay its end
+        const bool finishing = s->n_gen_left >= 0 && s->n_gen_left <= p.sched.n_near_finish;
+        return s->n_preempt >= p.sched.n_starved || resuming || s->n_cells == 0 || finishing;
+    };
+    std::sort(cand.begin(), cand.end(), [&](const slot_view * a, const slot_view * b) {
+        if (a->priority != b->priority) {
+            return a->priority < b->priority;
+        }
+        const bool sa = spared(a), sb = spared(b);
+        if (sa != sb) {
+            return sb;
+        }
+        if (a->n_cells != b->n_cells) {
+            return a->n_cells < b->n_cells;
+        }
+        if (a->arrival != b->arrival) {
+            return a->arrival > b->arrival;
+        }
+        return a->id > b->id;
+    });
+    return cand;
+}
+
+int32_t select_victim(const std::vector<slot_view> & slots, const plan_params & p,
+                      const std::vector<int32_t> & skip) {
+    const auto order = victim_order(slots, p, skip);
+    return order.empty() ? -1 : order.front()->id;
+}
+
+// A waiting request's priority, aged: one level per p.sched.age_step_us waited since `since_us`, never
+// above `top` (the highest priority among those it waits with). Aging reorders priorities only:
+// among equal priorities it changes nothing, and a request of priority q waits at most
+// (top - q) * age_step_us before it ranks with the highest.
+static int64_t aged_priority(const slot_view & s, int64_t since_us, int32_t top, const plan_params & p) {
+    if (p.sched.age_step_us <= 0 || since_us < 0 || p.t_now_us <= since_us || s.priority >= top) {
+        return s.priority;
+    }
+    return std::min<int64_t>(top, s.priority + (p.t_now_us - since_us) / p.sched.age_step_us);
+}
+
+// `cand` by aged priority, highest first (aged since `since(s)`, up to the highest priority among
+// them), ties in the order `tie` gives; the one sort the restore and the admission orders share
+template <typename Since, typename Tie>
+static std::vector<const slot_view *> by_aged_priority(std::vector<const slot_view *> cand, const plan_params & p,
+                                                       Since since, Tie tie) {
+    int32_t top = INT32_MIN;
+    for (const slot_view * s : cand) {
+        top = std::max(top, s->priority);
+    }
+    std::vector<std::pair<int64_t, const slot_view *>> keyed;
+    keyed.reserve(cand.size());
+    for (const slot_view * s : cand) {
+        keyed.emplace_back(aged_priority(*s, since(*s), top, p), s);
+    }
+    std::stable_sort(keyed.begin(), keyed.end(), [&](const auto & a, const auto & b) {
+        if (a.first != b.first) {
+            return a.first > b.first;
+        }
+        return tie(*a.second, *b.second);
+    });
+    for (size_t i = 0; i < keyed.size(); ++i) {
+        cand[i] = keyed[i].second;
+    }
+    return cand;
+}
+
+std::vector<int32_t> restore_order(const std::vector<slot_view> & slots, const plan_params & p) {
+    std::vector<const slot_view *> parked;
+    for (const auto & s : slots) {
+        if (s.phase == slot_phase::parked) {
+            parked.push_back(&s);
+        }
+    }
+    const auto order = by_aged_priority(parked, p, [](const slot_view & s) { return s.t_parked_us; },
+                                        [](const slot_view & a, const slot_view & b) {
+        if (a.n_preempt != b.n_preempt) {
+            return a.n_preempt > b.n_preempt;      // most-preempted first
+        }
+        if (a.t_parked_us != b.t_parked_us) {
+            return a.t_parked_us < b.t_parked_us;  // then longest parked
+        }
+        return a.id < b.id;
+    });
+    std::vector<int32_t> ids;
+    ids.reserve(order.size());
+    for (const slot_view * s : order) {
+        ids.push_back(s->id);
+    }
+    return ids;
+}
+
+std::vector<const slot_view *> admission_order(const std::vector<slot_view> & slots, const plan_params & p) {
+    std::vector<const slot_view *> fresh;
+    for (const auto & s : slots) {
+        if (is_new(s)) {
+            fresh.push_back(&s);
+        }
+    }
+    return by_aged_priority(fresh, p, [](const slot_view & s) { return s.t_arrival_us; },
+                            [](const slot_view & a, const slot_view & b) { return a.arrival < b.arrival; });
+}
+
+} // namespace llama_preempt

@@ -1,0 +1,35 @@
+// Who goes first when the pool is short: the orders the planner (plan_step(), preempt-policy.cpp)
+// walks to choose victims, resumes and admissions (docs/design.md, "Overload: who goes first").
+// select_victim() and restore_order(), the public ones, are declared in preempt-policy.h.
+#pragma once
+
+#include "preempt-policy.h"
+
+#include <vector>
+
+namespace llama_preempt {
+
+inline bool is_active(const slot_view & s) {
+    return s.phase == slot_phase::prompt || s.phase == slot_phase::generating;
+}
+
+// a new request: in its slot, not admitted yet (its prompt has not started)
+inline bool is_new(const slot_view & s) {
+    return s.phase == slot_phase::prompt && s.is_new;
+}
+
+// active and admitted: a new request waits in the admission queue instead
+inline bool is_running(const slot_view & s) {
+    return is_active(s) && !s.is_new;
+}
+
+// Running slots that may be parked, best victim first (the leader never among them); `skip` lists
+// slots already chosen. Parking one never changes the order of the rest, so one serves a step.
+std::vector<const slot_view *> victim_order(const std::vector<slot_view> & slots, const plan_params & p,
+                                            const std::vector<int32_t> & skip);
+
+// New requests in the order they are admitted: highest (aged) priority first, then first come,
+// first served.
+std::vector<const slot_view *> admission_order(const std::vector<slot_view> & slots, const plan_params & p);
+
+} // namespace llama_preempt
