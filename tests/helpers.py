@@ -99,10 +99,10 @@ class BackgroundStream:
 
 
 def assert_every_swap_verified(m: Any) -> None:
-    """Every park was a swap, byte-compared with upstream's copy (LLAMA_SERVER_PREEMPT_VERIFY), and
-    nothing is held any more."""
+    """Every park was a swap, and every park and restore byte-checked by the copy guard
+    (LLAMA_SERVER_PREEMPT_VERIFY: all of them), and nothing is held any more."""
     assert m["n_preempt_swap_total"] == m["n_preempt_total"]
-    assert m["n_swap_verify_total"] == m["n_preempt_swap_total"]
+    assert m["n_swap_verify_total"] == m["n_preempt_swap_total"] + m["n_resume_total"]
     assert m["n_swap_verify_mismatch_total"] == 0
     assert m["preempt_ram_bytes"] == 0
     assert m["preempt_copies_in_flight"] == 0

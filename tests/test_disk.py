@@ -73,8 +73,9 @@ def test_forced_disk_parks_read_back_upstreams_bytes_and_give_the_unparked_answe
     assert by["preempt_parks_by_tier_total"]["disk"] == n
     assert by["preempt_parks_by_choice_total"]["ram_full"] == n  # --preempt-ram 0: no RAM left for any
     assert by["preempt_restores_by_tier_total"]["disk"] == m["n_resume_total"] == n
-    # each park compared with upstream's serializer, and each read back with upstream's bytes
-    assert m["n_swap_verify_total"] == 2 * n
+    # each park compared with upstream's serializer, each read back with upstream's bytes, and each
+    # restore's cells read back against the buffer
+    assert m["n_swap_verify_total"] == 3 * n
     assert m["n_swap_verify_mismatch_total"] == 0
     assert m["n_disk_write_bytes_total"] == m["n_disk_read_bytes_total"] > 0
     assert m["n_disk_restore_from_memory_total"] == 0
@@ -129,7 +130,7 @@ def test_disk_parks_on_the_hybrid_mtp_model_give_the_unparked_answer(
     m = srv.metrics()
     assert m["n_preempt_total"] >= 4
     assert srv.metrics().labeled["preempt_restores_by_tier_total"]["disk"] == m["n_preempt_total"]
-    assert m["n_swap_verify_total"] == 2 * m["n_preempt_total"]
+    assert m["n_swap_verify_total"] == 3 * m["n_preempt_total"]  # park, read back, restore
     assert m["n_swap_verify_mismatch_total"] == 0
     assert_nothing_on_disk(srv, tmp_path)
 

@@ -42,6 +42,20 @@ size_t preempt_config::pool_cap() const {
     return knobs.route == copy_route::per_slice ? 0 : std::min<size_t>(ram_budget / 4, (size_t) 512 << 20);
 }
 
+// LLAMA_SERVER_PREEMPT_CORRUPT=memcpy|graphs|slices[:restore]
+static bool parse_copy_corrupt(const std::string & v, copy_faults & f) {
+    const size_t colon = v.find(':');
+    const std::string how = v.substr(0, colon);
+    const std::string dir = colon == std::string::npos ? "" : v.substr(colon + 1);
+    f.corrupt_how = how == "memcpy" ? how_memcpy : how == "graphs" ? how_graphs : how == "slices" ? how_slices : 0;
+    f.corrupt_restore = dir == "restore";
+    if (f.corrupt_how == 0 || !(dir.empty() || dir == "restore" || dir == "park")) {
+        f.corrupt_how = 0;
+        return false;
+    }
+    return true;
+}
+
 preempt_config make_preempt_config(const common_params & params, bool has_memory) {
     preempt_config cfg;
     cfg.off_why = preempt_inactive_reason(params);  // the same words /props gives
@@ -74,7 +88,15 @@ preempt_config make_preempt_config(const common_params & params, bool has_memory
     cfg.knobs.min_parked_us            = (int64_t) env_int("LLAMA_SERVER_PREEMPT_HOLD_MS") * 1000;
     cfg.knobs.swap.fail_restore  = env_int("LLAMA_SERVER_PREEMPT_FAIL_RESTORE") > 0;
     cfg.knobs.swap.fail_alloc    = env_int("LLAMA_SERVER_PREEMPT_FAIL_ALLOC") > 0;
-    cfg.knobs.swap.verify        = env_int("LLAMA_SERVER_PREEMPT_VERIFY") > 0;
+    // --preempt-verify: the guard checks the first N copies per device (LLAMA_SERVER_PREEMPT_VERIFY: every one)
+    cfg.knobs.verify_all         = env_int("LLAMA_SERVER_PREEMPT_VERIFY") > 0;
+    cfg.verify_first             = cfg.knobs.verify_all ? -1 : params.preempt_verify;
+    cfg.knobs.faults.refuse_gather = env_int("LLAMA_SERVER_PREEMPT_REFUSE_GATHER") > 0;
+    if (const char * env = getenv("LLAMA_SERVER_PREEMPT_CORRUPT")) {
+        if (!parse_copy_corrupt(env, cfg.knobs.faults)) {
+            CFG_WRN("preemption: ignoring LLAMA_SERVER_PREEMPT_CORRUPT='%s' (want memcpy, graphs or slices, optionally :restore)\n", env);
+        }
+    }
     cfg.knobs.swap.copy_in_flight_us  = (int64_t) env_int("LLAMA_SERVER_PREEMPT_COPY_HOLD_MS") * 1000;
 
     cfg.knobs.disk.hold_us = (int64_t) env_int("LLAMA_SERVER_PREEMPT_DISK_HOLD_MS") * 1000;
@@ -139,6 +161,11 @@ void log_preempt_config(const preempt_config & cfg, size_t n_slots, int32_t n_ct
             "level per %lld ms, passed by later ones for at most %lld ms); prompt-budget=%d restore-headroom=%d near-finish=%d "
             "starved=%d\n", (long long) (s.age_step_us / 1000), (long long) (s.pass_limit_us / 1000), s.n_prompt_budget,
             s.n_restore_headroom, s.n_near_finish, s.n_starved);
+    CFG_INF("preemption: the copy guard (--preempt-verify) checks %s\n",
+            cfg.verify_first < 0 ? "every swap park and restore byte for byte"
+            : cfg.verify_first == 0 ? "no swap copy"
+            : string_format("the first %d swap parks and restores on each device byte for byte, and again after a device's "
+                            "route changes", cfg.verify_first).c_str());
     if (cfg.knobs.route != copy_route::bulk) {
         CFG_WRN("preemption: LLAMA_SERVER_PREEMPT_COPY=%s copies swap state that way (testing and benchmarks)\n",
                 copy_route_name(cfg.knobs.route));
@@ -149,7 +176,11 @@ void log_preempt_config(const preempt_config & cfg, size_t n_slots, int32_t n_ct
     }
     // the test knobs, each named once with what it does
     const struct { bool set; std::string what; } knobs[] = {
-        { cfg.knobs.swap.verify, "LLAMA_SERVER_PREEMPT_VERIFY compares every swap park with upstream's copy" },
+        { cfg.knobs.verify_all, "LLAMA_SERVER_PREEMPT_VERIFY checks every swap park and restore byte for byte" },
+        { cfg.knobs.faults.refuse_gather, "LLAMA_SERVER_PREEMPT_REFUSE_GATHER makes every device refuse the gather graph" },
+        { cfg.knobs.faults.corrupt_how != 0, string_format("LLAMA_SERVER_PREEMPT_CORRUPT flips a byte of every %s %s",
+                                                    copy_how_name(cfg.knobs.faults.corrupt_how),
+                                                    cfg.knobs.faults.corrupt_restore ? "restore" : "park") },
         { cfg.knobs.disk.fault != disk_fault::none, string_format("LLAMA_SERVER_PREEMPT_DISK_FAIL=%s makes every disk park meet that failure",
                                                             disk_fault_name(cfg.knobs.disk.fault)) },
         { cfg.knobs.disk.hold_us > 0, string_format("LLAMA_SERVER_PREEMPT_DISK_HOLD_MS keeps each disk write in flight for %lld ms",

@@ -30,7 +30,9 @@ struct test_knobs {
     // LLAMA_SERVER_PREEMPT_RATES: the rates are fixed, as preempt_config.rates says (cost_rates.fixed)
     // faults and delays in the mechanics
     copy_route route = copy_route::bulk;  // LLAMA_SERVER_PREEMPT_COPY=graph|slice (tests, bench)
-    swap_knobs swap;                      // _FAIL_RESTORE, _FAIL_ALLOC, _VERIFY, _COPY_HOLD_MS
+    swap_knobs swap;                      // _FAIL_RESTORE, _FAIL_ALLOC, _COPY_HOLD_MS
+    bool       verify_all = false;        // LLAMA_SERVER_PREEMPT_VERIFY: the guard checks every copy (--preempt-verify always)
+    copy_faults faults;                   // _REFUSE_GATHER, _CORRUPT: a device without the gather's ops, a flipped byte
     disk_knobs disk;                      // _DISK_FAIL, _DISK_HOLD_MS, _DISK_NAME
 };
 
@@ -45,6 +47,7 @@ struct preempt_config {
     size_t       disk_budget = 0;            // bytes parked files may take at once (SIZE_MAX: the disk's free space; 0: no disk tier)
     cost_rates   rates;                      // the starting rates (LLAMA_SERVER_PREEMPT_RATES fixes them)
     sched_params sched;                      // how the planner shares an overloaded pool
+    int32_t      verify_first = 3;           // --preempt-verify: swap copies the guard checks per device (-1 every one, 0 none)
     test_knobs   knobs;                      // the test knobs, all of them
 
     // idle swap memory kept for reuse: a quarter of the budget, at most 512 MiB (none with the

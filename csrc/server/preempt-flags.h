@@ -153,6 +153,22 @@ inline std::string check_preempt_sched(const std::string & value) {
     return value;
 }
 
+// --preempt-verify N|always|never: swap copies the guard checks per device (-1 every one, 0 none);
+// throws std::invalid_argument
+inline int32_t parse_preempt_verify(const std::string & value) {
+    if (value == "always") {
+        return -1;
+    }
+    if (value == "never") {
+        return 0;
+    }
+    long long v = 0;
+    if (!parse_whole(value, v) || v < 0 || v > INT32_MAX) {
+        throw std::invalid_argument("--preempt-verify expects a count of copies >= 0, 'always' or 'never', got '" + value + "'");
+    }
+    return (int32_t) v;
+}
+
 // --drain-timeout SEC; throws std::invalid_argument
 inline int32_t check_drain_timeout(int value) {
     if (value < 0) {

@@ -37,8 +37,9 @@ std::vector<metric_item> metric_items(const preempt_counters & c, const preempt_
         { "kv_pool_cells",             "gauge",   "Cells in the KV pool the slots share (-c)",                              (uint64_t) c.n_pool_cells },
         { "kv_pool_cells_used",        "gauge",   "Cells of the KV pool the requests in flight hold now (not idle caches, not parked slots)", (uint64_t) g.n_pool_cells_used },
         { "server_draining",           "gauge",   "1 while the server drains on SIGTERM/SIGINT: it takes no new requests", (uint64_t) g.draining },
-        { "n_swap_verify_total",          "counter", "SWAP parks compared byte for byte with upstream's copy (LLAMA_SERVER_PREEMPT_VERIFY only)", c.n_swap_verify_total },
-        { "n_swap_verify_mismatch_total", "counter", "SWAP parks whose copy differed from upstream's (LLAMA_SERVER_PREEMPT_VERIFY only)",       c.n_swap_verify_mismatch_total },
+        { "n_swap_verify_total",          "counter", "SWAP parks, restores and disk read-backs the copy guard checked byte for byte (--preempt-verify)", c.n_swap_verify_total },
+        { "n_swap_verify_mismatch_total", "counter", "Of those, copies that differed (the request recomputed; the device moved to a safer route)", c.n_swap_verify_mismatch_total },
+        { "n_copy_route_changes_total",   "counter", "Devices the copy guard moved to a safer route after a wrong copy (single slices, or SWAP off)", c.n_copy_route_changes_total },
     };
 }
 

@@ -31,8 +31,9 @@ struct preempt_counters {
     uint64_t n_disk_read_us_total      = 0;  //   and for the reads
     uint64_t n_disk_read_ahead_total   = 0;  // files read back ahead of their resume
     uint64_t n_disk_restore_from_memory_total = 0;  // disk parks resumed from their host copy (file still being written, or kept as next back)
-    uint64_t n_swap_verify_total          = 0;  // LLAMA_SERVER_PREEMPT_VERIFY: swap parks compared with upstream's copy
+    uint64_t n_swap_verify_total          = 0;  // the copy guard (--preempt-verify): swap parks, restores and disk read-backs checked byte for byte
     uint64_t n_swap_verify_mismatch_total = 0;  //   of those, not byte-identical
+    uint64_t n_copy_route_changes_total   = 0;  // devices the guard moved to a safer route (single slices, or SWAP off)
     // the pool's size, set once: kept here, with what /metrics keeps while the server sleeps
     // (its model unloaded), so kv_pool_cells reads the same asleep and awake
     int32_t  n_pool_cells = 0;

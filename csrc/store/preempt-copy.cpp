@@ -7,7 +7,6 @@
 #include "ggml-alloc.h"
 #include "ggml.h"
 
-#include <chrono>
 #include <cstring>
 #include <cstdlib>
 
@@ -22,8 +21,41 @@ const char * copy_route_name(copy_route route) {
     return "?";
 }
 
+const char * copy_how_name(unsigned how) {
+    static const char * names[8] = {
+        "nothing", "memcpy", "device graphs", "device graphs and memcpy", "single slices",
+        "memcpy and single slices", "device graphs and single slices", "device graphs, memcpy and single slices",
+    };
+    return names[how & 7];
+}
+
+ggml_backend_dev_t device_of(const ggml_tensor * t) {
+    if (t == nullptr || t->buffer == nullptr) {
+        return nullptr;
+    }
+    ggml_backend_dev_t dev = ggml_backend_buft_get_device(ggml_backend_buffer_get_type(t->buffer));
+    if (dev == nullptr && ggml_backend_buffer_is_host(t->buffer)) {
+        dev = ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_CPU);  // the CPU buffer type names no device
+    }
+    return dev;
+}
+
+device_move & copy_report::on(ggml_backend_dev_t dev) {
+    for (auto & d : devices) {
+        if (d.dev == dev) {
+            return d;
+        }
+    }
+    device_move d;
+    d.dev    = dev;
+    d.device = dev ? ggml_backend_dev_name(dev) : "no device";
+    devices.push_back(d);
+    return devices.back();
+}
+
 struct copy_pending {
     ggml_backend_t backend = nullptr;
+    std::vector<uint8_t *> flips;  // LLAMA_SERVER_PREEMPT_CORRUPT: bytes to flip once the transfers landed
     ggml_context * ctx     = nullptr;
     ggml_gallocr_t galloc  = nullptr;
     std::vector<std::pair<ggml_tensor *, std::vector<int32_t>>> idx;  // row indices, uploaded asynchronously: kept until synchronized
@@ -60,10 +92,9 @@ seq_copier::~seq_copier() {
 }
 
 ggml_backend_t seq_copier::backend_for(ggml_backend_buffer_t buf) {
-    ggml_backend_dev_t dev = ggml_backend_buft_get_device(ggml_backend_buffer_get_type(buf));
-    if (dev == nullptr && ggml_backend_buffer_is_host(buf)) {
-        dev = ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_CPU);  // the CPU buffer type names no device
-    }
+    ggml_tensor probe = {};
+    probe.buffer = buf;
+    ggml_backend_dev_t dev = device_of(&probe);
     if (dev == nullptr) {
         return nullptr;
     }
@@ -83,6 +114,9 @@ ggml_backend_t seq_copier::backend_for(ggml_backend_buffer_t buf) {
 void seq_copier::wait() {
     for (auto & p : pending_) {
         ggml_backend_synchronize(p->backend);
+        for (uint8_t * b : p->flips) {
+            *b ^= 0xff;
+        }
     }
     pending_.clear();
 }
@@ -141,8 +175,9 @@ bool seq_copier::run_group(ggml_backend_t backend, const llama_state_seq_slice *
         for (ggml_tensor * t : more) {
             supported = supported && run_supported(backend, t, seen);
         }
-        if (!supported) {
-            report.why_fallback = "an op the device does not support";
+        if (!supported || faults_.refuse_gather) {
+            report.why_fallback = faults_.refuse_gather ? "an op the device does not support (LLAMA_SERVER_PREEMPT_REFUSE_GATHER)"
+                                                        : "an op the device does not support";
             left.push_back(r);
             continue;
         }
@@ -186,14 +221,28 @@ bool seq_copier::run_group(ggml_backend_t backend, const llama_state_seq_slice *
         report.n_gathered += moved.size();
     }
 
+    auto & dm = report.on(ggml_backend_get_device(backend));
+    for (const auto & m : moved) {
+        dm.how     |= how_graphs;
+        dm.n_bytes += m.run->bytes;
+    }
     for (const auto * r : left) {
         per_slice_run(s, *r, buf, to_host);
         report.n_fallback += n_pieces(s, *r);
+        dm.how       |= how_slices;
+        dm.n_bytes   += r->bytes;
+        dm.why_slices = report.why_fallback;
     }
+    // LLAMA_SERVER_PREEMPT_CORRUPT on the graphs: a park's byte is flipped once its transfer landed
+    const bool flip = to_host && !moved.empty() && (faults_.corrupt_how & how_graphs) && !faults_.corrupt_restore && !flipped_;
+    flipped_ |= flip;
 
     if (!to_host || moved.empty()) {
         ggml_backend_synchronize(backend);  // a restore is complete before the next decode reads it
         return true;
+    }
+    if (flip) {
+        p->flips.push_back(buf + moved.front().run->pos);
     }
 
     // where this device's bytes sit in the buffer, for restore ahead
@@ -221,8 +270,28 @@ bool seq_copier::run_group(ggml_backend_t backend, const llama_state_seq_slice *
         pending_.push_back(std::move(p));
     } else {
         ggml_backend_synchronize(backend);
+        for (uint8_t * b : p->flips) {
+            *b ^= 0xff;
+        }
     }
     return true;
+}
+
+void seq_copier::corrupt(const llama_state_seq_slice * s, const void * run, uint8_t * buf, bool to_host, unsigned how, bool & done) {
+    if (done || !(faults_.corrupt_how & how) || to_host == faults_.corrupt_restore) {
+        return;
+    }
+    const auto * r = (const slice_run *) run;
+    done = true;
+    if (to_host) {
+        buf[r->pos] ^= 0xff;
+        return;
+    }
+    // a restore: the first byte the run wrote into its tensor
+    uint8_t b = 0;
+    ggml_backend_tensor_get(r->tensor, &b, s[r->first].offset, 1);
+    b ^= 0xff;
+    ggml_backend_tensor_set(r->tensor, &b, s[r->first].offset, 1);
 }
 
 bool seq_copier::copy(const llama_state_seq_slice * s, size_t n, uint8_t * buf, bool to_host, copy_report & report) {
@@ -237,56 +306,58 @@ bool seq_copier::copy(const llama_state_seq_slice * s, size_t n, uint8_t * buf, 
             report.n_ranges = r.count;
         }
         const bool on_host = r.tensor->buffer != nullptr && ggml_backend_buffer_is_host(r.tensor->buffer);
-        if (route_ == copy_route::bulk && on_host) {
+        ggml_backend_dev_t dev = device_of(r.tensor);
+        const copy_route route = route_of(dev);
+        auto & dm = report.on(dev);
+        if (route == copy_route::bulk && on_host) {
             report.n_memcpy += memcpy_run(s, r, buf, to_host);
+            dm.how     |= how_memcpy;
+            dm.n_bytes += r.bytes;
+            corrupt(s, &r, buf, to_host, how_memcpy, flipped_);
             continue;
         }
-        ggml_backend_t backend = route_ != copy_route::per_slice && r.tensor->buffer ? backend_for(r.tensor->buffer) : nullptr;
+        ggml_backend_t backend = route != copy_route::per_slice && r.tensor->buffer ? backend_for(r.tensor->buffer) : nullptr;
         if (backend == nullptr) {
-            if (route_ != copy_route::per_slice) {
+            if (route != copy_route::per_slice) {
                 report.why_fallback = "a tensor on a buffer with no device";
+                dm.why_slices = report.why_fallback;
             }
             per_slice_run(s, r, buf, to_host);
             report.n_fallback += n_pieces(s, r);
+            dm.how     |= how_slices;
+            dm.n_bytes += r.bytes;
+            corrupt(s, &r, buf, to_host, how_slices, flipped_);
             continue;
         }
         groups[backend].push_back(&r);
     }
     for (auto & [backend, group] : groups) {
         if (!run_group(backend, s, group, buf, to_host, report)) {
+            auto & dm = report.on(ggml_backend_get_device(backend));
             for (const void * g : group) {
                 const auto * r = (const slice_run *) g;
                 per_slice_run(s, *r, buf, to_host);
                 report.n_fallback += n_pieces(s, *r);
+                dm.how       |= how_slices;
+                dm.n_bytes   += r->bytes;
+                dm.why_slices = report.why_fallback;
             }
+        } else if (!to_host) {
+            // a restore by the graphs is complete here: LLAMA_SERVER_PREEMPT_CORRUPT flips a byte it wrote
+            corrupt(s, group.front(), buf, to_host, how_graphs, flipped_);
         }
     }
     return true;
 }
 
 bool seq_copier::gather(const llama_state_seq_slice * slices, size_t n, uint8_t * buf, copy_report & report) {
+    flipped_ = false;
     return copy(slices, n, buf, true, report);
 }
 
 bool seq_copier::scatter(const llama_state_seq_slice * slices, size_t n, const uint8_t * buf, copy_report & report) {
+    flipped_ = false;
     return copy(slices, n, const_cast<uint8_t *>(buf), false, report);
-}
-
-bool copy_slices_fn(const llama_state_seq_slice * slices, size_t n_slices, void * user_data) {
-    auto * call = (copy_call *) user_data;
-    const auto t0 = std::chrono::steady_clock::now();
-    struct timer {
-        copy_call * call;
-        std::chrono::steady_clock::time_point t0;
-        ~timer() { call->report.t_copy_us += std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - t0).count(); }
-    } t { call, t0 };
-    try {
-        call->ok = call->to_host ? call->copier->gather(slices, n_slices, call->buf, call->report)
-                                 : call->copier->scatter(slices, n_slices, call->buf, call->report);
-    } catch (const std::exception &) {
-        call->ok = false;
-    }
-    return call->ok;
 }
 
 } // namespace llama_preempt

@@ -18,6 +18,7 @@
 
 #include "ggml-backend.h"
 #include "llama.h"
+#include "preempt-hostmem.h"
 
 #include <algorithm>
 #include <cstddef>
@@ -38,6 +39,31 @@ enum class copy_route {
 
 const char * copy_route_name(copy_route route);
 
+// how bytes moved, as bits (a copy may use several): the routes the guard and the doctor name
+enum copy_how : unsigned {
+    how_memcpy = 1,  // host tensors, by memcpy
+    how_graphs = 2,  // device tensors, by the gather/scatter graphs
+    how_slices = 4,  // one slice at a time, by ggml_backend_tensor_get/set (upstream's copy)
+};
+const char * copy_how_name(unsigned how);  // "memcpy", "device graphs", "device graphs and memcpy", ...
+
+// how one device's tensors moved in a copy
+struct device_move {
+    ggml_backend_dev_t dev = nullptr;
+    std::string  device;                  // the device's name ("CPU" for host memory)
+    unsigned     how     = 0;             // copy_how bits
+    size_t       n_bytes = 0;
+    const char * why_slices = nullptr;    // why some of its slices went one at a time
+};
+
+// Faults a copy can be made to meet (test knobs, preempt-config.h), to prove that the guard and
+// the doctor catch them: a device that refuses the gather graph, and a byte flipped after a copy.
+struct copy_faults {
+    bool     refuse_gather   = false;  // LLAMA_SERVER_PREEMPT_REFUSE_GATHER: every device lacks the gather's ops
+    unsigned corrupt_how     = 0;      // LLAMA_SERVER_PREEMPT_CORRUPT=ROUTE: copy_how bits whose copies get one byte flipped
+    bool     corrupt_restore = false;  //   ROUTE:restore flips a restored byte in the tensor, else a parked byte in the buffer
+};
+
 // what one gather or scatter did, for the logs and the bench
 struct copy_report {
     size_t  n_slices   = 0;  // slices handed over by the serializer
@@ -50,14 +76,14 @@ struct copy_report {
     int64_t t_copy_us  = 0;  // time spent copying (inside the serializer's callback)
     const char * why_fallback = nullptr;  // why some slices were copied one at a time
     bool    in_flight  = false;  // transfers to host RAM still running (wait() before reading the buffer)
+    std::vector<device_move> devices;    // per device: how its tensors moved
+
+    // the device's entry, made on first use
+    device_move & on(ggml_backend_dev_t dev);
 
     // how the bytes moved, for the park's log line
     const char * how() const {
-        static const char * names[8] = {
-            "nothing", "memcpy", "device graphs", "device graphs and memcpy", "single slices",
-            "memcpy and single slices", "device graphs and single slices", "device graphs, memcpy and single slices",
-        };
-        return names[(n_memcpy > 0 ? 1 : 0) | (n_gathered > 0 ? 2 : 0) | (n_fallback > 0 ? 4 : 0)];
+        return copy_how_name((n_memcpy > 0 ? how_memcpy : 0) | (n_gathered > 0 ? how_graphs : 0) | (n_fallback > 0 ? how_slices : 0));
     }
 
     // the report of two copies (a target and a draft context) as one
@@ -74,6 +100,14 @@ struct copy_report {
         if (why_fallback == nullptr) {
             why_fallback = o.why_fallback;
         }
+        for (const auto & d : o.devices) {
+            auto & m = on(d.dev);
+            m.how     |= d.how;
+            m.n_bytes += d.n_bytes;
+            if (m.why_slices == nullptr) {
+                m.why_slices = d.why_slices;
+            }
+        }
     }
 };
 
@@ -89,6 +123,16 @@ public:
     seq_copier & operator=(const seq_copier &) = delete;
 
     copy_route route() const { return route_; }
+
+    // A device's own route, where it differs from the copier's: the guard moves a device whose
+    // copies went wrong to the per-slice route (preempt-verify.h)
+    void set_device_route(ggml_backend_dev_t dev, copy_route route) { dev_routes_[dev] = route; }
+    copy_route route_of(ggml_backend_dev_t dev) const {
+        auto it = dev_routes_.find(dev);
+        return it == dev_routes_.end() ? route_ : it->second;
+    }
+
+    void set_faults(const copy_faults & f) { faults_ = f; }
 
     // copy the slices from their tensors into buf; transfers from a device may still be running on
     // return (report.in_flight): the slices' cells may be reused at once, buf only after wait()
@@ -143,7 +187,13 @@ private:
     // the device copy of host bytes [pos, pos + bytes) uploaded ahead to `backend`, or null
     uint8_t * prefetched_at(ggml_backend_t backend, size_t pos, size_t bytes, ggml_backend_buffer_t * device) const;
 
+    // LLAMA_SERVER_PREEMPT_CORRUPT: one byte of this copy flipped (at most one per copy)
+    void corrupt(const llama_state_seq_slice * s, const void * run, uint8_t * buf, bool to_host, unsigned how, bool & done);
+
     copy_route route_;
+    copy_faults faults_;
+    bool flipped_ = false;  // this copy had its byte flipped
+    std::map<ggml_backend_dev_t, copy_route> dev_routes_;
     prefetch_state prefetch_;
     std::map<const uint8_t *, std::vector<placement>> placements_;  // per parked host buffer
     std::map<ggml_backend_dev_t, ggml_backend_t> backends_;
@@ -151,66 +201,8 @@ private:
     ggml_backend_buffer_type_t host_buft_ = nullptr;
 };
 
-// Host memory for swap buffers. Freshly allocated memory costs a page fault per 4 KiB on first
-// touch, which on a CPU makes a park several times slower than the copy itself; pinned memory
-// costs a page-locking call. So freed buffers are kept (up to `cap` bytes idle) and handed out
-// again: under repeated preemption parks write into warm memory.
-struct host_block {
-    struct free_delete {
-        void operator()(uint8_t * p) const;
-    };
-    std::unique_ptr<uint8_t, free_delete> heap;
-    ggml_backend_buffer_t      pinned   = nullptr;
-    uint8_t *                  data     = nullptr;
-    size_t                     capacity = 0;
 
-    host_block() = default;
-    host_block(host_block && o) noexcept { *this = std::move(o); }
-    host_block & operator=(host_block && o) noexcept;
-    ~host_block() { release(); }
-    void release();
-};
-
-class host_pool {
-public:
-    explicit host_pool(size_t cap) : cap_(cap) {}
-
-    // a block of at least n bytes (pinned when pinned_buft is set and can allocate), or an empty one
-    host_block take(size_t n, ggml_backend_buffer_type_t pinned_buft);
-    // keep the block for reuse while the pool holds less than its cap, else free it
-    void give(host_block && b);
-
-    size_t bytes_kept() const { return kept_bytes_; }
-
-private:
-    size_t cap_;
-    size_t kept_bytes_ = 0;
-    std::vector<host_block> kept_;
-};
-
-// The machine's own copy speeds, the yardstick for SWAP's: host memcpy between warm buffers, and
-// for each device pinned host<->device transfers. One entry per measurement, in GB/s.
-struct link_speed {
-    std::string device;  // "host" for memcpy, else the device's name
-    std::string what;    // "memcpy", "device_to_host", "host_to_device"
-    double      gbps = 0;
-    bool        pinned = false;
-};
-std::vector<link_speed> measure_link_speeds(size_t n_bytes, int n_reps);
-
-// on a lost RPC device (llama.cpp aborts), say in one line what it means for the requests
-void log_lost_devices();
-
-// the user_data of the llama_state_seq_*_data_cb callbacks
-struct copy_call {
-    seq_copier * copier;
-    uint8_t    * buf;
-    bool         to_host;
-    copy_report  report;
-    bool         ok = true;
-};
-
-// llama_state_seq_copy_fn for a copy_call
-bool copy_slices_fn(const llama_state_seq_slice * slices, size_t n_slices, void * user_data);
+// the device a tensor's buffer lives on (the CPU device for host memory), or null
+ggml_backend_dev_t device_of(const ggml_tensor * t);
 
 } // namespace llama_preempt

@@ -1,6 +1,6 @@
 // llama-preempt: host memory for swap buffers, and a warm pool of freed blocks (see preempt-copy.h).
 
-#include "preempt-copy.h"
+#include "preempt-hostmem.h"
 
 #include <cstdlib>
 #include <cstring>

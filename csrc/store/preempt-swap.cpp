@@ -1,7 +1,11 @@
 // llama-preempt: SWAP, one sequence's state between its llama contexts and host RAM (preempt-swap.h).
 #include "preempt-swap.h"
 
+#include "preempt-verify.h"
+
 #include "ggml.h"
+
+#include <chrono>
 
 #include <cstring>
 #include <vector>
@@ -54,15 +58,50 @@ state_sizes size_state(const seq_contexts & sc) {
     return n;
 }
 
+// the user_data of the llama_state_seq_*_data_cb callbacks
+struct copy_call {
+    seq_copier * copier;
+    uint8_t    * buf;
+    bool         to_host;
+    copy_report  report;
+    bool         ok = true;
+    copy_layout * layout = nullptr;  // where to keep the slices (to check the copy), or null
+};
+
+// llama_state_seq_copy_fn for a copy_call: the serializer's slices, through the bulk copier
+static bool copy_slices_fn(const llama_state_seq_slice * slices, size_t n_slices, void * user_data) {
+    auto * call = (copy_call *) user_data;
+    const auto t0 = std::chrono::steady_clock::now();
+    struct timer {
+        copy_call * call;
+        std::chrono::steady_clock::time_point t0;
+        ~timer() { call->report.t_copy_us += std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - t0).count(); }
+    } t { call, t0 };
+    if (call->layout != nullptr) {
+        call->layout->add(slices, n_slices);
+    }
+    try {
+        call->ok = call->to_host ? call->copier->gather(slices, n_slices, call->buf, call->report)
+                                 : call->copier->scatter(slices, n_slices, call->buf, call->report);
+    } catch (const std::exception &) {
+        call->ok = false;
+    }
+    return call->ok;
+}
+
 // the state of the target context, and of the draft/MTP context where there is one, between the
 // buffers and the pool, through the bulk copier (preempt-copy.h). False on any failure.
-static bool copy_state(swap_state & st, const seq_contexts & sc, seq_copier & copier, bool to_host, copy_report & report) {
+// `layouts`: where to keep each part's slices (to check the copy), or null.
+static bool copy_state(swap_state & st, const seq_contexts & sc, seq_copier & copier, bool to_host, copy_report & report,
+                       copy_layout * layouts = nullptr) {
     const std::pair<llama_context *, host_buffer *> parts[] = { { sc.tgt, &st.tgt }, { sc.dft, &st.dft } };
-    for (const auto & [ctx, buf] : parts) {
+    for (int i = 0; i < 2; ++i) {
+        auto [ctx, buf] = parts[i];
         if (ctx == nullptr || buf->size == 0) {
             continue;
         }
         copy_call call { &copier, buf->data, to_host, {} };
+        call.layout = layouts ? &layouts[i] : nullptr;
         const size_t n = to_host
             ? llama_state_seq_get_data_cb(ctx, buf->data, buf->size, sc.seq, LLAMA_STATE_SEQ_FLAGS_NONE, copy_slices_fn, &call)
             : llama_state_seq_set_data_cb(ctx, buf->data, buf->size, sc.seq, LLAMA_STATE_SEQ_FLAGS_NONE, copy_slices_fn, &call);
@@ -74,25 +113,36 @@ static bool copy_state(swap_state & st, const seq_contexts & sc, seq_copier & co
     return true;
 }
 
-// LLAMA_SERVER_PREEMPT_VERIFY: the bulk copy must equal upstream's own, byte for byte (the cells
-// are still in place: the caller frees them after this). `ref`: upstream's bytes, both parts in
-// order, which a disk park's read back is compared with (preempt-disk-park.cpp).
-static bool same_as_upstream(swap_state & st, const seq_contexts & sc, seq_copier & copier, std::vector<uint8_t> & ref) {
+static const char * part_names[2] = { "target", "draft" };
+
+// A checked park: the bulk copy must equal upstream's own, byte for byte (the cells are still in
+// place: the caller frees them after this). `ref`: upstream's bytes, both parts in order, which a
+// disk park's read back is compared with (preempt-disk-park.cpp).
+static copy_mismatch same_as_upstream(swap_state & st, const seq_contexts & sc, seq_copier & copier, const copy_layout * layouts,
+                                      std::vector<uint8_t> & ref) {
     settle_copy(st, copier);
     ref.assign(st.bytes(), 0);
     size_t at = 0;
-    auto same = [&](llama_context * ctx, const host_buffer & buf) {
-        if (buf.size == 0) {
-            return true;
+    const std::pair<llama_context *, const host_buffer *> parts[] = { { sc.tgt, &st.tgt }, { sc.dft, &st.dft } };
+    for (int i = 0; i < 2; ++i) {
+        auto [ctx, buf] = parts[i];
+        if (ctx == nullptr || buf->size == 0) {
+            continue;
         }
-        uint8_t * part = ref.data() + at;
-        at += buf.size;
-        return llama_state_seq_get_data_ext(ctx, part, buf.size, sc.seq, LLAMA_STATE_SEQ_FLAGS_NONE) == buf.size &&
-               memcmp(part, buf.data, buf.size) == 0;
-    };
-    const bool ok     = same(sc.tgt, st.tgt);
-    const bool ok_dft = !sc.dft || same(sc.dft, st.dft);
-    return ok && ok_dft;
+        uint8_t * want = ref.data() + at;
+        at += buf->size;
+        if (llama_state_seq_get_data_ext(ctx, want, buf->size, sc.seq, LLAMA_STATE_SEQ_FLAGS_NONE) != buf->size) {
+            copy_mismatch m;
+            m.found = true;
+            m.part  = part_names[i];
+            return m;  // upstream cannot serialize it at this size: as wrong as a differing byte
+        }
+        auto m = first_difference(want, buf->data, buf->size, layouts[i], part_names[i]);
+        if (m.found) {
+            return m;
+        }
+    }
+    return {};
 }
 
 bool alloc_host_buffers(swap_state & st, const state_sizes & n, swap_host & host) {
@@ -109,7 +159,7 @@ bool alloc_host_buffers(swap_state & st, const state_sizes & n, swap_host & host
     return true;
 }
 
-swap_result swap_out(swap_state & st, const seq_contexts & sc, const state_sizes & n, swap_host & host) {
+swap_result swap_out(swap_state & st, const seq_contexts & sc, const state_sizes & n, swap_host & host, bool verify) {
     swap_result r;
     const int64_t t0 = ggml_time_us();
     // a budget can promise more than the machine has: an allocation that fails means recompute
@@ -118,7 +168,8 @@ swap_result swap_out(swap_state & st, const seq_contexts & sc, const state_sizes
         r.why = "cannot allocate host RAM to swap";
         return r;
     }
-    if (!copy_state(st, sc, *host.copier, true, r.report)) {
+    copy_layout layouts[2];
+    if (!copy_state(st, sc, *host.copier, true, r.report, verify ? layouts : nullptr)) {
         st.free();
         r.why = "copying the sequence state to host RAM failed";
         return r;
@@ -131,13 +182,20 @@ swap_result swap_out(swap_state & st, const seq_contexts & sc, const state_sizes
     st.t_copy_in_flight_until_us = host.knobs.copy_in_flight_us > 0 ? ggml_time_us() + host.knobs.copy_in_flight_us : 0;
     st.n_copy_ranges  = (int32_t) r.report.n_ranges;
     st.copied_by      = r.report.how();
-    if (host.knobs.verify) {
-        r.verified = same_as_upstream(st, sc, *host.copier, r.ref) ? 1 : 0;
+    if (verify) {
+        r.mismatch = same_as_upstream(st, sc, *host.copier, layouts, r.ref);
+        r.verified = r.mismatch.found ? 0 : 1;
+        if (r.mismatch.found) {
+            st.free();
+            r.ref.clear();
+            r.ok  = false;
+            r.why = "the copy differs from upstream's serializer";
+        }
     }
     return r;
 }
 
-swap_result swap_in(swap_state & st, const seq_contexts & sc, swap_host & host) {
+swap_result swap_in(swap_state & st, const seq_contexts & sc, swap_host & host, bool verify) {
     swap_result r;
     settle_copy(st, *host.copier);
     if (host.knobs.fail_restore) {
@@ -145,17 +203,33 @@ swap_result swap_in(swap_state & st, const seq_contexts & sc, swap_host & host) 
         return r;
     }
     const int64_t t0 = ggml_time_us();
-    if (!copy_state(st, sc, *host.copier, false, r.report)) {
+    auto drop = [&] {
         for (llama_context * ctx : { sc.tgt, sc.dft }) {
             if (ctx != nullptr) {
                 llama_memory_seq_rm(llama_get_memory(ctx), sc.seq, -1, -1);
             }
         }
+    };
+    copy_layout layouts[2];
+    if (!copy_state(st, sc, *host.copier, false, r.report, verify ? layouts : nullptr)) {
+        drop();
         r.why = "copying the state back failed";
         return r;
     }
-    r.ok   = true;
     r.t_us = ggml_time_us() - t0;
+    if (verify) {
+        const host_buffer * bufs[2] = { &st.tgt, &st.dft };
+        for (int i = 0; i < 2 && !r.mismatch.found; ++i) {
+            r.mismatch = check_restored(layouts[i], bufs[i]->data, part_names[i]);
+        }
+        r.verified = r.mismatch.found ? 0 : 1;
+        if (r.mismatch.found) {
+            drop();  // never resume on cells that differ from what was parked
+            r.why = "the restored cells differ from the parked bytes";
+            return r;
+        }
+    }
+    r.ok = true;
     host.rates.observe_restore(st.bytes(), r.t_us);
     return r;
 }

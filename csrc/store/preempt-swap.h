@@ -9,6 +9,7 @@
 #include "preempt-copy.h"
 #include "preempt-disk-copy.h"
 #include "preempt-policy.h"
+#include "preempt-verify.h"
 
 #include <cstdint>
 #include <memory>
@@ -70,7 +71,6 @@ state_sizes size_state(const seq_contexts & sc);
 struct swap_knobs {
     bool    fail_alloc   = false;  // LLAMA_SERVER_PREEMPT_FAIL_ALLOC: every buffer allocation fails
     bool    fail_restore = false;  // LLAMA_SERVER_PREEMPT_FAIL_RESTORE: every restore fails
-    bool    verify       = false;  // LLAMA_SERVER_PREEMPT_VERIFY: compare every park with upstream's copy
     int64_t copy_in_flight_us = 0;      // LLAMA_SERVER_PREEMPT_COPY_HOLD_MS: a park's copy counts as in flight this long
 };
 
@@ -132,8 +132,9 @@ struct swap_result {
     const char * why      = "";  // on failure: what failed, for the log
     copy_report  report;
     int64_t      t_us     = 0;
-    int          verified = -1;  // LLAMA_SERVER_PREEMPT_VERIFY: 1 the copy equals upstream's, 0 it differs
-    std::vector<uint8_t> ref;    //   and upstream's bytes, both parts in order (a disk park's read back is held to them)
+    int          verified = -1;  // checked (preempt-verify.h): 1 the copy is right, 0 it differs (then not ok), -1 not checked
+    copy_mismatch mismatch;      //   where it first differs
+    std::vector<uint8_t> ref;    //   a checked park: upstream's bytes, both parts in order (a disk park's read back is held to them)
 };
 
 // Host buffers for a state of these sizes, from the warm pool (pinned where the device offers it),
@@ -143,11 +144,15 @@ bool alloc_host_buffers(swap_state & st, const state_sizes & n, swap_host & host
 // Copy the state (sized by size_state) to host RAM. On failure the buffers are freed and the
 // caller recomputes instead. On a device the transfer may still be running on return
 // (st.copy_in_flight): the cells are free to reuse, the buffer is settled before it is read.
-swap_result swap_out(swap_state & st, const seq_contexts & sc, const state_sizes & n, swap_host & host);
+// `verify`: the buffer is compared with upstream's serializer before return (the transfer settled
+// first); a difference is a failure (verified 0, the mismatch located).
+swap_result swap_out(swap_state & st, const seq_contexts & sc, const state_sizes & n, swap_host & host, bool verify = false);
 
 // Copy the state back into the contexts (non-contiguous cells are fine). On failure the sequence
 // is removed again from both contexts and the buffers are kept (the caller falls back on recompute).
-swap_result swap_in(swap_state & st, const seq_contexts & sc, swap_host & host);
+// `verify`: the restored cells are read back slice by slice and compared with the buffer; a
+// difference is a failure (verified 0, the mismatch located).
+swap_result swap_in(swap_state & st, const seq_contexts & sc, swap_host & host, bool verify = false);
 
 // the transfer of a park is done: its buffer may be read or freed
 void settle_copy(swap_state & st, seq_copier & copier);

@@ -136,8 +136,9 @@ class PreemptStats:
     kv_pool_cells: int = 0                # cells in the pool (-c)
     kv_pool_cells_used: int = 0           # cells the slots hold now
     server_draining: int = 0              # 1 while the server drains on SIGTERM/SIGINT
-    n_swap_verify_total: int = 0          # LLAMA_SERVER_PREEMPT_VERIFY: parks compared with upstream's copy
+    n_swap_verify_total: int = 0          # the copy guard (--preempt-verify): copies checked byte for byte
     n_swap_verify_mismatch_total: int = 0  #   of those, not byte-identical
+    n_copy_route_changes_total: int = 0   # devices the guard moved to a safer route after a wrong copy
     slots: tuple[SlotStats, ...] = field(default_factory=tuple)
     parks_by_choice: Mapping[str, int] = field(default_factory=dict)  # preempt_parks_by_choice_total: label -> parks
     parks_by_tier: Mapping[str, int] = field(default_factory=dict)    # preempt_parks_by_tier_total: ram, disk, recompute
