@@ -6,6 +6,7 @@ traceback; Ctrl-C ends any command cleanly (exit 130).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -390,6 +391,39 @@ def cmd_rpc_server(args: argparse.Namespace) -> int:
     return 0  # not reached
 
 
+def cmd_doctor(args: argparse.Namespace) -> int:
+    """llama-server --preempt-selftest with the flags given: the table and report, or JSON."""
+    from .doctor import DoctorError, run_doctor
+
+    server_args = list(args.server_args)
+    if "-h" in server_args or "--help" in server_args:
+        print("usage: llama-preempt doctor [--json] [LLAMA-SERVER FLAGS ...]\n\n"
+              "Loads the model with llama-server's flags (-m, -ngl, --rpc, -fa, --preempt-disk, ...; without -m the demo's\n"
+              "model), parks one sequence by every route this build and device can take (SWAP by the bulk copier, by device\n"
+              "graphs, by single slices, restore ahead, to disk, RECOMPUTE), checks every copy byte for byte against\n"
+              "upstream's own and the answer against the unparked one, and prints a table and a report for bug reports.\n"
+              "Exit status 0 when every route is right, 1 when one is wrong, 2 when it could not run.\n"
+              "  --json   the result as JSON instead of the table")
+        return 0
+    as_json = "--json" in server_args
+    server_args = [a for a in server_args if a != "--json"]
+    if not any(a in ("-m", "--model") or a.startswith("--model=") for a in server_args) and "LLAMA_ARG_MODEL" not in os.environ:
+        from .models import default_model
+
+        server_args = ["-m", str(default_model(lambda msg: print(f"llama-preempt doctor: {msg}", file=sys.stderr)).path),
+                       *server_args]
+    try:
+        rep = run_doctor(server_args)
+    except DoctorError as e:
+        print(f"llama-preempt doctor: error: {e}", file=sys.stderr)
+        return 2
+    if as_json:
+        print(json.dumps(dataclasses.asdict(rep), indent=2))
+    else:
+        print(rep.text, end="")
+    return rep.returncode
+
+
 def cmd_server_path(args: argparse.Namespace) -> int:
     from .binary import server_binary
 
@@ -485,6 +519,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("rpc-server", help="run llama.cpp's RPC server, a device for llama-server --rpc "
                    "(llama-preempt rpc-server -H 127.0.0.1 -p 50052)")
 
+    sub.add_parser("doctor", help="check every park route on this machine with your model and flags "
+                   "(llama-preempt doctor -m M -ngl 99 ...; --json for JSON); exit 0 when all are right")
+
     p = sub.add_parser("server-path", help="print the path of the drop-in llama-server binary")
     p.set_defaults(fn=cmd_server_path)
     return ap
@@ -492,7 +529,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    passthrough = {"serve": cmd_serve, "rpc-server": cmd_rpc_server}
+    passthrough = {"serve": cmd_serve, "rpc-server": cmd_rpc_server, "doctor": cmd_doctor}
     if argv[:1] and argv[0] in passthrough:
         try:
             return passthrough[argv[0]](argparse.Namespace(server_args=argv[1:]))
