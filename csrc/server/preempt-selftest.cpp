@@ -172,9 +172,10 @@ selftest_row run_case(const selftest_input & in, const bench_seq & bs, const rou
         note_devices(row, out.report);
         row.n_bytes   = n.total();
         row.park_gbps = out.t_us > 0 ? n.total() / (out.t_us * 1e3) : 0;
-        if (!out.ok) {
-            row.verified = out.verified == 0 ? 0 : row.verified;
-            row.mismatch = out.verified == 0 ? "park: " + out.mismatch.describe() : std::string("park failed: ") + out.why;
+        settle_copy(st, *host.copier);  // a device's transfer landed: its check decided (st.verified)
+        if (!out.ok || st.verified == 0) {
+            const auto & m = out.ok ? st.mismatch : out.mismatch;
+            row.mismatch = out.verified == 0 || st.verified == 0 ? "park: " + m.describe() : std::string("park failed: ") + out.why;
             row.verified = 0;
             return row;
         }

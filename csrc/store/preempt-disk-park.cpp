@@ -11,7 +11,7 @@ static bool alloc_buffers(swap_state & st, swap_host & host) {
     return alloc_host_buffers(st, { st.disk.n_bytes[0], st.disk.n_bytes[1] }, host);
 }
 
-// LLAMA_SERVER_PREEMPT_VERIFY: what came back equals upstream's serialization at the park, byte for byte
+// a park the copy guard checked: what came back equals upstream's serialization at the park, byte for byte
 static int verify(const swap_state & st) {
     const auto & ref = st.disk.ref;
     if (ref.empty()) {
@@ -19,6 +19,17 @@ static int verify(const swap_state & st) {
     }
     return ref.size() == st.bytes() && memcmp(ref.data(), st.tgt.data, st.tgt.size) == 0 &&
            (st.dft.size == 0 || memcmp(ref.data() + st.tgt.size, st.dft.data, st.dft.size) == 0) ? 1 : 0;
+}
+
+// a checked park's state back in RAM: bytes that differ from upstream's at the park are never restored
+static disk_result & checked(swap_state & st, disk_result & r) {
+    r.verified = verify(st);
+    if (r.verified == 0) {
+        r.ok  = false;
+        r.why = "the bytes read back differ from upstream's serialization at the park";
+        st.free();
+    }
+    return r;
 }
 
 // the file holds the state: its write is counted once (bytes, time, the measured rate); the host
@@ -159,8 +170,7 @@ disk_result disk_read_back(swap_state & st, swap_host & host) {
         d.file.reset();
         d.stage       = disk_stage::read_back;
         r.from_memory = true;
-        r.verified    = verify(st);
-        return r;
+        return checked(st, r);
     }
     if (!d.reading()) {
         if (!alloc_buffers(st, host)) {
@@ -192,8 +202,7 @@ disk_result disk_read_back(swap_state & st, swap_host & host) {
     d.store->remove(d.file);  // the disk budget gets it back now; the state is in RAM again
     d.file.reset();
     d.stage = disk_stage::read_back;
-    r.verified = verify(st);
-    return r;
+    return checked(st, r);
 }
 
 } // namespace llama_preempt

@@ -115,32 +115,38 @@ static bool copy_state(swap_state & st, const seq_contexts & sc, seq_copier & co
 
 static const char * part_names[2] = { "target", "draft" };
 
-// A checked park: the bulk copy must equal upstream's own, byte for byte (the cells are still in
-// place: the caller frees them after this). `ref`: upstream's bytes, both parts in order, which a
-// disk park's read back is compared with (preempt-disk-park.cpp).
-static copy_mismatch same_as_upstream(swap_state & st, const seq_contexts & sc, seq_copier & copier, const copy_layout * layouts,
-                                      std::vector<uint8_t> & ref) {
-    settle_copy(st, copier);
+// A checked park: upstream's own bytes of the state, both parts in order, read while the cells are
+// still in place (the caller frees them after this). A disk park's read back is compared with them
+// too (preempt-disk-park.cpp). False when upstream cannot serialize it at this size.
+static bool upstream_bytes(const swap_state & st, const seq_contexts & sc, std::vector<uint8_t> & ref) {
     ref.assign(st.bytes(), 0);
     size_t at = 0;
     const std::pair<llama_context *, const host_buffer *> parts[] = { { sc.tgt, &st.tgt }, { sc.dft, &st.dft } };
-    for (int i = 0; i < 2; ++i) {
-        auto [ctx, buf] = parts[i];
+    for (auto [ctx, buf] : parts) {
         if (ctx == nullptr || buf->size == 0) {
             continue;
         }
-        uint8_t * want = ref.data() + at;
-        at += buf->size;
-        if (llama_state_seq_get_data_ext(ctx, want, buf->size, sc.seq, LLAMA_STATE_SEQ_FLAGS_NONE) != buf->size) {
-            copy_mismatch m;
-            m.found = true;
-            m.part  = part_names[i];
-            return m;  // upstream cannot serialize it at this size: as wrong as a differing byte
+        if (llama_state_seq_get_data_ext(ctx, ref.data() + at, buf->size, sc.seq, LLAMA_STATE_SEQ_FLAGS_NONE) != buf->size) {
+            return false;
         }
-        auto m = first_difference(want, buf->data, buf->size, layouts[i], part_names[i]);
+        at += buf->size;
+    }
+    return true;
+}
+
+// the parked buffers against upstream's bytes: the first difference, located
+static copy_mismatch compare_park(const swap_state & st, const std::vector<uint8_t> & ref, const copy_layout * layouts) {
+    const host_buffer * bufs[2] = { &st.tgt, &st.dft };
+    size_t at = 0;
+    for (int i = 0; i < 2; ++i) {
+        if (bufs[i]->size == 0) {
+            continue;
+        }
+        auto m = first_difference(ref.data() + at, bufs[i]->data, bufs[i]->size, layouts[i], part_names[i]);
         if (m.found) {
             return m;
         }
+        at += bufs[i]->size;
     }
     return {};
 }
@@ -182,15 +188,31 @@ swap_result swap_out(swap_state & st, const seq_contexts & sc, const state_sizes
     st.t_copy_in_flight_until_us = host.knobs.copy_in_flight_us > 0 ? ggml_time_us() + host.knobs.copy_in_flight_us : 0;
     st.n_copy_ranges  = (int32_t) r.report.n_ranges;
     st.copied_by      = r.report.how();
-    if (verify) {
-        r.mismatch = same_as_upstream(st, sc, *host.copier, layouts, r.ref);
-        r.verified = r.mismatch.found ? 0 : 1;
-        if (r.mismatch.found) {
-            st.free();
-            r.ref.clear();
-            r.ok  = false;
-            r.why = "the copy differs from upstream's serializer";
+    if (!verify) {
+        return r;
+    }
+    if (!upstream_bytes(st, sc, r.ref)) {
+        r.mismatch.found = true;
+        r.mismatch.part  = "target";
+    } else if (r.report.in_flight) {
+        // on a device: compared when the transfer lands, while the next decodes run
+        st.check.pending = true;
+        st.check.ref     = r.ref;
+        st.check.report  = r.report;
+        for (int i = 0; i < 2; ++i) {
+            st.check.layouts[i] = std::move(layouts[i]);
         }
+        r.check_pending = true;
+        return r;
+    } else {
+        r.mismatch = compare_park(st, r.ref, layouts);
+    }
+    r.verified = r.mismatch.found ? 0 : 1;
+    if (r.mismatch.found) {
+        st.free();
+        r.ref.clear();
+        r.ok  = false;
+        r.why = "the copy differs from upstream's serializer";
     }
     return r;
 }
@@ -198,6 +220,10 @@ swap_result swap_out(swap_state & st, const seq_contexts & sc, const state_sizes
 swap_result swap_in(swap_state & st, const seq_contexts & sc, swap_host & host, bool verify) {
     swap_result r;
     settle_copy(st, *host.copier);
+    if (st.verified == 0) {
+        r.why = "its park's copy differed from upstream's serializer";
+        return r;
+    }
     if (host.knobs.fail_restore) {
         r.why = "LLAMA_SERVER_PREEMPT_FAIL_RESTORE";
         return r;
@@ -238,6 +264,15 @@ void settle_copy(swap_state & st, seq_copier & copier) {
     if (st.copy_in_flight) {
         copier.wait();
         st.copy_in_flight = false;
+    }
+    if (st.check.pending) {
+        copier.wait();  // the knob's hold may have settled it before its transfer did
+        st.mismatch    = compare_park(st, st.check.ref, st.check.layouts);
+        st.verified    = st.mismatch.found ? 0 : 1;
+        st.verdict_new = true;
+        st.check.pending = false;
+        st.check.ref.clear();
+        st.check.ref.shrink_to_fit();
     }
 }
 

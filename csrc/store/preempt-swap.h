@@ -94,6 +94,18 @@ struct swap_state {
     int64_t      t_copy_in_flight_until_us = 0;      // LLAMA_SERVER_PREEMPT_COPY_HOLD_MS: in flight until then
     int32_t      n_copy_ranges  = 0;      // cell ranges the state was copied from
     const char * copied_by      = "";     // how the park copied (copy_report::how())
+    // the copy guard's check of the park (preempt-verify.h). Upstream's bytes are taken at the park,
+    // while the cells are in place; on a device they are compared once the transfer has landed
+    // (settle_copy()), so the check does not hold the decode up. A wrong park is never restored.
+    struct park_check {
+        bool                 pending = false;  // upstream's bytes taken, the transfer not landed yet
+        std::vector<uint8_t> ref;
+        copy_layout          layouts[2];
+        copy_report          report;           // the devices the park moved
+    } check;
+    int           verified    = -1;     // the park's check: 1 right, 0 wrong (swap_in refuses it), -1 none
+    copy_mismatch mismatch;             //   where it went wrong
+    bool          verdict_new = false;  // a verdict settle_copy() reached that the server has not counted yet
 
     swap_state() = default;
     swap_state(swap_state && o) noexcept = default;
@@ -107,7 +119,13 @@ struct swap_state {
             t_copy_in_flight_until_us = o.t_copy_in_flight_until_us;
             n_copy_ranges  = o.n_copy_ranges;
             copied_by      = o.copied_by;
+            check          = std::move(o.check);
+            verified       = o.verified;
+            mismatch       = std::move(o.mismatch);
+            verdict_new    = o.verdict_new;
             o.copy_in_flight = false;
+            o.check.pending  = false;
+            o.verdict_new    = false;
         }
         return *this;
     }
@@ -123,6 +141,10 @@ struct swap_state {
         tgt.reset();
         dft.reset();
         copy_in_flight = false;
+        check       = {};
+        verified    = -1;
+        mismatch    = {};
+        verdict_new = false;
     }
 };
 
@@ -130,6 +152,7 @@ struct swap_state {
 struct swap_result {
     bool         ok       = false;
     const char * why      = "";  // on failure: what failed, for the log
+    bool         check_pending = false;  // a checked park whose verdict comes when its transfer lands
     copy_report  report;
     int64_t      t_us     = 0;
     int          verified = -1;  // checked (preempt-verify.h): 1 the copy is right, 0 it differs (then not ok), -1 not checked
@@ -144,8 +167,9 @@ bool alloc_host_buffers(swap_state & st, const state_sizes & n, swap_host & host
 // Copy the state (sized by size_state) to host RAM. On failure the buffers are freed and the
 // caller recomputes instead. On a device the transfer may still be running on return
 // (st.copy_in_flight): the cells are free to reuse, the buffer is settled before it is read.
-// `verify`: the buffer is compared with upstream's serializer before return (the transfer settled
-// first); a difference is a failure (verified 0, the mismatch located).
+// `verify`: the buffer is compared with upstream's serializer: now when the copy is complete (a
+// difference is a failure: verified 0, the mismatch located), else when its transfer lands
+// (settle_copy(): st.verified, st.verdict_new).
 swap_result swap_out(swap_state & st, const seq_contexts & sc, const state_sizes & n, swap_host & host, bool verify = false);
 
 // Copy the state back into the contexts (non-contiguous cells are fine). On failure the sequence
@@ -154,7 +178,7 @@ swap_result swap_out(swap_state & st, const seq_contexts & sc, const state_sizes
 // difference is a failure (verified 0, the mismatch located).
 swap_result swap_in(swap_state & st, const seq_contexts & sc, swap_host & host, bool verify = false);
 
-// the transfer of a park is done: its buffer may be read or freed
+// the transfer of a park is done: its buffer may be read or freed (and a pending check is decided)
 void settle_copy(swap_state & st, seq_copier & copier);
 // once per step: settle a transfer that has had a decode to overlap with (and its test delay, LLAMA_SERVER_PREEMPT_COPY_HOLD_MS, ran out)
 void settle_copy_if_due(swap_state & st, seq_copier & copier, int64_t now_us);
