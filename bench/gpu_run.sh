@@ -21,11 +21,15 @@ export CMAKE_ARGS="-DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=$arch"   # ours, an
 pip install -q "$src"
 python -m llama_preempt.testmodel "$work/llama-1b.gguf" --shape llama-3.2-1b --f16 --n-ctx-train 16384
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$out/gpu.txt" || true
+# The doctor first: every park route on the GPU, checked byte for byte (issue 32), fa on and off
+for fa in on off; do
+    llama-preempt doctor -m "$work/llama-1b.gguf" -ngl 99 -fa "$fa" -c 4096 > "$out/doctor_fa_$fa.txt" 2>&1 || true
+done
 cd "$src"
 # The SWAP tests with every layer on the GPU: the device copy path (gather/scatter graphs, async
 # transfers, restore ahead), byte-verified against upstream's serializer (needs pytest and the test model)
 if python -c "import pytest" 2>/dev/null; then
-    LLAMA_PREEMPT_TEST_GPU_LAYERS=99 python -m pytest -q tests/test_swap_copy.py tests/test_swap.py \
+    LLAMA_PREEMPT_TEST_GPU_LAYERS=99 python -m pytest -q tests/test_swap_copy.py tests/test_swap.py tests/test_rpc.py tests/test_doctor.py \
         > "$out/gpu_swap_tests.txt" 2>&1 || true
 fi
 # SWAP bandwidth first (short): parks and restores against pinned device<->host transfers, fa on and off
