@@ -9,6 +9,7 @@ import pytest
 
 from helpers import new_server
 from llama_preempt.models import sha256_of
+from llama_preempt.rpc import RpcServer
 from llama_preempt.server import LlamaServer
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -88,3 +89,22 @@ def start_server(tmp_path: Path) -> Iterator[ServerFactory]:
     yield start
     for srv in started:
         srv.stop()
+
+
+RpcFactory = Callable[..., RpcServer]
+
+
+@pytest.fixture
+def start_rpc(tmp_path: Path) -> Iterator[RpcFactory]:
+    """Start ggml-rpc-server children (llama.cpp's RPC device) on free loopback ports; all are
+    stopped afterwards."""
+    started: list[RpcServer] = []
+
+    def start(threads: int = 1) -> RpcServer:
+        rpc = RpcServer(threads=threads, log_dir=tmp_path)
+        started.append(rpc)
+        return rpc.start()
+
+    yield start
+    for rpc in started:
+        rpc.stop()

@@ -269,3 +269,8 @@ def rss_mib(pid: int) -> float:
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) / 1024
     raise AssertionError(f"/proc/{pid}/status has no VmRSS line")
+
+
+def on_rpc(*servers: Any) -> list[str]:
+    """llama-server flags that put every layer, and so every KV cell, on the RPC device(s)."""
+    return ["--rpc", ",".join(s.endpoint for s in servers), "-ngl", "99"]

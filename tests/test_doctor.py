@@ -10,40 +10,19 @@ reported, caught in production, and that a device without the gather falls back 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 from pathlib import Path
-from typing import Callable, Iterator
 
 import pytest
 
-from helpers import complete, run_cli
+from conftest import RpcFactory
+from helpers import complete, on_rpc, run_cli
 from llama_preempt import DoctorReport, run_doctor
 from llama_preempt.binary import server_binary
-from llama_preempt.rpc import RpcServer
 
 SWAP_ROUTES = ("bulk", "graphs", "slices", "disk")
 FORCED = {"LLAMA_SERVER_PREEMPT_EVERY": "8"}
-
-RpcFactory = Callable[..., RpcServer]
-
-
-@pytest.fixture
-def start_rpc(tmp_path: Path) -> Iterator[RpcFactory]:
-    started: list[RpcServer] = []
-
-    def start() -> RpcServer:
-        rpc = RpcServer(threads=1, log_dir=tmp_path)
-        started.append(rpc)
-        return rpc.start()
-
-    yield start
-    for rpc in started:
-        rpc.stop()
-
-
-def on_rpc(*servers: RpcServer) -> list[str]:
-    return ["--rpc", ",".join(s.endpoint for s in servers), "-ngl", "99"]
-
 
 def doctor(model: Path, *args: str, env: dict[str, str] | None = None) -> DoctorReport:
     return run_doctor(["-m", str(model), "-c", "512", *args], env=env, timeout=300)
@@ -97,7 +76,7 @@ def test_llama_preempt_doctor_prints_the_table_and_exits_0_and_json_on_request(s
 def test_llama_server_preempt_selftest_exits_1_when_a_route_is_wrong(stories_model: Path) -> None:
     env = {"LLAMA_SERVER_PREEMPT_CORRUPT": "slices"}
     p = subprocess.run([str(server_binary()), "-m", str(stories_model), "-c", "512", "--preempt-selftest"], capture_output=True,
-                       text=True, timeout=300, env={**__import__("os").environ, **env})
+                       text=True, timeout=300, env={**os.environ, **env})
     assert p.returncode == 1, p.stdout
     assert "result: FAILED, 1 of 5 routes wrong" in p.stdout
     assert "slices" in p.stdout and "MISMATCH at park" in p.stdout
@@ -126,6 +105,9 @@ def test_the_doctor_on_rpc_devices_verifies_device_graphs_and_restore_ahead(
     assert ahead.tried and ahead.verified == 1 and ahead.same_answer and ahead.note == "", rep.text
     for dev in devices:  # each device's link measured both ways
         assert {l["what"] for l in rep.links if l["device"] == dev} == {"device_to_host", "host_to_device"}
+    # the RPC backend offers no pinned host memory: said, and the copies go on in ordinary memory
+    assert sorted(rep.device_notes) == sorted(f"{d}: no pinned host memory: swap buffers are ordinary host memory "
+                                              "(transfers may be slower)" for d in devices)
 
 
 @pytest.mark.parametrize("knob, route, where", [
@@ -228,3 +210,10 @@ def test_a_bad_preempt_verify_is_refused_naming_the_flag(stories_model: Path, va
                        text=True, timeout=60)
     assert p.returncode != 0
     assert "--preempt-verify expects a count of copies >= 0, 'always' or 'never'" in p.stderr
+
+
+def test_the_engine_refuses_preempt_selftest_saying_what_to_run(stories_model: Path) -> None:
+    from llama_preempt import Engine, EngineArgumentError
+
+    with pytest.raises(EngineArgumentError, match="--preempt-selftest is not available in the Engine"):
+        Engine(stories_model, ["--preempt-selftest"])

@@ -14,42 +14,21 @@ import re
 import socket
 import subprocess
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import pytest
 import requests
 
+from conftest import RpcFactory
 from helpers import (assert_every_swap_verified, assert_forced_swaps_give_the_unparked_answer,
-                     assert_restored_ahead_exactly, cli_command, complete, complete_all, long_prompt, open_raw_stream,
-                     streams_held_parked, wait_for_parked, wait_until, wait_until_nothing_held)
+                     assert_restored_ahead_exactly, cli_command, complete, complete_all, long_prompt, on_rpc,
+                     open_raw_stream, streams_held_parked, wait_for_parked, wait_until, wait_until_nothing_held)
 from llama_preempt.binary import rpc_server_binary, server_binary
 from llama_preempt.rpc import RpcServer
 from llama_preempt.server import LlamaServer, free_port
 
 FORCED = {"LLAMA_SERVER_PREEMPT_EVERY": "8"}
 VERIFY = {"LLAMA_SERVER_PREEMPT_VERIFY": "1"}
-
-RpcFactory = Callable[..., RpcServer]
-
-
-@pytest.fixture
-def start_rpc(tmp_path: Path) -> Iterator[RpcFactory]:
-    """Start ggml-rpc-server children on free loopback ports; all are stopped afterwards."""
-    started: list[RpcServer] = []
-
-    def start(threads: int = 1) -> RpcServer:
-        rpc = RpcServer(threads=threads, log_dir=tmp_path)
-        started.append(rpc)
-        return rpc.start()
-
-    yield start
-    for rpc in started:
-        rpc.stop()
-
-
-def on_rpc(*servers: RpcServer) -> list[str]:
-    """Every layer, and so every KV cell, on the RPC device(s)."""
-    return ["--rpc", ",".join(s.endpoint for s in servers), "-ngl", "99"]
 
 
 def assert_connected(*servers: RpcServer) -> None:

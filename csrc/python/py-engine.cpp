@@ -65,7 +65,7 @@ struct engine_argument_error : std::invalid_argument {
 
 // flags whose upstream handlers print and exit the process: an embedding host must not die
 const char * const k_exiting_flags[] = {
-    "-h", "--help", "--usage", "--version", "--completion-bash", "--list-devices", "-cl", "--cache-list",
+    "-h", "--help", "--usage", "--version", "--completion-bash", "--list-devices", "-cl", "--cache-list", "--preempt-selftest",
 };
 
 server_http_res_ptr not_found(const std::string & method, const std::string & path) {

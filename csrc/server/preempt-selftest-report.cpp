@@ -95,6 +95,9 @@ void print_selftest(FILE * out, const selftest_input & in, const selftest_result
     }
     fprintf(out, "\nlink GB/s: host memcpy, or a device's device-to-host / host-to-device transfers (pinned where it offers it); "
                  "a park or restore far below its link is worth a bug report.\n");
+    for (const auto & w : res.device_notes) {
+        fprintf(out, "device: %s\n", w.c_str());
+    }
     for (const auto & w : res.not_tried) {
         fprintf(out, "not tried: %s\n", w.c_str());
     }
@@ -168,6 +171,10 @@ std::string selftest_json(const selftest_input & in, const selftest_result & res
         const auto & l = res.links[i];
         o += (i ? ", " : "") + std::string("{\"device\": ") + json_str(l.device) + ", \"what\": " + json_str(l.what) +
              string_format(", \"gbps\": %.4f, \"pinned\": %s}", l.gbps, l.pinned ? "true" : "false");
+    }
+    o += "], \"device_notes\": [";
+    for (size_t i = 0; i < res.device_notes.size(); ++i) {
+        o += (i ? ", " : "") + json_str(res.device_notes[i]);
     }
     o += "], \"not_tried\": [";
     for (size_t i = 0; i < res.not_tried.size(); ++i) {

@@ -318,6 +318,29 @@ selftest_result run_selftest(const selftest_input & in) {
         n_bytes = std::max(n_bytes, r.n_bytes);
     }
     res.links = measure_link_speeds(n_bytes, 3);
+
+    // what each device the copies moved lacks: none is an error, each has a next route
+    std::vector<std::string> seen;
+    for (const auto & r : res.rows) {
+        for (const auto & d : r.devices) {
+            ggml_backend_dev_t dev = ggml_backend_dev_by_name(d.device.c_str());
+            if (dev == nullptr || ggml_backend_dev_type(dev) == GGML_BACKEND_DEVICE_TYPE_CPU ||
+                std::find(seen.begin(), seen.end(), d.device) != seen.end()) {
+                continue;
+            }
+            seen.push_back(d.device);
+            ggml_backend_dev_props p;
+            ggml_backend_dev_get_props(dev, &p);
+            if (!p.caps.async || !p.caps.events) {
+                res.device_notes.push_back(d.device + ": no " + (!p.caps.async ? "asynchronous copies" : "events") +
+                                           ": each park waits for its transfer to host RAM (right, without the overlap with the next decode)");
+            }
+            if (!p.caps.host_buffer) {
+                res.device_notes.push_back(d.device + ": no pinned host memory: swap buffers are ordinary host memory "
+                                           "(transfers may be slower)");
+            }
+        }
+    }
     return res;
 }
 

@@ -67,6 +67,7 @@ struct selftest_result {
     std::vector<selftest_row> rows;
     std::vector<link_speed>   links;
     std::vector<std::string>  not_tried;  // what the whole test could not do, and why
+    std::vector<std::string>  device_notes;  // what a device lacks, and the route it takes instead
     int32_t n_prompt = 0, n_gen = 0, n_seqs = 0;
     bool ok() const;
 };

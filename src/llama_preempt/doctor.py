@@ -58,6 +58,7 @@ class DoctorReport:
     routes: tuple[DoctorRoute, ...]
     links: tuple[Mapping[str, Any], ...]  # {"device", "what" (memcpy, device_to_host, host_to_device), "gbps", "pinned"}
     not_tried: tuple[str, ...]
+    device_notes: tuple[str, ...]  # what a device lacks (asynchronous copies, events, pinned memory) and what it does instead
     text: str            # the table and the report, as printed
 
     def route(self, name: str) -> DoctorRoute:
@@ -70,7 +71,8 @@ class DoctorReport:
     def from_json(cls, d: Mapping[str, Any], returncode: int, text: str) -> "DoctorReport":
         routes = tuple(DoctorRoute(**{**r, "devices": tuple(DoctorDevice(**x) for x in r["devices"])}) for r in d["routes"])
         return cls(ok=bool(d["ok"]), returncode=returncode, build=d["build"], routes=routes,
-                   links=tuple(d["links"]), not_tried=tuple(d["not_tried"]), text=text)
+                   links=tuple(d["links"]), not_tried=tuple(d["not_tried"]), device_notes=tuple(d["device_notes"]),
+                   text=text)
 
 
 def run_doctor(server_args: Sequence[str], *, env: Mapping[str, str] | None = None, timeout: float = 600,
