@@ -94,7 +94,8 @@ void print_selftest(FILE * out, const selftest_input & in, const selftest_result
         }
     }
     fprintf(out, "\nlink GB/s: host memcpy, or a device's device-to-host / host-to-device transfers (pinned where it offers it); "
-                 "a park or restore far below its link is worth a bug report.\n");
+                 "a park or restore of many MiB far below its link is worth a bug report (a state of a few MiB or less measures "
+                 "the copy's latency, not the link).\n");
     for (const auto & w : res.device_notes) {
         fprintf(out, "device: %s\n", w.c_str());
     }
