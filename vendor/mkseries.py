@@ -57,16 +57,17 @@ _CLIENT_WORDS = _in("preempt-notice.h", "notices", "keepalive", "preempt_slot_ac
                     "preempt_observe_final", "client_json_error", "version_line", "preempt-version.h",
                     "priority", "n_preempt\"", "preempted_ms", "checked_number")
 _ENGINE_WORDS = _in("preempt-engine.inc", "preempt_note_error", "common_params_parse_ex", "server_prepare_params",
-                    "ex_wrapper", "step_report", "preempt-events.h", "preempt_selftest(")
+                    "ex_wrapper", "step_report", "preempt-events.h", "preempt_selftest(",
+                    "preempt-engine-api.h")
 
 # in order: each hunk goes to the first topic that takes it
 TOPICS = [
-    Topic("flags", "our flags in upstream's parser (csrc/preempt-args.inc) and their fields in common_params",
+    Topic("flags", "our flags in upstream's parser (csrc/server/preempt-args.inc) and their fields in common_params",
           lambda f, t: f.startswith("common/") and not _ENGINE_WORDS(t) and not _in("batch_invariant")(t)),
     Topic("loop-split", "server_queue::start_loop() split into its parts, so a host can run one iteration at a time",
           lambda f, t: (f == "tools/server/server-queue.h" or (f == "tools/server/server-queue.cpp" and "deadline" not in t))
           and "n_waiting" not in t),
-    Topic("server-hooks", "the hooks of the park/resume mechanics (csrc/preempt-context.inc) in upstream's server loop",
+    Topic("server-hooks", "the hooks of the park/resume mechanics (csrc/server/preempt-hooks.inc) in upstream's server loop",
           lambda f, t: f in ("tools/server/server-context.cpp", "tools/server/server-common.h", "tools/server/server-task.h",
                              "tools/server/server-task.cpp")
           and (_only_includes(t) or (not _CLIENT_WORDS(t) and not _ENGINE_WORDS(t)))),

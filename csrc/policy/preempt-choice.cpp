@@ -83,6 +83,14 @@ size_t ram_left(size_t ram_budget, size_t held) {
     return ram_budget - std::min(held, ram_budget);
 }
 
+host_budget host_budget_from_mib(int64_t host_mib, int64_t park_mib, int64_t cache_mib) {
+    host_budget b;
+    b.park_cap  = ram_budget_from_mib(park_mib);
+    b.cache_cap = ram_budget_from_mib(cache_mib);
+    b.total     = host_mib != -2 ? ram_budget_from_mib(host_mib) : std::max(b.park_cap, b.cache_cap);
+    return b;
+}
+
 // The three prices of one victim, in milliseconds of the decode loop:
 //  - RAM: its state copied out and back (park + restore);
 //  - disk: the same two copies, plus the file's write when the host copy does not fit what is left

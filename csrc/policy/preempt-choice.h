@@ -2,6 +2,7 @@
 // Pure C++ like the planner (preempt-policy.h), which includes it.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -95,6 +96,23 @@ preempt_mode effective_mode(preempt_mode mode, size_t ram_budget, size_t disk_bu
 size_t ram_budget_from_mib(int64_t mib);
 // what is left of a budget with `held` bytes parked
 size_t ram_left(size_t ram_budget, size_t held);
+
+// The one host budget for KV that leaves the device (--host-kv-ram): parked states and upstream's
+// prompt cache together. Parked states come first (they are requests in flight), up to their own
+// cap (--preempt-ram); cached prompts get what parks leave, up to theirs (--cache-ram), and give
+// way, least recently used first, when a park needs the room.
+struct host_budget {
+    size_t total     = SIZE_MAX;  // bytes (SIZE_MAX: no limit)
+    size_t park_cap  = SIZE_MAX;  // --preempt-ram
+    size_t cache_cap = SIZE_MAX;  // --cache-ram (0: no prompt cache)
+
+    size_t parks() const { return std::min(park_cap, total); }  // what parked states may hold
+    // what cached prompts may hold with `parked` bytes held by parked states (and `extra` about to be)
+    size_t cache_room(size_t parked, size_t extra = 0) const { return std::min(cache_cap, ram_left(total, parked + extra)); }
+};
+// from the flags in MiB (-1 no limit): `host_mib` -2 (not given) is the larger of the two caps, so
+// the defaults (8192 and 8192) make one 8 GiB budget instead of two
+host_budget host_budget_from_mib(int64_t host_mib, int64_t park_mib, int64_t cache_mib);
 
 // One victim: RAM, disk or RECOMPUTE, priced with the measured rates (see preempt-choice.cpp).
 park_decision choose_park(preempt_mode mode, const park_options & o, const cost_rates & rates);

@@ -65,7 +65,8 @@ preempt_config make_preempt_config(const common_params & params, bool has_memory
     cfg.on = cfg.off_why.empty();
 
     cfg.ram_mib    = params.preempt_ram_mib;
-    cfg.ram_budget = ram_budget_from_mib(cfg.ram_mib);
+    cfg.host       = host_budget_from_mib(params.preempt_host_ram_mib, params.preempt_ram_mib, params.cache_ram_mib);
+    cfg.ram_budget = cfg.host.parks();
     if (!parse_preempt_mode(params.preempt_mode, cfg.mode)) {
         throw std::invalid_argument("--preempt-mode expects auto, swap or recompute, got '" + params.preempt_mode + "'");
     }
@@ -156,6 +157,11 @@ void log_preempt_config(const preempt_config & cfg, size_t n_slots, int32_t n_ct
                           : string_format("%s within %d MiB of host RAM, %s", choose, mib, above.c_str());
     CFG_INF("preemption: on (%s), %zu slots share a pool of %d cells; a slot is parked "
             "instead of failing every request when the pool fills\n", how.c_str(), n_slots, n_ctx);
+    const auto as_mib = [](size_t b) { return b == SIZE_MAX ? std::string("no limit") : string_format("%zu MiB", b >> 20); };
+    CFG_INF("preemption: one host budget for KV off the device (--host-kv-ram): %s, parked slots first (up to %s), "
+            "the prompt cache in what they leave (up to %s), least recently used prompts giving way\n",
+            as_mib(cfg.host.total).c_str(), as_mib(cfg.host.parks()).c_str(),
+            cfg.host.cache_cap == 0 ? "none: --cache-ram 0" : as_mib(cfg.host.cache_cap).c_str());
     const auto & s = cfg.sched;
     CFG_INF("preemption: overload (--preempt-sched): parked requests first, then arrivals in order (aging one priority "
             "level per %lld ms, passed by later ones for at most %lld ms); prompt-budget=%d restore-headroom=%d near-finish=%d "

@@ -40,7 +40,8 @@ struct preempt_config {
     bool         on = false;
     std::string  off_why;                    // why preemption is off (for the slot actions' errors)
     int32_t      ram_mib    = 0;             // --preempt-ram as given
-    size_t       ram_budget = 0;             // bytes parked slots may hold at once (SIZE_MAX: no limit)
+    size_t       ram_budget = 0;             // bytes parked slots may hold at once (SIZE_MAX: no limit): host.parks()
+    host_budget  host;                       // --host-kv-ram: parked slots and the prompt cache together
     preempt_mode mode       = preempt_mode::automatic;  // effective: RECOMPUTE with --preempt-ram 0 and no disk tier
     std::string  disk_dir;                   // --preempt-disk ("" : no disk tier)
     int32_t      disk_mib    = -1;           // --preempt-disk-mib as given

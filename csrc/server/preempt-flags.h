@@ -67,6 +67,16 @@ inline int32_t parse_preempt_ram_mib(const std::string & value) {
     return (int32_t) mib;
 }
 
+// --host-kv-ram N: -1 (no limit), 0 (nothing off the device: no RAM parks, no prompt cache) or a
+// size in MiB; throws std::invalid_argument
+inline int32_t parse_host_kv_ram_mib(const std::string & value) {
+    long long mib = 0;
+    if (!parse_whole(value, mib) || mib < -1 || mib > INT32_MAX) {
+        throw std::invalid_argument("--host-kv-ram expects -1 (no limit) or a size in MiB >= 0, got '" + value + "'");
+    }
+    return (int32_t) mib;
+}
+
 // --preempt-disk-mib N: -1 (the disk's free space) or a size in MiB of at least 1; throws std::invalid_argument
 inline int32_t parse_preempt_disk_mib(const std::string & value) {
     long long mib = 0;

@@ -39,6 +39,9 @@ std::vector<metric_item> metric_items(const preempt_counters & c, const preempt_
         { "server_draining",           "gauge",   "1 while the server drains on SIGTERM/SIGINT: it takes no new requests", (uint64_t) g.draining },
         { "n_swap_verify_total",          "counter", "SWAP parks, restores and disk read-backs the copy guard checked byte for byte (--preempt-verify)", c.n_swap_verify_total },
         { "n_swap_verify_mismatch_total", "counter", "Of those, copies that differed (the request recomputed; the device moved to a safer route)", c.n_swap_verify_mismatch_total },
+        { "preempt_host_budget_bytes",    "gauge",   "The one host budget for KV off the device (--host-kv-ram): parked slots and cached prompts together (0: no limit)", g.host_budget_bytes },
+        { "prompt_cache_bytes",           "gauge",   "Bytes of upstream's prompt cache in host RAM now (it gets what parked slots leave of the host budget)", g.prompt_cache_bytes },
+        { "n_prompt_cache_evicted_total", "counter", "Cached prompts that gave way to parked slots in the host budget (least recently used first)", c.n_prompt_cache_evicted_total },
         { "n_copy_route_changes_total",   "counter", "Devices the copy guard moved to a safer route after a wrong copy (single slices, or SWAP off)", c.n_copy_route_changes_total },
     };
 }

@@ -34,6 +34,7 @@ struct preempt_counters {
     uint64_t n_swap_verify_total          = 0;  // the copy guard (--preempt-verify): swap parks, restores and disk read-backs checked byte for byte
     uint64_t n_swap_verify_mismatch_total = 0;  //   of those, not byte-identical
     uint64_t n_copy_route_changes_total   = 0;  // devices the guard moved to a safer route (single slices, or SWAP off)
+    uint64_t n_prompt_cache_evicted_total = 0;  // cached prompts that gave way to parked slots in the host budget
     // the pool's size, set once: kept here, with what /metrics keeps while the server sleeps
     // (its model unloaded), so kv_pool_cells reads the same asleep and awake
     int32_t  n_pool_cells = 0;
@@ -62,6 +63,8 @@ struct preempt_gauges {
     uint64_t ram_bytes            = 0;  // host RAM held by parked slots now (SWAP buffers)
     int32_t  n_copies_in_flight   = 0;  // SWAP parks whose transfer to host RAM may still be running
     uint64_t pool_bytes           = 0;  // idle host RAM kept for the next swap buffers (warm memory)
+    uint64_t host_budget_bytes    = 0;  // --host-kv-ram: parked slots and cached prompts together (0: no limit)
+    uint64_t prompt_cache_bytes   = 0;  // upstream's prompt cache now (its states in host RAM)
     cost_rates rates;                   // the rates SWAP-or-RECOMPUTE is chosen with now
     uint64_t disk_bytes           = 0;  // bytes in the disk tier's files now (written or being written)
     int32_t  n_disk_writes_in_flight = 0;  // disk parks whose file is still being written (their host copy held)

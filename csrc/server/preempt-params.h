@@ -3,6 +3,7 @@
 #pragma once
 
 #include "common.h"
+#include "preempt-choice.h"
 #include "preempt-disk-dir.h"
 #include "preempt-drain.h"
 #include "preempt-version.h"
@@ -161,6 +162,12 @@ inline std::string prepare_server_params(common_params & params) {
     return why;
 }
 
+// --host-kv-ram as in effect, in MiB (-1: no limit)
+inline int64_t host_kv_ram_mib(const common_params & params) {
+    const size_t total = host_budget_from_mib(params.preempt_host_ram_mib, params.preempt_ram_mib, params.cache_ram_mib).total;
+    return total == SIZE_MAX ? -1 : (int64_t) (total >> 20);
+}
+
 // the "llama_preempt" object of /props: configured, and active or why not
 inline json props_json(const common_params & params) {
     const std::string why = preempt_inactive_reason(params);
@@ -171,6 +178,7 @@ inline json props_json(const common_params & params) {
         { "preempt_inactive_reason", why.empty() ? json(nullptr) : json(why) },
         { "kv_unified",              params.kv_unified },
         { "preempt_ram_mib",         params.preempt_ram_mib },
+        { "host_kv_ram_mib",         host_kv_ram_mib(params) },
         { "preempt_mode",            params.preempt_mode },
         { "preempt_disk",            params.preempt_disk_dir.empty() ? json(nullptr) : json(params.preempt_disk_dir) },
         { "preempt_disk_mib",        params.preempt_disk_dir.empty() ? json(nullptr) : json(params.preempt_disk_mib) },

@@ -139,6 +139,9 @@ class PreemptStats:
     n_swap_verify_total: int = 0          # the copy guard (--preempt-verify): copies checked byte for byte
     n_swap_verify_mismatch_total: int = 0  #   of those, not byte-identical
     n_copy_route_changes_total: int = 0   # devices the guard moved to a safer route after a wrong copy
+    preempt_host_budget_bytes: int = 0    # --host-kv-ram: parked slots and cached prompts together (0: no limit)
+    prompt_cache_bytes: int = 0           # upstream's prompt cache in host RAM now
+    n_prompt_cache_evicted_total: int = 0  # cached prompts that gave way to parked slots
     slots: tuple[SlotStats, ...] = field(default_factory=tuple)
     parks_by_choice: Mapping[str, int] = field(default_factory=dict)  # preempt_parks_by_choice_total: label -> parks
     parks_by_tier: Mapping[str, int] = field(default_factory=dict)    # preempt_parks_by_tier_total: ram, disk, recompute
