@@ -35,6 +35,10 @@ struct preempt_counters {
     uint64_t n_swap_verify_mismatch_total = 0;  //   of those, not byte-identical
     uint64_t n_copy_route_changes_total   = 0;  // devices the guard moved to a safer route (single slices, or SWAP off)
     uint64_t n_prompt_cache_evicted_total = 0;  // cached prompts that gave way to parked slots in the host budget
+    uint64_t n_prompt_cache_spilled_total = 0;  // cached prompts that left host RAM for the disk tier
+    uint64_t n_prompt_cache_disk_hits_total = 0;      // of those, read back for a request whose prefix matched
+    uint64_t n_prompt_cache_disk_failures_total = 0;  // prompt files that failed to write or read back (prefilled instead)
+    uint64_t n_prompt_cache_disk_skipped_total = 0;   // cached prompts dropped, not written (no room, checkpoints, media)
     // the pool's size, set once: kept here, with what /metrics keeps while the server sleeps
     // (its model unloaded), so kv_pool_cells reads the same asleep and awake
     int32_t  n_pool_cells = 0;
@@ -65,6 +69,7 @@ struct preempt_gauges {
     uint64_t pool_bytes           = 0;  // idle host RAM kept for the next swap buffers (warm memory)
     uint64_t host_budget_bytes    = 0;  // --host-kv-ram: parked slots and cached prompts together (0: no limit)
     uint64_t prompt_cache_bytes   = 0;  // upstream's prompt cache now (its states in host RAM)
+    uint64_t prompt_cache_disk_bytes = 0;  // cached prompts in the disk tier's files now
     cost_rates rates;                   // the rates SWAP-or-RECOMPUTE is chosen with now
     uint64_t disk_bytes           = 0;  // bytes in the disk tier's files now (written or being written)
     int32_t  n_disk_writes_in_flight = 0;  // disk parks whose file is still being written (their host copy held)

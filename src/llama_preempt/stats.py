@@ -142,6 +142,11 @@ class PreemptStats:
     preempt_host_budget_bytes: int = 0    # --host-kv-ram: parked slots and cached prompts together (0: no limit)
     prompt_cache_bytes: int = 0           # upstream's prompt cache in host RAM now
     n_prompt_cache_evicted_total: int = 0  # cached prompts that gave way to parked slots
+    prompt_cache_disk_bytes: int = 0      # cached prompts in the disk tier's files now
+    n_prompt_cache_spilled_total: int = 0  # cached prompts that left RAM for the disk tier
+    n_prompt_cache_disk_hits_total: int = 0  # read back for a request whose prefix matched
+    n_prompt_cache_disk_failures_total: int = 0  # prompt files that failed to write or read back
+    n_prompt_cache_disk_skipped_total: int = 0  # dropped, not written (no room, checkpoints, media)
     slots: tuple[SlotStats, ...] = field(default_factory=tuple)
     parks_by_choice: Mapping[str, int] = field(default_factory=dict)  # preempt_parks_by_choice_total: label -> parks
     parks_by_tier: Mapping[str, int] = field(default_factory=dict)    # preempt_parks_by_tier_total: ram, disk, recompute

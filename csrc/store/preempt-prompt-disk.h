@@ -1,0 +1,73 @@
+// llama-preempt: upstream's prompt cache, one tier down. A cached prompt that leaves host RAM (it
+// gave way to a park, or the cache's own least-recently-used limit) is written to the disk tier's
+// store (preempt-disk.h: the same I/O thread, checksums, private files in the hardened directory)
+// instead of being dropped, and read back into the RAM cache when a request's prefix matches it
+// better than anything in RAM. Parked slots come first on disk too: make_room() drops the oldest
+// prompt files for a park. No server types: the server hands it tokens and bytes
+// (csrc/server/preempt-prompt-disk.inc).
+#pragma once
+
+#include "preempt-disk.h"
+
+#include "llama.h"
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace llama_preempt {
+
+// a cached prompt read back: its tokens and the two contexts' states
+struct prompt_read {
+    std::vector<llama_token> tokens;
+    std::vector<uint8_t>     tgt, dft;
+    int64_t                  t_us = 0;  // the I/O thread's read time
+};
+
+class prompt_disk {
+public:
+    explicit prompt_disk(std::shared_ptr<disk_store> store) : store_(std::move(store)) {}
+    ~prompt_disk();  // its files removed (the store removes its directory at exit)
+
+    prompt_disk(const prompt_disk &) = delete;
+    prompt_disk & operator=(const prompt_disk &) = delete;
+
+    // A prompt leaving RAM: its file is written in the background (the bytes are kept until it is).
+    // False, with `why`, when the store has no room for it.
+    bool spill(std::vector<llama_token> tokens, std::vector<uint8_t> && tgt, std::vector<uint8_t> && dft, std::string & why);
+
+    // the file whose tokens share the longest prefix with `tokens`, at least a quarter of its own
+    // (upstream's rule for its RAM cache: a long prompt is not trashed for a short match); -1: none
+    int32_t best(const std::vector<llama_token> & tokens, size_t & n_common) const;
+    size_t  bytes(int32_t i) const { return files_[i].file->total(); }
+
+    // Read file i back (waiting for its write, then its read) and remove it from the disk. Not ok:
+    // `why` and `error` (a checksum, a short read, ...): the file is gone and the prompt recomputes.
+    bool take(int32_t i, prompt_read & out, std::string & why, disk_error & error);
+
+    // once per step: finished writes free their bytes; failed ones are dropped (returned: how many)
+    int32_t step();
+
+    // Parks first: the oldest prompt files go until the store has room for `n` more bytes (or no
+    // prompt file is left). Returns the bytes removed.
+    size_t make_room(size_t n);
+
+    size_t  bytes_held() const;  // bytes of prompt files now
+    int32_t n_files() const { return (int32_t) files_.size(); }
+
+private:
+    struct entry {
+        std::vector<llama_token>   tokens;
+        std::shared_ptr<disk_file> file;
+        std::vector<uint8_t>       tgt, dft;  // held while the write runs
+        bool                       written = false;
+    };
+    void drop(size_t i);
+
+    std::shared_ptr<disk_store> store_;
+    std::vector<entry>          files_;  // oldest first
+};
+
+} // namespace llama_preempt

@@ -1,0 +1,121 @@
+"""Upstream's prompt cache, one tier down: cached prompts that leave host RAM go to the disk tier
+(--preempt-disk) and come back when a request's prefix matches, parked slots first on disk too.
+
+A chat's long prompt, pushed out of a small RAM cache (--cache-ram 1) by other conversations,
+returns from its file: prompt_n is small and the answer is a RAM hit's. A corrupt or truncated file
+is caught by its checksum, counted, and the prompt is prefilled instead.
+"""
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from helpers import long_prompt
+
+SMALL_CACHE = ["--cache-ram", "1", "--deterministic"]
+
+
+def complete(srv: Any, prompt: str, n_predict: int) -> Any:
+    """A completion that may reuse a cached prompt (the tests' usual helper turns cache_prompt off)."""
+    return srv.post("/completion", {"prompt": prompt, "n_predict": n_predict, "temperature": 0, "cache_prompt": True})
+
+
+def chat(srv: Any) -> tuple[Any, Any]:
+    """A long prompt, then six other conversations (each saved to the cache as the next starts),
+    then the long prompt again: its first and its returning answer."""
+    prompt = long_prompt(300, shift=3)
+    first = complete(srv, prompt, 16).json()
+    for i in range(6):
+        assert complete(srv, long_prompt(250, shift=50 + 9 * i), 16).status_code == 200
+    return first, complete(srv, prompt, 16).json()
+
+
+def disk_dir(tmp_path: Path) -> Path:
+    d = tmp_path / "disk"
+    d.mkdir(exist_ok=True)
+    return d
+
+
+def prompt_files(d: Path) -> list[Path]:
+    return sorted(d.glob("llama-preempt-*/*.kv"))
+
+
+def test_a_prompt_evicted_from_ram_comes_back_from_disk_with_prompt_n_small_and_a_ram_hits_answer(
+        start_server, stories_model: Path, tmp_path: Path) -> None:
+    # the reference: a RAM cache large enough for every conversation, the returning prompt a RAM hit
+    ram = start_server(stories_model, n_ctx=2048, n_parallel=2, extra_args=["--deterministic"])
+    _, ram_hit = chat(ram)
+    assert ram_hit["timings"]["prompt_n"] <= 2
+
+    srv = start_server(stories_model, n_ctx=2048, n_parallel=2, extra_args=SMALL_CACHE + ["--preempt-disk", str(disk_dir(tmp_path))])
+    first, back = chat(srv)
+    assert first["timings"]["prompt_n"] > 400
+    assert back["timings"]["prompt_n"] <= 2  # its cells came back from the file
+    assert back["content"] == ram_hit["content"]
+    m = srv.metrics()
+    assert m["n_prompt_cache_spilled_total"] >= 1 and m["n_prompt_cache_disk_hits_total"] == 1
+    assert m["n_prompt_cache_disk_failures_total"] == 0
+    assert m["prompt_cache_disk_bytes"] > 0 and m["prompt_cache_bytes"] <= 1 << 20
+    assert "read back from the disk tier" in srv.log_text()
+
+
+@pytest.mark.parametrize("fault", ["corrupt", "truncate"])
+def test_a_corrupt_or_truncated_prompt_file_is_prefilled_and_counted(
+        start_server, stories_model: Path, tmp_path: Path, fault: str) -> None:
+    srv = start_server(stories_model, n_ctx=2048, n_parallel=2, env={"LLAMA_SERVER_PREEMPT_DISK_FAIL": fault},
+                       extra_args=SMALL_CACHE + ["--preempt-disk", str(disk_dir(tmp_path))])
+    first, back = chat(srv)
+    assert back["timings"]["prompt_n"] == first["timings"]["prompt_n"]  # prefilled again, whole
+    assert back["content"] == first["content"]
+    m = srv.metrics()
+    assert m["n_prompt_cache_disk_failures_total"] == 1 and m["n_prompt_cache_disk_hits_total"] == 0
+    assert sum(srv.metrics().labeled["preempt_disk_failures_total"].values()) == 1
+    assert "failed to read back" in srv.log_text()
+
+
+def test_prompt_files_live_in_the_disk_tiers_private_directory_and_go_with_it(
+        start_server, stories_model: Path, tmp_path: Path) -> None:
+    srv = start_server(stories_model, n_ctx=2048, n_parallel=2, extra_args=SMALL_CACHE + ["--preempt-disk", str(disk_dir(tmp_path))])
+    for i in range(6):
+        assert complete(srv, long_prompt(250, shift=9 * i), 8).status_code == 200
+    files = prompt_files(disk_dir(tmp_path))
+    assert files and srv.metrics()["n_prompt_cache_spilled_total"] >= 1
+    (store,) = {f.parent for f in files}
+    assert stat.S_IMODE(os.stat(store).st_mode) == 0o700
+    assert all(stat.S_IMODE(os.stat(f).st_mode) == 0o600 and not f.is_symlink() for f in files)
+    srv.stop()
+    assert list(disk_dir(tmp_path).iterdir()) == []
+
+
+def test_parks_take_the_disk_before_cached_prompts(start_server, stories_model: Path, tmp_path: Path) -> None:
+    # a 1 MiB disk budget that prompt files fill, then disk parks (no RAM for parks) that need it
+    srv = start_server(stories_model, n_ctx=2048, n_parallel=2,
+                       env={"LLAMA_SERVER_PREEMPT_EVERY": "8"},
+                       extra_args=SMALL_CACHE + ["--preempt-disk", str(disk_dir(tmp_path)), "--preempt-disk-mib", "1",
+                                                 "--preempt-ram", "0", "--host-kv-ram", "1", "--preempt-mode", "swap"])
+    for i in range(12):
+        assert complete(srv, long_prompt(250, shift=9 * i), 4).status_code == 200
+    before = srv.metrics()["prompt_cache_disk_bytes"]
+    assert before > (1 << 20) // 2
+    got = complete(srv, long_prompt(400, shift=77), 48).json()
+    assert got["tokens_predicted"] == 48
+    m = srv.metrics()
+    assert m.labeled["preempt_parks_by_tier_total"]["disk"] == m["n_preempt_total"] >= 4  # every park on disk
+    assert m["prompt_cache_disk_bytes"] < before  # prompt files gave way
+    assert sum(m.labeled["preempt_disk_failures_total"].values()) == 0
+
+
+def test_a_model_whose_cached_prompts_carry_checkpoints_drops_them_and_says_so(
+        start_server, qwen35_mtp_model: Path, tmp_path: Path) -> None:
+    srv = start_server(qwen35_mtp_model, n_ctx=2048, n_parallel=2,
+                       extra_args=["--spec-type", "draft-mtp", "--spec-draft-n-max", "2", "--cache-ram", "5", "--preempt-disk",
+                                   str(disk_dir(tmp_path))])
+    for i in range(6):  # each cached prompt ~2.4 MiB with its checkpoints: two fit the 5 MiB cache
+        assert complete(srv, long_prompt(400, shift=9 * i), 4).status_code == 200
+    m = srv.metrics()
+    assert m["n_prompt_cache_spilled_total"] == 0 and m["n_prompt_cache_disk_skipped_total"] >= 1
+    assert "not written to disk (not supported yet)" in srv.log_text()
