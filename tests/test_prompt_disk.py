@@ -119,3 +119,98 @@ def test_a_model_whose_cached_prompts_carry_checkpoints_drops_them_and_says_so(
     m = srv.metrics()
     assert m["n_prompt_cache_spilled_total"] == 0 and m["n_prompt_cache_disk_skipped_total"] >= 1
     assert "not written to disk (not supported yet)" in srv.log_text()
+
+
+# --- --cache-persist: the disk tier's cached prompts across a restart ---
+
+def persist_args(tmp_path: Path, n_ctx: int = 2048) -> dict[str, Any]:
+    return {"n_ctx": n_ctx, "n_parallel": 2, "extra_args": SMALL_CACHE + ["--preempt-disk", str(disk_dir(tmp_path)), "--cache-persist"]}
+
+
+def first_run(start_server: Any, model: Path, tmp_path: Path) -> tuple[str, Any]:
+    """A server that caches a long prompt to disk and exits cleanly: the prompt and its answer."""
+    srv = start_server(model, **persist_args(tmp_path))
+    prompt = long_prompt(300, shift=3)
+    first = complete(srv, prompt, 16).json()
+    for i in range(6):
+        assert complete(srv, long_prompt(250, shift=50 + 9 * i), 16).status_code == 200
+    assert srv.metrics()["n_prompt_cache_spilled_total"] >= 1
+    srv.stop()
+    assert srv.proc.returncode == 0
+    return prompt, first
+
+
+def cache_dirs(tmp_path: Path) -> list[Path]:
+    return sorted(disk_dir(tmp_path).glob("llama-preempt-cache-*"))
+
+
+def test_a_restart_with_the_same_model_and_flags_takes_the_prompt_files_back(
+        start_server, stories_model: Path, tmp_path: Path) -> None:
+    prompt, first = first_run(start_server, stories_model, tmp_path)
+    (kept,) = cache_dirs(tmp_path)
+    assert (kept / "index").is_file() and list(kept.glob("park-*.kv"))
+    srv = start_server(stories_model, **persist_args(tmp_path))
+    back = complete(srv, prompt, 16).json()
+    assert back["timings"]["prompt_n"] <= 2  # no prefill after the restart
+    assert back["content"] == first["content"]
+    m = srv.metrics()
+    assert m["n_prompt_cache_disk_hits_total"] == 1 and m["n_prompt_cache_disk_failures_total"] == 0
+    assert "cached prompts of the last run taken back" in srv.log_text()
+    assert not (kept / "index").exists()  # used once: a crash now leaves no index listing files it removed
+
+
+def test_a_different_context_size_ignores_and_removes_the_kept_prompts(
+        start_server, stories_model: Path, tmp_path: Path) -> None:
+    prompt, first = first_run(start_server, stories_model, tmp_path)
+    (old,) = cache_dirs(tmp_path)
+    srv = start_server(stories_model, **persist_args(tmp_path, n_ctx=1024))
+    assert not old.exists()  # another model or flags: never usable, removed
+    (mine,) = cache_dirs(tmp_path)
+    assert mine.name != old.name
+    back = complete(srv, prompt, 16).json()
+    assert back["timings"]["prompt_n"] == first["timings"]["prompt_n"]
+    assert srv.metrics()["n_prompt_cache_disk_hits_total"] == 0
+
+
+def test_a_kept_prompt_file_changed_between_runs_is_prefilled_and_counted(
+        start_server, stories_model: Path, tmp_path: Path) -> None:
+    prompt, first = first_run(start_server, stories_model, tmp_path)
+    (kept,) = cache_dirs(tmp_path)
+    for f in kept.glob("park-*.kv"):  # a byte of every kept file changes on disk
+        data = bytearray(f.read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        f.write_bytes(bytes(data))
+    srv = start_server(stories_model, **persist_args(tmp_path))
+    back = complete(srv, prompt, 16).json()
+    assert back["timings"]["prompt_n"] == first["timings"]["prompt_n"] and back["content"] == first["content"]
+    m = srv.metrics()
+    assert m["n_prompt_cache_disk_failures_total"] == 1
+    assert srv.metrics().labeled["preempt_disk_failures_total"]["checksum"] == 1
+
+
+def test_a_link_planted_at_the_kept_directorys_name_is_never_followed(
+        start_server, stories_model: Path, tmp_path: Path) -> None:
+    first_run(start_server, stories_model, tmp_path)
+    (kept,) = cache_dirs(tmp_path)
+    import shutil
+    shutil.rmtree(kept)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "keep-me").write_text("not the server's")
+    kept.symlink_to(elsewhere)
+    srv = start_server(stories_model, **persist_args(tmp_path))
+    assert "the prompt cache is not kept across restarts" in srv.log_text()
+    for i in range(6):
+        assert complete(srv, long_prompt(250, shift=9 * i), 8).status_code == 200
+    srv.stop()
+    assert kept.is_symlink() and sorted(p.name for p in elsewhere.iterdir()) == ["keep-me"]
+
+
+def test_cache_persist_without_a_disk_tier_is_refused_naming_the_flag(stories_model: Path) -> None:
+    import subprocess
+
+    from llama_preempt.binary import server_binary
+
+    p = subprocess.run([str(server_binary()), "-m", str(stories_model), "--cache-persist"], capture_output=True, text=True,
+                       timeout=60)
+    assert p.returncode != 0 and "--cache-persist needs --preempt-disk DIR" in p.stderr

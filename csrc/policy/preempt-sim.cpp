@@ -155,7 +155,8 @@ void sim_server::admit() {
 
 // the flags' MiB as the server reads them (preempt-config.cpp)
 size_t sim_server::ram_budget() const {
-    return ram_budget_from_mib(p.preempt_ram_mib);
+    // the host budget's share for parks (the simulator has no prompt cache: its cap is 0)
+    return host_budget_from_mib(p.host_kv_ram_mib, p.preempt_ram_mib, 0).parks();
 }
 
 size_t sim_server::disk_budget() const {

@@ -33,6 +33,7 @@ struct sim_params {
     int32_t n_batch = 512;    // -b
     bool    preempt = true;   // false: upstream's behaviour (a full pool fails every running request)
     int64_t preempt_ram_mib = 8192;  // --preempt-ram (MiB): -1 no limit, 0 recompute only (ram_budget_from_mib())
+    int64_t host_kv_ram_mib = -2;    // --host-kv-ram (MiB): the host budget parks share with the prompt cache (-2: not given)
     preempt_mode mode = preempt_mode::automatic;   // --preempt-mode: the server's choose_park() with the rates below
     sched_params sched;                            // how the planner shares an overloaded pool (the server's flags)
 

@@ -262,6 +262,8 @@ PYBIND11_MODULE(_core, m) {
     // the flags' own checks (preempt-flags.h): a ValueError with llama-server's words
     m.def("parse_preempt_ram_mib", &lp::parse_preempt_ram_mib, py::arg("value"),
           "--preempt-ram as llama-server parses it (-1, 0 or MiB); ValueError with its message otherwise");
+    m.def("parse_host_kv_ram_mib", &lp::parse_host_kv_ram_mib, py::arg("value"),
+          "--host-kv-ram as llama-server parses it (-1 or MiB); ValueError with its message otherwise");
     m.def("parse_preempt_disk_mib", &lp::parse_preempt_disk_mib, py::arg("value"),
           "--preempt-disk-mib as llama-server parses it (-1 or MiB); ValueError with its message otherwise");
     m.def("parse_preempt_mode", &lp::parse_preempt_mode_name, py::arg("value"),

@@ -66,6 +66,7 @@ void register_sim(py::module_ & m) {
         .def_readwrite("n_batch",          &lp::sim_params::n_batch)
         .def_readwrite("preempt",          &lp::sim_params::preempt)
         .def_readwrite("preempt_ram_mib", &lp::sim_params::preempt_ram_mib)
+        .def_readwrite("host_kv_ram_mib", &lp::sim_params::host_kv_ram_mib)
         .def_readwrite("mode",             &lp::sim_params::mode, "--preempt-mode: a PreemptMode or its name (auto, swap, recompute)")
         .def_readwrite("sched",            &lp::sim_params::sched, "how the planner shares an overloaded pool (SchedParams)")
         .def_readwrite("step_s",           &lp::sim_params::step_s)

@@ -39,7 +39,7 @@ std::vector<metric_item> metric_items(const preempt_counters & c, const preempt_
         { "server_draining",           "gauge",   "1 while the server drains on SIGTERM/SIGINT: it takes no new requests", (uint64_t) g.draining },
         { "n_swap_verify_total",          "counter", "SWAP parks, restores and disk read-backs the copy guard checked byte for byte (--preempt-verify)", c.n_swap_verify_total },
         { "n_swap_verify_mismatch_total", "counter", "Of those, copies that differed (the request recomputed; the device moved to a safer route)", c.n_swap_verify_mismatch_total },
-        { "preempt_host_budget_bytes",    "gauge",   "The one host budget for KV off the device (--host-kv-ram): parked slots and cached prompts together (0: no limit)", g.host_budget_bytes },
+        { "preempt_host_budget_bytes",    "gauge",   "The one host budget for KV off the device (--host-kv-ram): parked slots and cached prompts together (0: no limit)", c.host_budget_bytes },
         { "prompt_cache_bytes",           "gauge",   "Bytes of upstream's prompt cache in host RAM now (it gets what parked slots leave of the host budget)", g.prompt_cache_bytes },
         { "prompt_cache_disk_bytes",      "gauge",   "Bytes of cached prompts in the disk tier's files now (--preempt-disk)", g.prompt_cache_disk_bytes },
         { "n_prompt_cache_spilled_total", "counter", "Cached prompts that left host RAM for the disk tier instead of being dropped", c.n_prompt_cache_spilled_total },

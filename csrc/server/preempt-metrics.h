@@ -42,6 +42,7 @@ struct preempt_counters {
     // the pool's size, set once: kept here, with what /metrics keeps while the server sleeps
     // (its model unloaded), so kv_pool_cells reads the same asleep and awake
     int32_t  n_pool_cells = 0;
+    uint64_t host_budget_bytes = 0;  // --host-kv-ram: parked slots and cached prompts together (0: no limit), set once as n_pool_cells
 
     // per finished request: how many times it was parked (a Prometheus histogram)
     static constexpr int    n_buckets = 8;
@@ -67,7 +68,6 @@ struct preempt_gauges {
     uint64_t ram_bytes            = 0;  // host RAM held by parked slots now (SWAP buffers)
     int32_t  n_copies_in_flight   = 0;  // SWAP parks whose transfer to host RAM may still be running
     uint64_t pool_bytes           = 0;  // idle host RAM kept for the next swap buffers (warm memory)
-    uint64_t host_budget_bytes    = 0;  // --host-kv-ram: parked slots and cached prompts together (0: no limit)
     uint64_t prompt_cache_bytes   = 0;  // upstream's prompt cache now (its states in host RAM)
     uint64_t prompt_cache_disk_bytes = 0;  // cached prompts in the disk tier's files now
     cost_rates rates;                   // the rates SWAP-or-RECOMPUTE is chosen with now

@@ -144,6 +144,9 @@ inline std::string server_params_error(common_params & params) {
     if (why.empty()) {
         why = missing_model_file(params);
     }
+    if (why.empty() && params.preempt_cache_persist && params.preempt_disk_dir.empty()) {
+        why = "--cache-persist needs --preempt-disk DIR: the cached prompts' files are kept there";
+    }
     return why;
 }
 

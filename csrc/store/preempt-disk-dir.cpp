@@ -1,6 +1,7 @@
 // llama-preempt: the disk tier's directory (preempt-disk-dir.h).
 #include "preempt-disk-dir.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -49,9 +50,20 @@ bool is_store_name(const char * name) {
     return p != nullptr && *p == '\0';
 }
 
-// a file name a store makes: its lock, or park-<digits>.kv
+constexpr char CACHE_PREFIX[] = "llama-preempt-cache-";  // --cache-persist: llama-preempt-cache-<hex key>
+
+// a cache directory's name: llama-preempt-cache-<hex>
+bool is_cache_name(const char * name) {
+    if (!starts_with(name, CACHE_PREFIX)) {
+        return false;
+    }
+    const char * p = skip_run(name + strlen(CACHE_PREFIX), "0123456789abcdef");
+    return p != nullptr && *p == '\0';
+}
+
+// a file name a store makes: its lock, park-<digits>.kv, or a cache directory's index
 bool is_store_file(const char * name) {
-    if (strcmp(name, LOCK) == 0 || strcmp(name, NEW_LOCK) == 0) {
+    if (strcmp(name, LOCK) == 0 || strcmp(name, NEW_LOCK) == 0 || strcmp(name, "index") == 0 || strcmp(name, "index.new") == 0) {
         return true;
     }
     const char * p = starts_with(name, "park-") ? skip_run(name + strlen("park-"), "0123456789") : nullptr;
@@ -101,11 +113,12 @@ std::vector<std::string> entries(int fd) {
 }
 
 // Removes what a store makes (its lock and park files; a link among them is unlinked, never
-// followed) from the directory `fd`. Anything else stays, and so does the directory then.
-void empty_store(int fd) {
+// followed) from the directory `fd`, but those in `keep`. Anything else stays, and so does the
+// directory then.
+void empty_store(int fd, const std::vector<std::string> & keep = {}) {
     std::vector<std::string> names;
     for (const auto & name : entries(fd)) {
-        if (is_store_file(name.c_str())) {
+        if (is_store_file(name.c_str()) && std::find(keep.begin(), keep.end(), name) == keep.end()) {
             names.push_back(name);
         }
     }
@@ -186,8 +199,11 @@ std::string disk_dir_unsafe(const std::string & dir) {
     return why.empty() ? "" : "--preempt-disk: '" + dir + "' is not safe for the disk tier: " + why;
 }
 
-bool make_own_dir(const std::string & dir, const std::string & first_name, own_dir & out, std::string & err) {
-    // DIR itself is the operator's choice and may be a link; nothing below it is followed
+namespace {
+
+// DIR, opened once (it is the operator's choice and may be a link; nothing below it is followed),
+// and checked again on what was opened; -1 with `err`
+int open_parent(const std::string & dir, std::string & err) {
     const int parent = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     struct stat pst;
     if (parent < 0 || fstat(parent, &pst) != 0) {
@@ -195,11 +211,108 @@ bool make_own_dir(const std::string & dir, const std::string & first_name, own_d
         if (parent >= 0) {
             close(parent);
         }
-        return false;
+        return -1;
     }
     if (const std::string why = others_may_write(pst); !why.empty()) {  // checked before the model loaded; again, on what we opened
         err = "--preempt-disk: '" + dir + "' is not safe for the disk tier: " + why;
         close(parent);
+        return -1;
+    }
+    return parent;
+}
+
+} // namespace
+
+bool open_cache_dir(const std::string & dir, const std::string & key, own_dir & out, std::string & err, int & n_removed) {
+    n_removed = 0;
+    const int parent = open_parent(dir, err);
+    if (parent < 0) {
+        return false;
+    }
+    const std::string name = CACHE_PREFIX + key;
+    struct stat pst;
+    fstat(parent, &pst);
+    if (mkdirat(parent, name.c_str(), 0700) != 0 && errno != EEXIST) {
+        err = "--cache-persist: cannot create '" + name + "' in '" + dir + "': " + strerror(errno);
+        close(parent);
+        return false;
+    }
+    const int fd = openat(parent, name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    struct stat st;
+    if (fd < 0 || fstat(fd, &st) != 0 || !ours_alone(st) || st.st_dev != pst.st_dev) {
+        err = "--cache-persist: '" + dir + "/" + name + "' is not a directory of this server's user that only it may write in";
+        if (fd >= 0) {
+            close(fd);
+        }
+        close(parent);
+        return false;
+    }
+    const int lock = openat(fd, LOCK, O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
+    struct stat ls;
+    if (lock < 0 || fstat(lock, &ls) != 0 || !S_ISREG(ls.st_mode) || ls.st_uid != geteuid() || flock(lock, LOCK_EX | LOCK_NB) != 0) {
+        err = "--cache-persist: '" + dir + "/" + name + "' is in use by another server (or its lock is not ours)";
+        if (lock >= 0) {
+            close(lock);
+        }
+        close(fd);
+        close(parent);
+        return false;
+    }
+    out.path      = dir + "/" + name;
+    out.name      = name;
+    out.parent_fd = parent;
+    out.fd        = fd;
+    out.lock_fd   = lock;
+    // the caches of other models or flags, that no running server holds, can never be used
+    for (const auto & other : entries(parent)) {
+        if (is_cache_name(other.c_str()) && other != name) {
+            n_removed += remove_if_stale(parent, other.c_str()) ? 1 : 0;
+        }
+    }
+    return true;
+}
+
+void close_cache_dir(own_dir & own, const std::vector<std::string> & keep) {
+    if (own.fd >= 0) {
+        std::vector<std::string> kept = keep;
+        kept.push_back(LOCK);  // the lock file stays with the directory; the lock itself goes below
+        kept.push_back("index");
+        empty_store(own.fd, kept);
+        close(own.fd);
+        own.fd = -1;
+    }
+    if (own.parent_fd >= 0) {
+        if (keep.empty()) {
+            // nothing kept: the directory goes (its lock file and index with it)
+            const int fd = openat(own.parent_fd, own.name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+            if (fd >= 0) {
+                empty_store(fd);
+                close(fd);
+            }
+            unlinkat(own.parent_fd, own.name.c_str(), AT_REMOVEDIR);
+        }
+        close(own.parent_fd);
+        own.parent_fd = -1;
+    }
+    if (own.lock_fd >= 0) {
+        close(own.lock_fd);
+        own.lock_fd = -1;
+    }
+}
+
+std::vector<std::string> store_files(const own_dir & own) {
+    std::vector<std::string> out;
+    for (const auto & name : entries(own.fd)) {
+        if (name.rfind("park-", 0) == 0 && is_store_file(name.c_str())) {
+            out.push_back(name);
+        }
+    }
+    return out;
+}
+
+bool make_own_dir(const std::string & dir, const std::string & first_name, own_dir & out, std::string & err) {
+    const int parent = open_parent(dir, err);
+    if (parent < 0) {
         return false;
     }
     if (first_name.find('/') != std::string::npos || first_name == "." || first_name == "..") {

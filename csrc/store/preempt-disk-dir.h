@@ -11,6 +11,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 namespace llama_preempt {
 
@@ -39,6 +40,22 @@ int remove_stale_dirs(const own_dir & own);
 
 // Removes the store's files and its directory, and closes its descriptors (the lock last).
 void remove_own_dir(own_dir & own);
+
+// --cache-persist: the directory a server keeps its cached prompts in across restarts,
+// DIR/llama-preempt-cache-<key> (`key`: the fingerprint of the model and the KV-relevant flags).
+// Made, or opened when it is there and ours alone (a real directory of this user that nobody else
+// may write in, on DIR's file system; never through a link), and locked: a second server with the
+// same key, or anything planted at the name, gets false with `err` (the caller falls back to a
+// directory of its own, not kept). Then the caches of other keys that no running server holds are
+// removed (a different model or flags: they can never be used).
+bool open_cache_dir(const std::string & dir, const std::string & key, own_dir & out, std::string & err, int & n_removed);
+
+// Closes a cache directory, keeping the files named in `keep` (and the index); the rest of what a
+// store makes goes. The directory stays when anything is kept.
+void close_cache_dir(own_dir & own, const std::vector<std::string> & keep);
+
+// the names of the park-<n>.kv files in a store's directory (a cache directory's leftovers)
+std::vector<std::string> store_files(const own_dir & own);
 
 // The name of a store's file for park number n ("park-<n>.kv"), the only names a store makes
 // beside its lock.

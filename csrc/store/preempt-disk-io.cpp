@@ -1,5 +1,6 @@
 // llama-preempt: the disk tier's bytes on disk (preempt-disk-io.h).
 #include "preempt-disk-io.h"
+#include "preempt-disk.h"
 
 #include <algorithm>
 #include <cerrno>
@@ -101,6 +102,33 @@ uint64_t disk_hasher::digest() const {
         h = rotl(h ^ tail[i], 11) * 0x9E3779B185EBCA87ull;
     }
     return h ^ (h >> 33);
+}
+
+const char * disk_fault_name(disk_fault f) {
+    switch (f) {
+        case disk_fault::none:    return "none";
+        case disk_fault::write:   return "write";
+        case disk_fault::read:    return "read";
+        case disk_fault::remove:  return "remove";
+        case disk_fault::corrupt: return "corrupt";
+        case disk_fault::truncate: return "truncate";
+        case disk_fault::full:    return "full";
+    }
+    return "?";
+}
+
+const char * disk_error_name(disk_error e) {
+    switch (e) {
+        case disk_error::none:       return "none";
+        case disk_error::full:       return "full";
+        case disk_error::write:      return "write";
+        case disk_error::read:       return "read";
+        case disk_error::missing:    return "missing";
+        case disk_error::short_read: return "short_read";
+        case disk_error::checksum:   return "checksum";
+        case disk_error::cancelled:  return "cancelled";
+    }
+    return "?";
 }
 
 } // namespace llama_preempt

@@ -18,7 +18,7 @@ namespace llama_preempt {
 namespace {
 
 constexpr char   MAGIC[8] = { 'L', 'P', 'K', 'V', 'S', 'E', 'Q', '1' };
-constexpr size_t HEADER   = 64;                // magic, two part sizes, checksum, padding
+constexpr size_t HEADER   = disk_store::HEADER_BYTES;
 constexpr size_t CHUNK    = (size_t) 1 << 20;   // one pwrite/pread, checksummed while it is in the cache; a cancel waits for one at most
 
 int64_t now_us() {
@@ -27,42 +27,18 @@ int64_t now_us() {
 
 } // namespace
 
-const char * disk_fault_name(disk_fault f) {
-    switch (f) {
-        case disk_fault::none:    return "none";
-        case disk_fault::write:   return "write";
-        case disk_fault::read:    return "read";
-        case disk_fault::remove:  return "remove";
-        case disk_fault::corrupt: return "corrupt";
-        case disk_fault::truncate: return "truncate";
-        case disk_fault::full:    return "full";
-    }
-    return "?";
-}
-
-const char * disk_error_name(disk_error e) {
-    switch (e) {
-        case disk_error::none:       return "none";
-        case disk_error::full:       return "full";
-        case disk_error::write:      return "write";
-        case disk_error::read:       return "read";
-        case disk_error::missing:    return "missing";
-        case disk_error::short_read: return "short_read";
-        case disk_error::checksum:   return "checksum";
-        case disk_error::cancelled:  return "cancelled";
-    }
-    return "?";
-}
-
-std::shared_ptr<disk_store> disk_store::open(const std::string & dir, size_t budget, const disk_knobs & knobs, std::string & err) {
+std::shared_ptr<disk_store> disk_store::open(const std::string & dir, size_t budget, const disk_knobs & knobs, std::string & err,
+                                             const std::string & cache_key, std::string * cache_note) {
     // that `dir` is a directory we may write in was checked before the model loaded (preempt-params.h)
     std::shared_ptr<disk_store> s(new disk_store());
     s->budget_          = budget;
     s->knobs_           = knobs;
-    if (!make_own_dir(dir, knobs.first_name, s->dir_, err)) {
+    // --cache-persist: a directory kept across restarts, else (or when it cannot be had) our own
+    s->persistent_ = !cache_key.empty() && open_cache_dir(dir, cache_key, s->dir_, cache_note ? *cache_note : err, s->n_stale_removed_);
+    if (!s->persistent_ && !make_own_dir(dir, knobs.first_name, s->dir_, err)) {
         return nullptr;
     }
-    s->n_stale_removed_ = remove_stale_dirs(s->dir_);
+    s->n_stale_removed_ += remove_stale_dirs(s->dir_);
     s->worker_  = std::thread([p = s.get()] { p->run(); });
     return s;
 }
@@ -77,7 +53,11 @@ disk_store::~disk_store() {
     if (worker_.joinable()) {
         worker_.join();
     }
-    remove_own_dir(dir_);
+    if (persistent_) {
+        close_cache_dir(dir_, keep_);
+    } else {
+        remove_own_dir(dir_);
+    }
 }
 
 // under mu_: the bytes of state a new file may take (its header aside): what is left of the budget

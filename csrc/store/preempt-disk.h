@@ -21,6 +21,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <vector>
 
 namespace llama_preempt {
 
@@ -81,8 +82,20 @@ public:
     // Creates DIR/llama-preempt-<pid>-<random> (mode 0700) and locks it; removes the directories
     // of servers that no longer run. `budget` bytes of files at once (SIZE_MAX: no limit but the
     // disk's free space). Null and `err` set when the directory cannot be used.
-    static std::shared_ptr<disk_store> open(const std::string & dir, size_t budget, const disk_knobs & knobs, std::string & err);
-    ~disk_store();  // stops the I/O thread; removes every file and the directory
+    // `cache_key` (--cache-persist): the directory is DIR/llama-preempt-cache-<key>, kept across
+    // restarts (preempt-disk-dir.h); when it cannot be had, `cache_note` says why and the store
+    // falls back to a directory of its own.
+    static std::shared_ptr<disk_store> open(const std::string & dir, size_t budget, const disk_knobs & knobs, std::string & err,
+                                            const std::string & cache_key = "", std::string * cache_note = nullptr);
+    ~disk_store();  // stops the I/O thread; removes every file and the directory (a kept directory: all but keep_at_close())
+
+    // --cache-persist (preempt-disk-keep.cpp): a file an earlier run wrote, taken back as written
+    // (null when it is not a regular file of ours of that size), and the files to keep at close
+    std::shared_ptr<disk_file> adopt(const std::string & name, size_t n0, size_t n1, uint64_t checksum);
+    void keep_at_close(std::vector<std::string> names) { keep_ = std::move(names); }
+    bool persistent() const { return persistent_; }
+    int  dir_fd() const { return dir_.fd; }
+    std::vector<std::string> file_names() const { return store_files(dir_); }  // its park-<n>.kv files now
 
     disk_store(const disk_store &) = delete;
     disk_store & operator=(const disk_store &) = delete;
@@ -115,6 +128,7 @@ public:
 
     // free space kept on the disk for everything else
     static constexpr size_t RESERVE = (size_t) 64 << 20;
+    static constexpr size_t HEADER_BYTES = 64;  // a file's header: magic, two part sizes, checksum, padding
 
 private:
     disk_store() = default;
@@ -128,6 +142,8 @@ private:
     bool cancelled() const;
 
     own_dir     dir_;
+    bool        persistent_ = false;  // a --cache-persist directory
+    std::vector<std::string> keep_;   //   and the files it keeps at close
     size_t      budget_  = 0;
     disk_knobs  knobs_;
     uint64_t    n_files_ = 0;

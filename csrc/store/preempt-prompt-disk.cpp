@@ -1,14 +1,155 @@
 // llama-preempt: upstream's prompt cache, one tier down (preempt-prompt-disk.h).
 #include "preempt-prompt-disk.h"
 
+#include "preempt-disk-io.h"
+
 #include <algorithm>
+#include <cstring>
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 namespace llama_preempt {
 
 prompt_disk::~prompt_disk() {
-    while (!files_.empty()) {
-        drop(files_.size() - 1);
+    // --cache-persist: the files written stay for the next run, listed in the index
+    std::vector<std::string> keep;
+    if (!keep_key_.empty() && store_->persistent()) {
+        for (size_t i = 0; i < files_.size();) {
+            if (files_[i].written || store_->settle(files_[i].file) == disk_file::status::written) {
+                keep.push_back(files_[i].file->name);
+                ++i;
+            } else {
+                drop(i);
+            }
+        }
+        if (!save_index()) {
+            keep.clear();
+        }
+        store_->keep_at_close(keep);
     }
+    if (keep.empty()) {
+        while (!files_.empty()) {
+            drop(files_.size() - 1);
+        }
+    }
+}
+
+namespace {
+
+constexpr char INDEX_MAGIC[8] = { 'L', 'P', 'P', 'C', 'I', 'D', 'X', '1' };
+
+void put(std::vector<uint8_t> & out, const void * p, size_t n) {
+    out.insert(out.end(), (const uint8_t *) p, (const uint8_t *) p + n);
+}
+
+template <typename T> void put(std::vector<uint8_t> & out, T v) {
+    put(out, &v, sizeof(v));
+}
+
+// reads what put() wrote; false past the end
+struct reader {
+    const std::vector<uint8_t> & in;
+    size_t at = 0;
+    bool get(void * p, size_t n) {
+        if (n > in.size() - at) {
+            return false;
+        }
+        memcpy(p, in.data() + at, n);
+        at += n;
+        return true;
+    }
+    template <typename T> bool get(T & v) { return get(&v, sizeof(v)); }
+};
+
+uint64_t hash_of(const uint8_t * p, size_t n) {
+    disk_hasher h;
+    h.update(p, n);
+    return h.digest();
+}
+
+} // namespace
+
+bool prompt_disk::save_index() {
+    std::vector<uint8_t> out;
+    put(out, INDEX_MAGIC, sizeof(INDEX_MAGIC));
+    put(out, (uint32_t) keep_key_.size());
+    put(out, keep_key_.data(), keep_key_.size());
+    put(out, (uint32_t) files_.size());
+    for (const auto & e : files_) {
+        put(out, (uint32_t) e.file->name.size());
+        put(out, e.file->name.data(), e.file->name.size());
+        put(out, (uint64_t) e.file->n_bytes[0]);
+        put(out, (uint64_t) e.file->n_bytes[1]);
+        put(out, e.file->checksum);
+        put(out, (uint32_t) e.tokens.size());
+        put(out, e.tokens.data(), e.tokens.size() * sizeof(llama_token));
+    }
+    put(out, hash_of(out.data(), out.size()));
+    const int dir = store_->dir_fd();
+    const int fd = openat(dir, "index.new", O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0600);
+    if (fd < 0) {
+        return false;
+    }
+    const bool ok = write_all(fd, out.data(), out.size(), 0) && fsync(fd) == 0;
+    close(fd);
+    return ok && renameat(dir, "index.new", dir, "index") == 0;
+}
+
+int32_t prompt_disk::load_index(const std::string & key, int32_t & n_removed) {
+    n_removed = 0;
+    const int dir = store_->dir_fd();
+    std::vector<uint8_t> in;
+    const int fd = openat(dir, "index", O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+    struct stat st;
+    if (fd >= 0 && fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_uid == geteuid() && st.st_size >= 16) {
+        in.resize((size_t) st.st_size);
+        if (!read_all(fd, in.data(), in.size(), 0)) {
+            in.clear();
+        }
+    }
+    if (fd >= 0) {
+        close(fd);
+    }
+    unlinkat(dir, "index", 0);  // used once: a run that crashes leaves no index that lists files it removed
+    std::vector<std::string> taken;
+    uint64_t sum = 0;
+    if (in.size() >= 16) {
+        memcpy(&sum, in.data() + in.size() - 8, 8);
+    }
+    if (in.size() >= 16 && sum == hash_of(in.data(), in.size() - 8) && memcmp(in.data(), INDEX_MAGIC, 8) == 0) {
+        in.resize(in.size() - 8);
+        reader r { in, 8 };
+        uint32_t n_key = 0, n = 0;
+        std::string k;
+        bool ok = r.get(n_key) && n_key < 256 && (k.resize(n_key), r.get(k.data(), n_key)) && k == key && r.get(n);
+        for (uint32_t i = 0; ok && i < n; ++i) {
+            uint32_t n_name = 0, n_tok = 0;
+            uint64_t n0 = 0, n1 = 0, checksum = 0;
+            std::string name;
+            entry e;
+            ok = r.get(n_name) && n_name < 64 && (name.resize(n_name), r.get(name.data(), n_name)) && r.get(n0) && r.get(n1) &&
+                 r.get(checksum) && r.get(n_tok) && n_tok <= (in.size() - r.at) / sizeof(llama_token) &&
+                 (e.tokens.resize(n_tok), r.get(e.tokens.data(), n_tok * sizeof(llama_token)));
+            if (ok && (e.file = store_->adopt(name, n0, n1, checksum))) {
+                e.written = true;
+                taken.push_back(name);
+                files_.push_back(std::move(e));
+            }
+        }
+    }
+    // what no index lists (a crashed run's files, a park's) goes
+    for (const auto & name : store_->file_names()) {
+        if (std::find(taken.begin(), taken.end(), name) == taken.end()) {
+            struct stat fs;
+            if (fstatat(dir, name.c_str(), &fs, AT_SYMLINK_NOFOLLOW) == 0 && (S_ISREG(fs.st_mode) || S_ISLNK(fs.st_mode)) &&
+                unlinkat(dir, name.c_str(), 0) == 0) {
+                ++n_removed;
+            }
+        }
+    }
+    return (int32_t) taken.size();
 }
 
 void prompt_disk::drop(size_t i) {

@@ -57,6 +57,14 @@ public:
     size_t  bytes_held() const;  // bytes of prompt files now
     int32_t n_files() const { return (int32_t) files_.size(); }
 
+    // --cache-persist (the store's directory is kept across restarts: disk_store::persistent()).
+    // At start: the files the last run listed in its index under this `key`, taken back (each a
+    // regular file of ours of its size; its checksum is checked when it is read), the index then
+    // removed, and any other file a store makes removed; how many came back. At close (from the
+    // destructor, after keep_at_exit()): the written files and their tokens listed in a new index.
+    int32_t load_index(const std::string & key, int32_t & n_removed);
+    void    keep_at_exit(const std::string & key) { keep_key_ = key; }
+
 private:
     struct entry {
         std::vector<llama_token>   tokens;
@@ -65,8 +73,10 @@ private:
         bool                       written = false;
     };
     void drop(size_t i);
+    bool save_index();
 
     std::shared_ptr<disk_store> store_;
+    std::string                 keep_key_;  // --cache-persist: the index's key at close ("" : nothing kept)
     std::vector<entry>          files_;  // oldest first
 };
 

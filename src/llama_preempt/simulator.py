@@ -208,13 +208,20 @@ class SimReport:
 
 def simulate(workload: Workload, *, n_ctx: int, n_parallel: int, n_batch: int = 512, preempt: bool = True,
              preempt_ram_mib: int = 8192, preempt_mode: str = "auto", preempt_disk_mib: int = 0,
-             costs: Costs = Costs(), max_steps: int = 50_000_000, sched: Any = None) -> SimReport:
+             costs: Costs = Costs(), max_steps: int = 50_000_000, sched: Any = None, host_kv_ram_mib: int = -2) -> SimReport:
     """Run the workload through the simulated server; see the module docstring. `preempt_disk_mib`:
     a disk tier of that many MiB (-1: no limit; 0: none), priced with `costs`' disk rates. `sched`:
-    the planner's scheduling knobs (a `_core.SchedParams`; None: the server's defaults)."""
+    the planner's scheduling knobs (a `_core.SchedParams`; None: the server's defaults).
+    `host_kv_ram_mib`: the server's --host-kv-ram (-2: not given), which caps what parks may hold."""
     p = sim_params(n_ctx=n_ctx, n_parallel=n_parallel, n_batch=n_batch, preempt=preempt,
                    preempt_ram_mib=preempt_ram_mib, preempt_mode=preempt_mode, preempt_disk_mib=preempt_disk_mib,
                    costs=costs, max_steps=max_steps)
+    if host_kv_ram_mib != -2:
+        try:
+            _core.parse_host_kv_ram_mib(str(host_kv_ram_mib))
+        except ValueError as e:
+            raise WorkloadError(str(e)) from None
+        p.host_kv_ram_mib = host_kv_ram_mib
     if sched is not None:
         p.sched = sched
     r = _core.simulate(list(workload.t_arrival), list(workload.n_prompt), list(workload.n_gen), p)

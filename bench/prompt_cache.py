@@ -1,0 +1,119 @@
+"""The prompt cache's tiers on a multi-turn chat workload (issue 33).
+
+    python bench/prompt_cache.py            # SmolLM2-135M-Instruct Q4_1, a few minutes
+
+N users x M turns, taken round-robin (user 1 turn 1, user 2 turn 1, ..., user 1 turn 2, ...): each
+turn resends the whole conversation (a long system prompt shared by all, then the user's turns and
+the answers so far) and asks for a short answer. Between two turns of one user every other user
+has a turn, so the RAM prompt cache must hold every conversation to reuse it; --cache-ram is set
+so that it cannot. For each setup: the prompt tokens computed (timings.prompt_n) on returning turns,
+the time to the first token per turn, and the server's peak resident memory above its resident
+memory after loading, against the budget:
+- ram:  upstream's RAM prompt cache alone (--cache-ram B);
+- disk: one host budget (--host-kv-ram B) with the disk tier (--preempt-disk): prompts that leave
+  RAM go to files and come back when their conversation does.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import requests
+
+from llama_preempt.server import LlamaServer, ServerConfig
+from results_io import display_path, md_table, smollm2_model, write_results
+
+SYSTEM = ("You are a careful assistant for a small company. You answer questions about the company's products, "
+          "shipping, returns and accounts, politely and briefly, and you never invent facts. ")
+
+
+def rss_kib(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    return 0
+
+
+def run(model: Path, name: str, extra: list[str], users: int, turns: int, system_words: int) -> dict[str, Any]:
+    cfg = ServerConfig(model=model, n_ctx=8192, n_parallel=2, extra_args=extra)
+    with LlamaServer(cfg) as srv:
+        pid = srv.proc.pid
+        base = rss_kib(pid)
+        peak = [base]
+        stop = threading.Event()
+
+        def watch() -> None:
+            while not stop.is_set():
+                peak[0] = max(peak[0], rss_kib(pid))
+                time.sleep(0.02)
+
+        w = threading.Thread(target=watch)
+        w.start()
+        system = (SYSTEM * (system_words // len(SYSTEM.split()) + 1))
+        convo = [system for _ in range(users)]
+        rows: list[dict[str, Any]] = []
+        try:
+            for t in range(turns):
+                for u in range(users):
+                    convo[u] += f"\nUser {u}: question {t} about order {1000 * u + t}?\nAssistant:"
+                    t0 = time.perf_counter()
+                    r = requests.post(srv.url + "/completion", json={"prompt": convo[u], "n_predict": 24, "temperature": 0,
+                                                                     "cache_prompt": True}, timeout=600)
+                    r.raise_for_status()
+                    d = r.json()
+                    convo[u] += d["content"]
+                    rows.append({"user": u, "turn": t, "prompt_tokens": d["tokens_evaluated"],
+                                 "prompt_n": d["timings"]["prompt_n"], "ttft_ms": d["timings"]["prompt_ms"],
+                                 "wall_ms": (time.perf_counter() - t0) * 1000})
+        finally:
+            stop.set()
+            w.join()
+        m = srv.metrics()
+    return {"name": name, "rows": rows, "peak_rss_above_load_mib": (peak[0] - base) / 1024,
+            "spilled": int(m["n_prompt_cache_spilled_total"]), "disk_hits": int(m["n_prompt_cache_disk_hits_total"]),
+            "cache_mib": m["prompt_cache_bytes"] / 2**20, "disk_mib": m["prompt_cache_disk_bytes"] / 2**20}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", type=Path, default=None)
+    ap.add_argument("--users", type=int, default=6)
+    ap.add_argument("--turns", type=int, default=4)
+    ap.add_argument("--system-words", type=int, default=500, help="words of the shared system prompt (default 500)")
+    ap.add_argument("--budget-mib", type=int, default=64, help="the host budget / --cache-ram in MiB (default 64)")
+    args = ap.parse_args()
+    model = smollm2_model(args.model)
+    b = str(args.budget_mib)
+    with tempfile.TemporaryDirectory(prefix="llama-preempt-bench-") as disk:
+        setups = [("ram", ["--cache-ram", b]),
+                  ("disk", ["--cache-ram", b, "--host-kv-ram", b, "--preempt-disk", disk])]
+        runs = [run(model, name, extra, args.users, args.turns, args.system_words) for name, extra in setups]
+    table = []
+    for r in runs:
+        back = [x for x in r["rows"] if x["turn"] > 0]
+        table.append([r["name"], sum(x["prompt_n"] for x in back), sum(x["prompt_tokens"] for x in back),
+                      f"{statistics.median(x['ttft_ms'] for x in back):.0f}",
+                      f"{max(x['ttft_ms'] for x in back):.0f}",
+                      f"{statistics.median(x['ttft_ms'] for x in r['rows'] if x['turn'] == 0):.0f}",
+                      f"{r['peak_rss_above_load_mib']:.0f}", r["spilled"], r["disk_hits"]])
+    headers = ["setup", "prompt tokens computed (returning turns)", "prompt tokens sent (returning turns)",
+               "TTFT ms p50 (returning)", "TTFT ms max (returning)", "TTFT ms p50 (first turns)",
+               "peak RSS above load, MiB", "prompts to disk", "read back"]
+    md = [f"# The prompt cache's tiers on a multi-turn chat ({display_path(model)})", "",
+          f"`python bench/prompt_cache.py --users {args.users} --turns {args.turns} --system-words {args.system_words} "
+          f"--budget-mib {args.budget_mib}`: {args.users} users x {args.turns} turns round-robin, each turn resending "
+          f"the conversation (a {args.system_words}-word shared system prompt), 24 tokens an answer; -c 8192 -np 2; "
+          f"budget {args.budget_mib} MiB. TTFT is the server's prompt time (timings.prompt_ms).", "",
+          *md_table(headers, table)]
+    print("\n".join(md))
+    write_results("prompt_cache", {"runs": runs, "args": vars(args) | {"model": display_path(model)}}, md)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
