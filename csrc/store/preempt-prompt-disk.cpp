@@ -7,6 +7,9 @@
 #include <cstring>
 
 #include <fcntl.h>
+#if defined(__GLIBC__)
+#include <malloc.h>
+#endif
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -158,6 +161,13 @@ void prompt_disk::drop(size_t i) {
 }
 
 bool prompt_disk::spill(std::vector<llama_token> tokens, std::vector<uint8_t> && tgt, std::vector<uint8_t> && dft, std::string & why) {
+    // the write before this one finishes first: one prompt's bytes at most wait outside the RAM cache
+    for (auto & w : files_) {
+        if (!w.written) {
+            store_->settle(w.file);
+        }
+    }
+    step();
     entry e;
     e.tokens = std::move(tokens);
     e.tgt    = std::move(tgt);
@@ -214,6 +224,7 @@ bool prompt_disk::take(int32_t i, prompt_read & out, std::string & why, disk_err
 
 int32_t prompt_disk::step() {
     int32_t n_failed = 0;
+    bool trimmed = false;
     for (size_t i = 0; i < files_.size();) {
         auto & e = files_[i];
         if (!e.written && store_->is_settled(e.file)) {
@@ -225,9 +236,15 @@ int32_t prompt_disk::step() {
             e.written = true;
             e.tgt = {};  // on disk now: the host copy goes
             e.dft = {};
+            trimmed = true;
         }
         ++i;
     }
+#if defined(__GLIBC__)
+    if (trimmed) {
+        malloc_trim(0);  // a freed host copy goes back to the system, not to the allocator's free lists
+    }
+#endif
     return n_failed;
 }
 
@@ -238,6 +255,14 @@ size_t prompt_disk::make_room(size_t n) {
         drop(0);
     }
     return freed;
+}
+
+size_t prompt_disk::bytes_in_ram() const {
+    size_t n = 0;
+    for (const auto & e : files_) {
+        n += e.tgt.capacity() + e.dft.capacity();
+    }
+    return n;
 }
 
 size_t prompt_disk::bytes_held() const {

@@ -35,7 +35,8 @@ public:
     prompt_disk & operator=(const prompt_disk &) = delete;
 
     // A prompt leaving RAM: its file is written in the background (the bytes are kept until it is).
-    // False, with `why`, when the store has no room for it.
+    // One at a time: a spill first waits for the write before it, so the host bytes outside the RAM
+    // cache are at most one prompt's. False, with `why`, when the store has no room for it.
     bool spill(std::vector<llama_token> tokens, std::vector<uint8_t> && tgt, std::vector<uint8_t> && dft, std::string & why);
 
     // the file whose tokens share the longest prefix with `tokens`, at least a quarter of its own
@@ -55,6 +56,7 @@ public:
     size_t make_room(size_t n);
 
     size_t  bytes_held() const;  // bytes of prompt files now
+    size_t  bytes_in_ram() const;  // host bytes of prompts still being written (at most one prompt's: spill() waits for the last)
     int32_t n_files() const { return (int32_t) files_.size(); }
 
     // --cache-persist (the store's directory is kept across restarts: disk_store::persistent()).
