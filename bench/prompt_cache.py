@@ -48,6 +48,23 @@ def document(user: int, n_words: int) -> str:
     return " ".join(f"{WORDS[(user * 7 + i * (user + 3)) % len(WORDS)]}{(user * 131 + i) % 97}" for i in range(n_words)) + ". "
 
 
+def ask(url: str, prompt: str) -> dict[str, Any]:
+    r = requests.post(url + "/completion", json={"prompt": prompt, "n_predict": 24, "temperature": 0, "cache_prompt": True},
+                      timeout=600)
+    r.raise_for_status()
+    return r.json()
+
+
+def after_restart(model: Path, extra: list[str], convo: list[str]) -> dict[str, Any]:
+    """A new server with the same flags: every user's conversation sent again, its first turn after
+    the restart (with --cache-persist its prompt comes back from the kept files)."""
+    with LlamaServer(ServerConfig(model=model, n_ctx=8192, n_parallel=2, extra_args=extra)) as srv:
+        got = [ask(srv.url, c) for c in convo]
+        taken = [line for line in srv.log_text().splitlines() if "taken back" in line]
+    return {"prompt_n": [d["timings"]["prompt_n"] for d in got], "ttft_ms": [d["timings"]["prompt_ms"] for d in got],
+            "tokens": [d["tokens_evaluated"] for d in got], "log": taken}
+
+
 def run(model: Path, name: str, extra: list[str], users: int, turns: int, system_words: int, doc_words: int) -> dict[str, Any]:
     cfg = ServerConfig(model=model, n_ctx=8192, n_parallel=2, extra_args=extra)
     with LlamaServer(cfg) as srv:
@@ -91,8 +108,12 @@ def run(model: Path, name: str, extra: list[str], users: int, turns: int, system
         finally:
             stop.set()
             w.join()
+        # a RAM hit: the conversation just answered, sent again at once
+        hit = ask(srv.url, convo[users - 1])
         m = srv.metrics()
-    return {"name": name, "rows": rows, "peak_rss_above_load_mib": (peak[0] - base) / 1024, "peak_held_mib": held[0] / 2**20,
+    restart = after_restart(model, extra, convo) if "--cache-persist" in extra else None
+    return {"name": name, "rows": rows, "ram_hit_ttft_ms": hit["timings"]["prompt_ms"], "ram_hit_prompt_n": hit["timings"]["prompt_n"],
+            "restart": restart, "peak_rss_above_load_mib": (peak[0] - base) / 1024, "peak_held_mib": held[0] / 2**20,
             "spilled": int(m["n_prompt_cache_spilled_total"]), "disk_hits": int(m["n_prompt_cache_disk_hits_total"]),
             "cache_mib": m["prompt_cache_bytes"] / 2**20, "disk_mib": m["prompt_cache_disk_bytes"] / 2**20}
 
@@ -110,7 +131,7 @@ def main() -> int:
     b = str(args.budget_mib)
     with tempfile.TemporaryDirectory(prefix="llama-preempt-bench-") as disk:
         setups = [("ram", ["--cache-ram", b]),
-                  ("disk", ["--cache-ram", b, "--host-kv-ram", b, "--preempt-disk", disk])]
+                  ("disk", ["--cache-ram", b, "--host-kv-ram", b, "--preempt-disk", disk, "--cache-persist"])]
         runs = [run(model, name, extra, args.users, args.turns, args.system_words, args.doc_words) for name, extra in setups]
     table = []
     for r in runs:
@@ -132,6 +153,17 @@ def main() -> int:
           "server's resident memory above what it had after a first prompt filled most of the KV pool (on a CPU the pool "
           "is host memory); cached + parked: the host budget's own count (/metrics).", "",
           *md_table(headers, table)]
+    rows2 = []
+    for r in runs:
+        rows2.append([r["name"], "same server, the conversation just answered (a RAM hit)", r["ram_hit_prompt_n"],
+                      f"{r['ram_hit_ttft_ms']:.0f}"])
+        if r["restart"]:
+            x = r["restart"]
+            rows2.append([r["name"], f"after a restart (--cache-persist): each of the {len(x['prompt_n'])} conversations "
+                          "sent again", f"{sum(x['prompt_n'])} of {sum(x['tokens'])}",
+                          f"{statistics.median(x['ttft_ms']):.0f} (max {max(x['ttft_ms']):.0f})"])
+    md += ["", "A returning prompt after a restart, against a RAM hit:", "",
+           *md_table(["setup", "what", "prompt tokens computed", "TTFT ms (p50)"], rows2)]
     print("\n".join(md))
     write_results("prompt_cache", {"runs": runs, "args": vars(args) | {"model": display_path(model)}}, md)
     return 0

@@ -273,30 +273,21 @@ bool open_cache_dir(const std::string & dir, const std::string & key, own_dir & 
 }
 
 void close_cache_dir(own_dir & own, const std::vector<std::string> & keep) {
+    if (keep.empty()) {
+        remove_own_dir(own);  // nothing kept: the directory goes, its lock file and index with it
+        return;
+    }
+    std::vector<std::string> kept = keep;
+    kept.push_back(LOCK);  // the lock file stays with the directory; the lock itself goes with its descriptor
+    kept.push_back("index");
     if (own.fd >= 0) {
-        std::vector<std::string> kept = keep;
-        kept.push_back(LOCK);  // the lock file stays with the directory; the lock itself goes below
-        kept.push_back("index");
         empty_store(own.fd, kept);
-        close(own.fd);
-        own.fd = -1;
     }
-    if (own.parent_fd >= 0) {
-        if (keep.empty()) {
-            // nothing kept: the directory goes (its lock file and index with it)
-            const int fd = openat(own.parent_fd, own.name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-            if (fd >= 0) {
-                empty_store(fd);
-                close(fd);
-            }
-            unlinkat(own.parent_fd, own.name.c_str(), AT_REMOVEDIR);
+    for (int * fd : { &own.fd, &own.parent_fd, &own.lock_fd }) {  // the lock file last: the lock goes with it
+        if (*fd >= 0) {
+            close(*fd);
+            *fd = -1;
         }
-        close(own.parent_fd);
-        own.parent_fd = -1;
-    }
-    if (own.lock_fd >= 0) {
-        close(own.lock_fd);
-        own.lock_fd = -1;
     }
 }
 
