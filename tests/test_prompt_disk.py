@@ -214,3 +214,23 @@ def test_cache_persist_without_a_disk_tier_is_refused_naming_the_flag(stories_mo
     p = subprocess.run([str(server_binary()), "-m", str(stories_model), "--cache-persist"], capture_output=True, text=True,
                        timeout=60)
     assert p.returncode != 0 and "--cache-persist needs --preempt-disk DIR" in p.stderr
+
+
+def test_links_planted_in_the_kept_directory_are_never_followed(start_server, stories_model: Path, tmp_path: Path) -> None:
+    # between two runs, the index and a kept file are replaced by links to a file that is not the server's
+    prompt, first = first_run(start_server, stories_model, tmp_path)
+    (kept,) = cache_dirs(tmp_path)
+    victim = tmp_path / "victim"
+    victim.write_text("not the server's")
+    (kept / "index").unlink()
+    (kept / "index").symlink_to(victim)
+    files = sorted(kept.glob("park-*.kv"))
+    files[0].unlink()
+    files[0].symlink_to(victim)
+    srv = start_server(stories_model, **persist_args(tmp_path))
+    assert "0 cached prompts of the last run taken back" in srv.log_text()  # a linked index is not read
+    back = complete(srv, prompt, 16).json()
+    assert back["timings"]["prompt_n"] == first["timings"]["prompt_n"] and back["content"] == first["content"]
+    srv.stop()
+    assert victim.read_text() == "not the server's"  # the links were removed, never followed
+    assert not kept.exists() or not any(p.is_symlink() for p in kept.iterdir())
