@@ -29,12 +29,12 @@ const char * copy_how_name(unsigned how) {
     return names[how & 7];
 }
 
-ggml_backend_dev_t device_of(const ggml_tensor * t) {
-    if (t == nullptr || t->buffer == nullptr) {
+ggml_backend_dev_t device_of(ggml_backend_buffer_t buf) {
+    if (buf == nullptr) {
         return nullptr;
     }
-    ggml_backend_dev_t dev = ggml_backend_buft_get_device(ggml_backend_buffer_get_type(t->buffer));
-    if (dev == nullptr && ggml_backend_buffer_is_host(t->buffer)) {
+    ggml_backend_dev_t dev = ggml_backend_buft_get_device(ggml_backend_buffer_get_type(buf));
+    if (dev == nullptr && ggml_backend_buffer_is_host(buf)) {
         dev = ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_CPU);  // the CPU buffer type names no device
     }
     return dev;
@@ -92,9 +92,7 @@ seq_copier::~seq_copier() {
 }
 
 ggml_backend_t seq_copier::backend_for(ggml_backend_buffer_t buf) {
-    ggml_tensor probe = {};
-    probe.buffer = buf;
-    ggml_backend_dev_t dev = device_of(&probe);
+    ggml_backend_dev_t dev = device_of(buf);
     if (dev == nullptr) {
         return nullptr;
     }
@@ -306,7 +304,7 @@ bool seq_copier::copy(const llama_state_seq_slice * s, size_t n, uint8_t * buf, 
             report.n_ranges = r.count;
         }
         const bool on_host = r.tensor->buffer != nullptr && ggml_backend_buffer_is_host(r.tensor->buffer);
-        ggml_backend_dev_t dev = device_of(r.tensor);
+        ggml_backend_dev_t dev = device_of(r.tensor->buffer);
         const copy_route route = route_of(dev);
         auto & dm = report.on(dev);
         if (route == copy_route::bulk && on_host) {

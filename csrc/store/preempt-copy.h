@@ -202,7 +202,7 @@ private:
 };
 
 
-// the device a tensor's buffer lives on (the CPU device for host memory), or null
-ggml_backend_dev_t device_of(const ggml_tensor * t);
+// the device a buffer lives on (the CPU device for host memory), or null
+ggml_backend_dev_t device_of(ggml_backend_buffer_t buf);
 
 } // namespace llama_preempt

@@ -257,14 +257,6 @@ size_t prompt_disk::make_room(size_t n) {
     return freed;
 }
 
-size_t prompt_disk::bytes_in_ram() const {
-    size_t n = 0;
-    for (const auto & e : files_) {
-        n += e.tgt.capacity() + e.dft.capacity();
-    }
-    return n;
-}
-
 size_t prompt_disk::bytes_held() const {
     size_t n = 0;
     for (const auto & e : files_) {

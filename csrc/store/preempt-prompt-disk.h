@@ -56,7 +56,6 @@ public:
     size_t make_room(size_t n);
 
     size_t  bytes_held() const;  // bytes of prompt files now
-    size_t  bytes_in_ram() const;  // host bytes of prompts still being written (at most one prompt's: spill() waits for the last)
     int32_t n_files() const { return (int32_t) files_.size(); }
 
     // --cache-persist (the store's directory is kept across restarts: disk_store::persistent()).

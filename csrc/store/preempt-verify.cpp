@@ -62,7 +62,7 @@ static copy_mismatch locate(const copy_layout & layout, size_t pos, const char *
             m.tensor = m.tensor.substr(0, m.tensor.find(' '));  // "cache_k_l0 (view)": the cache tensor's name
             m.layer  = layer_of(m.tensor.c_str());
             m.cell   = cell_of(s.tensor, offset, s.n_rows > 1);
-            m.dev    = device_of(s.tensor);
+            m.dev    = device_of(s.tensor->buffer);
             m.device = m.dev ? ggml_backend_dev_name(m.dev) : "no device";
             return m;
         }
@@ -101,18 +101,18 @@ copy_mismatch check_restored(const copy_layout & layout, const uint8_t * buf, co
     return {};
 }
 
-bool verify_guard::due(bool park, const std::vector<std::string> & devices) const {
+bool verify_guard::due(bool park) const {
     if (n_first < 0) {
         return true;
     }
     if (n_first == 0) {
         return false;
     }
-    if (devices.empty()) {
+    if (seen_.empty()) {
         return true;  // nothing moved yet: the first copy is checked
     }
     const auto & n = park ? n_parks_ : n_restores_;
-    for (const auto & d : devices) {
+    for (const auto & d : seen_) {
         auto it = n.find(d);
         if (it == n.end() || it->second < n_first) {
             return true;

@@ -54,11 +54,11 @@ copy_mismatch check_restored(const copy_layout & layout, const uint8_t * buf, co
 struct verify_guard {
     int32_t n_first = 3;
 
-    bool due(bool park, const std::vector<std::string> & devices) const;
+    // a park (or restore) is checked while any device the copies have moved so far is due (the
+    // first copy, before any device is known, is)
+    bool due(bool park) const;
     void count(bool park, const std::vector<std::string> & devices);
     void route_changed(const std::string & device);  // its copies are checked again from the first
-    // the devices the copies have moved so far (due() for a device never seen is true)
-    const std::vector<std::string> & seen() const { return seen_; }
 
 private:
     std::map<std::string, int32_t> n_parks_, n_restores_;
