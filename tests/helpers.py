@@ -121,6 +121,22 @@ def wait_until(predicate: Callable[[], T], timeout_s: float, what: str, interval
         time.sleep(interval_s)
 
 
+def logged(srv: Any, *needles: str, timeout: float = 15) -> str:
+    """The server's log once it holds every needle. Its log thread writes a line a moment after the
+    event, so the answer that followed the event can reach a test before the line does."""
+    return wait_until(lambda: (lambda t: t if all(n in t for n in needles) else "")(srv.log_text()), timeout,
+                      f"{', '.join(map(repr, needles))} in the log")
+
+
+def park_lines(srv: Any, timeout: float = 15) -> list[str]:
+    """The log's "parked by" line of every park /metrics has counted so far (waited for, as in logged())."""
+    n = srv.metrics()["n_preempt_total"]
+    if n == 0:
+        return []
+    return wait_until(lambda: (lambda got: got if len(got) >= n else None)(
+        [x for x in srv.log_text().splitlines() if "parked by " in x]), timeout, f"{n} park lines in the log")
+
+
 def wait_for_slot(srv: LlamaServer, key: str, timeout: float = 60) -> dict[str, Any]:
     """The /slots entry of the first slot seen with `key` true ("is_processing", "is_preempted")."""
     return wait_until(lambda: next((s for s in srv.slots() if s[key]), None), timeout, f"a slot with {key}")
@@ -195,7 +211,7 @@ def assert_restored_ahead_exactly(ref_srv: LlamaServer, srv: LlamaServer) -> Any
     assert m["n_swap_restore_ahead_total"] == m["n_restore_ahead_total"]  # the old name, kept one release
     assert m["n_restore_ahead_total"] <= m["n_resume_total"] == m["n_preempt_total"]
     assert_every_swap_verified(m)
-    assert "(uploaded ahead)" in srv.log_text()
+    logged(srv, "(uploaded ahead)")
     return m
 
 

@@ -14,7 +14,7 @@ import requests
 
 from llama_preempt.server import LlamaServer, free_port
 
-from helpers import http_ok, new_server, wait_until
+from helpers import http_ok, logged, new_server, wait_until
 
 CFG = Path(__file__).resolve().parent.parent / "examples" / "haproxy.cfg"
 
@@ -69,7 +69,7 @@ def test_a_rolling_restart_behind_haproxy_loses_no_request(tmp_path: Path, stori
             admin(sock, f"set server llama_preempt/{name} state drain")  # step 1 of the recipe
             srv.proc.send_signal(signal.SIGTERM)
             assert srv.proc.wait(timeout=90) == 0, srv.log_tail()
-            assert "drained in" in srv.log_text()
+            logged(srv, "drained in")
             servers[name] = server(stories_model, srv.port, tmp_path / name)
             admin(sock, f"set server llama_preempt/{name} state ready")
             wait_until(lambda: up(sock, name), 60, f"HAProxy to see server {name} up again")

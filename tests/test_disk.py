@@ -19,8 +19,8 @@ from typing import Any
 
 import pytest
 
-from helpers import (THREE_PROMPTS, BackgroundStream, complete, complete_all, long_prompt, open_raw_stream, run_cli,
-                     wait_for_parked, wait_until)
+from helpers import (THREE_PROMPTS, BackgroundStream, complete, complete_all, logged, long_prompt, open_raw_stream,
+                     park_lines, run_cli, wait_for_parked, wait_until)
 from llama_preempt.engine import Completion, Engine
 from llama_preempt.server import LlamaServer, ServerStartError
 
@@ -84,8 +84,8 @@ def test_forced_disk_parks_read_back_upstreams_bytes_and_give_the_unparked_answe
     assert m["preempt_disk_write_bytes_per_second"] != 500_000_000
     assert m["preempt_disk_read_bytes_per_second"] != 1_000_000_000
     assert_nothing_on_disk(srv, tmp_path)
-    assert "parked by swap to disk, written" in srv.log_text()
-    assert "restored by swap from disk" in srv.log_text()
+    logged(srv, "parked by swap to disk, written")
+    logged(srv, "restored by swap from disk")
 
 
 def test_background_writes_free_their_ram_and_the_next_back_is_ready_ahead(
@@ -112,7 +112,7 @@ def test_background_writes_free_their_ram_and_the_next_back_is_ready_ahead(
     assert m["n_disk_restore_from_memory_total"] >= 1  # the next back kept its host copy
     assert m["n_disk_read_bytes_total"] > 0
     assert m["n_swap_verify_mismatch_total"] == 0
-    assert "parked by swap to disk, written in the background" in srv.log_text()
+    logged(srv, "parked by swap to disk, written in the background")
     assert_nothing_on_disk(srv, tmp_path)
 
 
@@ -241,7 +241,7 @@ def test_a_disk_failure_recomputes_the_slot_with_the_right_answer(
         assert by["preempt_parks_by_tier_total"]["disk"] == n
         assert by["preempt_restores_by_tier_total"]["recompute"] == n
         assert m["n_swap_restore_fail_total"] == n
-    assert f"failed ({kind})" in srv.log_text()
+    logged(srv, f"failed ({kind})")
     assert_nothing_on_disk(srv, tmp_path)
 
 
@@ -264,8 +264,8 @@ def test_a_background_write_that_fails_keeps_the_host_copy(start_server, stories
     assert by["preempt_disk_failures_total"][fault] == n
     assert by["preempt_restores_by_tier_total"]["ram"] == n
     assert m["n_recompute_tokens_total"] == 0 and m["n_swap_restore_fail_total"] == 0
-    assert f"writing its file in the background failed ({fault})" in srv.log_text()
-    assert "kept in host RAM" in srv.log_text()
+    logged(srv, f"writing its file in the background failed ({fault})")
+    logged(srv, "kept in host RAM")
     assert_nothing_on_disk(srv, tmp_path)
 
 
@@ -336,7 +336,7 @@ def test_a_killed_servers_files_are_removed_at_the_next_start_and_a_live_ones_ke
 
         live = server()
         assert left not in our_dirs(disk) and park_files(disk) == []
-        assert "removed 1 left by servers that are gone" in live.log_text()
+        logged(live, "removed 1 left by servers that are gone")
         [mine] = our_dirs(disk)
         assert mine.name.startswith(f"llama-preempt-{live.proc.pid}-")  # type: ignore[union-attr]
 
@@ -376,8 +376,7 @@ def test_the_disk_tier_shows_in_props_and_the_startup_line(start_server, stories
     srv = start_server(stories_model, n_ctx=256, n_parallel=2, extra_args=disk_args(tmp_path, "--preempt-disk-mib", "64"))
     props = srv.props()["llama_preempt"]
     assert props["preempt_disk"] == str(tmp_path) and props["preempt_disk_mib"] == 64
-    assert "SWAP to RAM or disk, or RECOMPUTE, by measured cost within 8192 MiB of host RAM, disk (64 MiB) above it" \
-        in srv.log_text()
+    logged(srv, "SWAP to RAM or disk, or RECOMPUTE, by measured cost within 8192 MiB of host RAM, disk (64 MiB) above it")
     assert re.search(r"disk tier in .*llama-preempt-\d+-[0-9a-f]{16} \(mode 0700", srv.log_text())
     plain = start_server(stories_model, n_ctx=256, n_parallel=2)
     assert plain.props()["llama_preempt"]["preempt_disk"] is None
@@ -471,9 +470,9 @@ def test_park_lines_price_the_disk_only_where_there_is_a_disk_tier(start_server,
                                                                    tmp_path: Path) -> None:
     plain = start_server(stories_model, n_ctx=512, n_parallel=2, env=FORCED, extra_args=["--preempt-mode", "swap"])
     complete(plain, "Once upon a time", 24)
-    parks = [x for x in plain.log_text().splitlines() if "parked by swap" in x]
+    parks = park_lines(plain)
     assert parks and all("(predicted swap" in x and ", disk " not in x for x in parks)
     srv = start_server(stories_model, n_ctx=512, n_parallel=2, env=FORCED, extra_args=[*ON_LOOP, *disk_args(tmp_path)])
     complete(srv, "Once upon a time", 24)
-    parks = [x for x in srv.log_text().splitlines() if "parked by swap" in x]
+    parks = park_lines(srv)
     assert parks and all(re.search(r"\(predicted swap [\d.]+ ms, disk [\d.]+ ms, recompute", x) for x in parks)

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from conftest import RpcFactory
-from helpers import complete, on_rpc, run_cli
+from helpers import complete, logged, on_rpc, run_cli
 from llama_preempt import DoctorReport, run_doctor
 from llama_preempt.binary import server_binary
 
@@ -159,7 +159,7 @@ def test_the_copy_guard_catches_a_corrupt_park_switches_to_slices_and_the_reques
     # the wrong park recomputed; every park after it went slice by slice, checked for the next 3
     assert m["n_preempt_recompute_total"] == 1 and m["n_preempt_swap_total"] == m["n_preempt_total"] - 1 >= 4
     assert m["n_swap_verify_total"] == 1 + 3 + 3
-    log = srv.log_text()
+    log = logged(srv, "copy guard:", "CPU copies slice by slice from now on")
     assert log.count("copy guard: the swap park by memcpy on CPU differs from upstream's copy at target context") == 1
     assert "CPU copies slice by slice from now on" in log
     assert "by single slices" in log.split("copy guard:")[1]
@@ -177,7 +177,7 @@ def test_the_copy_guard_on_an_rpc_device_catches_a_corrupt_restore_and_moves_tha
     m = srv.metrics()
     assert m["n_swap_verify_mismatch_total"] == 1 and m["n_copy_route_changes_total"] == 1
     assert m["n_swap_restore_fail_total"] == 1  # the restore on bad cells was refused: the request recomputed
-    assert "copy guard: the swap restore by device graphs on RPC0 differs" in srv.log_text()
+    logged(srv, "copy guard: the swap restore by device graphs on RPC0 differs")
 
 
 def test_when_single_slices_are_wrong_too_the_guard_turns_swap_off(start_server, stories_model: Path) -> None:
@@ -188,7 +188,7 @@ def test_when_single_slices_are_wrong_too_the_guard_turns_swap_off(start_server,
     m = srv.metrics()
     assert m["n_preempt_total"] >= 4 and m["n_preempt_swap_total"] == 0  # every park recomputed
     assert m["n_swap_verify_mismatch_total"] == 1
-    assert "SWAP is off from now on (every park recomputes)" in srv.log_text()
+    logged(srv, "SWAP is off from now on (every park recomputes)")
 
 
 @pytest.mark.parametrize("flag, checked", [([], "first"), (["--preempt-verify", "never"], "none"),

@@ -15,7 +15,7 @@ import requests
 from llama_preempt.engine import Engine, EngineError, RequestCancelled
 from llama_preempt.server import LlamaServer, ServerStartError
 
-from helpers import new_server, open_raw_stream, wait_until
+from helpers import logged, new_server, open_raw_stream, wait_until
 
 FORCED = {"LLAMA_SERVER_PREEMPT_EVERY": "8"}  # parks every generating slot every 8 tokens
 HELD = {**FORCED, "LLAMA_SERVER_PREEMPT_HOLD_MS": "600000"}  # ... and keeps it parked
@@ -118,7 +118,7 @@ def test_sigterm_lets_the_requests_in_flight_finish_refuses_new_ones_and_exits_0
         assert c.status == 200 and c.error is None
         assert c.n_generated == 400, (c.body, len(c.events))
     assert all(c.ended and c.events[-1].get("stop") for c in clients if c.events)
-    assert "drained in" in srv.log_text() and "4 requests finished with their answer, 0 ended" in srv.log_text()
+    logged(srv, "drained in", "4 requests finished with their answer, 0 ended")
 
 
 def test_a_drain_that_runs_out_ends_each_request_with_an_error_and_exits_0(serve: Serve) -> None:
@@ -134,7 +134,7 @@ def test_a_drain_that_runs_out_ends_each_request_with_an_error_and_exits_0(serve
     assert plain.status == 503 and "did not finish within --drain-timeout 1 s" in plain.body["error"]["message"]
     assert stream.status == 200 and stream.ended  # the stream's error event, then its end
     assert stream.error is not None and "--drain-timeout" in stream.error["message"]
-    assert "0 requests finished with their answer, 2 ended with an error" in srv.log_text()
+    logged(srv, "0 requests finished with their answer, 2 ended with an error")
 
 
 def test_a_second_signal_ends_the_drain_at_once_with_the_requests_answered(serve: Serve) -> None:

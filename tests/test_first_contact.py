@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from helpers import complete, long_prompt, open_raw_stream, run_cli, run_concurrently, stats_text, wait_for_parked
+from helpers import (complete, logged, long_prompt, open_raw_stream, run_cli, run_concurrently, stats_text,
+                     wait_for_parked)
 from llama_preempt.binary import server_binary
 from llama_preempt.server import free_port
 
@@ -19,7 +20,7 @@ def test_np_4_without_kv_flags_shares_one_pool_and_overflowing_requests_finish(s
     # the launch most people use: -c and -np, no --kv-unified. Upstream would split 512 cells into
     # 4 x 128, and 4 requests of ~200 tokens would all stop at the slot's limit
     srv = start_server(stories_model, n_ctx=512, n_parallel=4, kv_unified=None)
-    assert "the 4 slots share one unified KV pool" in srv.log_text()
+    logged(srv, "the 4 slots share one unified KV pool")
     props = srv.props()["llama_preempt"]
     assert props["preempt"] is True and props["preempt_active"] is True
     assert props["preempt_inactive_reason"] is None and props["kv_unified"] is True

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from helpers import complete, long_prompt, wait_for_slot, wait_until
+from helpers import complete, logged, long_prompt, wait_for_slot, wait_until
 
 BUDGET = 1 << 20  # --host-kv-ram 1: about 1600 tokens of stories260K's KV
 
@@ -39,7 +39,7 @@ def test_the_defaults_make_one_budget_of_the_larger_cap_and_props_says_it(start_
     srv = start_server(stories_model, n_ctx=256, n_parallel=2)
     assert srv.metrics()["preempt_host_budget_bytes"] == 8192 << 20  # --preempt-ram 8192, --cache-ram 8192: 8 GiB, not 16
     assert srv.get("/props").json()["llama_preempt"]["host_kv_ram_mib"] == 8192
-    assert "one host budget for KV off the device (--host-kv-ram): 8192 MiB" in srv.log_text()
+    logged(srv, "one host budget for KV off the device (--host-kv-ram): 8192 MiB")
     unlimited = start_server(stories_model, n_ctx=256, n_parallel=2, extra_args=["--preempt-ram", "-1"])
     assert unlimited.metrics()["preempt_host_budget_bytes"] == 0  # 0: no limit
     assert unlimited.get("/props").json()["llama_preempt"]["host_kv_ram_mib"] == -1
@@ -110,7 +110,7 @@ def test_the_budget_holds_under_a_mixed_load_of_parks_and_chat_turns(start_serve
         assert m["prompt_cache_bytes"] == 0
     else:
         assert max(seen) > BUDGET // 2  # the load pressed on the budget
-    assert "one host budget" in srv.log_text()
+    logged(srv, "one host budget")
 
 
 @pytest.mark.parametrize("value", ["-2", "x", "1.5"])

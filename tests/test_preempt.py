@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from helpers import (BackgroundStream, complete, complete_all, long_prompt, n_tokens, run_concurrently, sse_events,
-                     wait_for_parked)
+from helpers import (BackgroundStream, complete, complete_all, logged, long_prompt, n_tokens, run_concurrently,
+                     sse_events, wait_for_parked)
 from llama_preempt import Completion
 from llama_preempt.server import ServerStartError
 
@@ -43,8 +43,8 @@ def test_forced_parks_complete_with_the_same_length_and_text(start_server, stori
     assert m["requests_preempted"] == 0
     assert m["n_preempt_recompute_total"] == m["n_preempt_total"]
     assert m["n_preempt_swap_total"] == 0
-    assert "parked by recompute" in srv.log_text()
-    assert "resumed by recompute after" in srv.log_text()
+    logged(srv, "parked by recompute")
+    logged(srv, "resumed by recompute after")
 
 
 def test_usage_does_not_count_the_recompute_as_prompt_tokens(start_server, stories_model: Path) -> None:
@@ -127,7 +127,7 @@ def test_two_requests_that_fit_alone_but_not_together_both_finish(
 
 def test_the_overflow_fails_every_request_with_no_preempt(start_server, stories_model: Path) -> None:
     srv = start_server(stories_model, n_ctx=256, n_parallel=2, n_batch=64, preempt=False)
-    assert "preemption: off, disabled by --no-preempt" in srv.log_text()
+    logged(srv, "preemption: off, disabled by --no-preempt")
     prompts = [long_prompt(12), "Once upon a time there was a dog"]
     res = run_concurrently([lambda p=p: complete(srv, p, 200) for p in prompts])
     failed = [r for r in res if r.status_code != 200]
@@ -219,17 +219,17 @@ def test_the_bottom_of_the_retry_ladder_parks_instead_of_failing_everyone(
     prompts = [long_prompt(12), "Once upon a time there was a dog"]
     complete_all(srv, prompts, 200)
     assert srv.metrics()["n_preempt_total"] >= 1
-    assert "reason: last resort" in srv.log_text()
+    logged(srv, "reason: last resort")
 
 
 def test_preemption_is_off_without_a_unified_pool(start_server, stories_model: Path) -> None:
     srv = start_server(stories_model, n_ctx=512, n_parallel=2, kv_unified=False)
-    assert "preemption: off, needs one unified KV pool, and --no-kv-unified splits it per slot" in srv.log_text()
+    logged(srv, "preemption: off, needs one unified KV pool, and --no-kv-unified splits it per slot")
 
 
 def test_preempt_flag_comes_from_the_environment(start_server, stories_model: Path) -> None:
     srv = start_server(stories_model, n_ctx=256, n_parallel=2, env={"LLAMA_ARG_PREEMPT": "0"})
-    assert "preemption: off, disabled by --no-preempt" in srv.log_text()
+    logged(srv, "preemption: off, disabled by --no-preempt")
 
 
 # --- the hybrid (recurrent + attention) model with an MTP draft head ---
@@ -348,9 +348,7 @@ def test_a_bad_preempt_sched_is_a_startup_error_naming_it(start_server, stories_
 def test_preempt_sched_sets_the_planners_knobs_and_the_log_says_them(start_server, stories_model: Path) -> None:
     srv = start_server(stories_model, n_ctx=256, n_parallel=2,
                        extra_args=["--preempt-sched", "prompt-budget=64,pass-limit-ms=0,starved=2"])
-    log = srv.log_text()
-    assert "passed by later ones for at most 0 ms" in log
-    assert "prompt-budget=64 restore-headroom=8 near-finish=16 starved=2" in log
+    logged(srv, "passed by later ones for at most 0 ms", "prompt-budget=64 restore-headroom=8 near-finish=16 starved=2")
     # and it serves: an overflow that parks still completes every request
     complete_all(srv, [long_prompt(12), "Once upon a time there was a dog"], 200)
     assert srv.metrics()["n_preempt_total"] >= 1

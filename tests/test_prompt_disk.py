@@ -7,6 +7,7 @@ is caught by its checksum, counted, and the prompt is prefilled instead.
 """
 from __future__ import annotations
 
+import json
 import os
 import stat
 from pathlib import Path
@@ -14,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from helpers import long_prompt
+from helpers import logged, long_prompt, run_cli
 
 SMALL_CACHE = ["--cache-ram", "1", "--deterministic"]
 
@@ -60,7 +61,16 @@ def test_a_prompt_evicted_from_ram_comes_back_from_disk_with_prompt_n_small_and_
     assert m["n_prompt_cache_spilled_total"] >= 1 and m["n_prompt_cache_disk_hits_total"] == 1
     assert m["n_prompt_cache_disk_failures_total"] == 0
     assert m["prompt_cache_disk_bytes"] > 0 and m["prompt_cache_bytes"] <= 1 << 20
-    assert "read back from the disk tier" in srv.log_text()
+    logged(srv, "read back from the disk tier")
+    # `llama-preempt stats` shows the host and disk bytes by kind, and the prompts' trips to disk
+    p = run_cli("stats", srv.url, "--once", timeout=60)
+    assert p.returncode == 0, p.stderr
+    assert "host KV: parked + prompts / budget" in p.stdout and "/ 8192.0 MiB" in p.stdout
+    assert "of it cached prompts" in p.stdout
+    assert f"{m['n_prompt_cache_spilled_total']:.0f} / 1 / 0 / 0" in p.stdout
+    js = json.loads(run_cli("stats", srv.url, "--once", "--json", timeout=60).stdout)
+    assert js["host"]["budget_bytes"] == 8192 << 20 and js["host"]["prompt_cache_bytes"] == m["prompt_cache_bytes"]
+    assert js["prompt_cache"]["disk_hits"] == 1 and js["disk"]["prompt_cache_bytes"] == m["prompt_cache_disk_bytes"]
 
 
 @pytest.mark.parametrize("fault", ["corrupt", "truncate"])
@@ -74,7 +84,7 @@ def test_a_corrupt_or_truncated_prompt_file_is_prefilled_and_counted(
     m = srv.metrics()
     assert m["n_prompt_cache_disk_failures_total"] == 1 and m["n_prompt_cache_disk_hits_total"] == 0
     assert sum(srv.metrics().labeled["preempt_disk_failures_total"].values()) == 1
-    assert "failed to read back" in srv.log_text()
+    logged(srv, "failed to read back")
 
 
 def test_prompt_files_live_in_the_disk_tiers_private_directory_and_go_with_it(
@@ -118,7 +128,7 @@ def test_a_model_whose_cached_prompts_carry_checkpoints_drops_them_and_says_so(
         assert complete(srv, long_prompt(400, shift=9 * i), 4).status_code == 200
     m = srv.metrics()
     assert m["n_prompt_cache_spilled_total"] == 0 and m["n_prompt_cache_disk_skipped_total"] >= 1
-    assert "not written to disk (not supported yet)" in srv.log_text()
+    logged(srv, "not written to disk (not supported yet)")
 
 
 # --- --cache-persist: the disk tier's cached prompts across a restart ---
@@ -155,7 +165,7 @@ def test_a_restart_with_the_same_model_and_flags_takes_the_prompt_files_back(
     assert back["content"] == first["content"]
     m = srv.metrics()
     assert m["n_prompt_cache_disk_hits_total"] == 1 and m["n_prompt_cache_disk_failures_total"] == 0
-    assert "cached prompts of the last run taken back" in srv.log_text()
+    logged(srv, "cached prompts of the last run taken back")
     assert not (kept / "index").exists()  # used once: a crash now leaves no index listing files it removed
 
 
@@ -199,7 +209,7 @@ def test_a_link_planted_at_the_kept_directorys_name_is_never_followed(
     (elsewhere / "keep-me").write_text("not the server's")
     kept.symlink_to(elsewhere)
     srv = start_server(stories_model, **persist_args(tmp_path))
-    assert "the prompt cache is not kept across restarts" in srv.log_text()
+    logged(srv, "the prompt cache is not kept across restarts")
     for i in range(6):
         assert complete(srv, long_prompt(250, shift=9 * i), 8).status_code == 200
     srv.stop()
@@ -228,7 +238,7 @@ def test_links_planted_in_the_kept_directory_are_never_followed(start_server, st
     files[0].unlink()
     files[0].symlink_to(victim)
     srv = start_server(stories_model, **persist_args(tmp_path))
-    assert "0 cached prompts of the last run taken back" in srv.log_text()  # a linked index is not read
+    logged(srv, "0 cached prompts of the last run taken back")  # a linked index is not read
     back = complete(srv, prompt, 16).json()
     assert back["timings"]["prompt_n"] == first["timings"]["prompt_n"] and back["content"] == first["content"]
     srv.stop()

@@ -21,8 +21,8 @@ import requests
 
 from conftest import RpcFactory
 from helpers import (assert_every_swap_verified, assert_forced_swaps_give_the_unparked_answer,
-                     assert_restored_ahead_exactly, cli_command, complete, complete_all, long_prompt, on_rpc,
-                     open_raw_stream, streams_held_parked, wait_for_parked, wait_until, wait_until_nothing_held)
+                     assert_restored_ahead_exactly, cli_command, complete, complete_all, logged, long_prompt, on_rpc,
+                     open_raw_stream, park_lines, streams_held_parked, wait_for_parked, wait_until, wait_until_nothing_held)
 from llama_preempt.binary import rpc_server_binary, server_binary
 from llama_preempt.rpc import RpcServer
 from llama_preempt.server import LlamaServer, free_port
@@ -35,13 +35,14 @@ def assert_connected(*servers: RpcServer) -> None:
     # each RPC server took llama-server as its client (the parks' "by device graphs" then shows the
     # cells live on a device: host tensors are copied by memcpy)
     for rpc in servers:
-        assert "Accepted client connection" in rpc.log_text(), rpc.log_text()[-2000:]
+        logged(rpc, "Accepted client connection")
 
 
-def park_lines(srv: LlamaServer) -> list[tuple[int, str]]:
+def swap_parks(srv: LlamaServer) -> list[tuple[int, str]]:
     """(cell ranges, how it was copied) of every swap park in the log."""
     return [(int(n), how) for n, how in
-            re.findall(r"parked by swap \([^)]* in (\d+) cell ranges\) in [\d.]+ ms by ([a-z ,]+), reason", srv.log_text())]
+            re.findall(r"parked by swap \([^)]* in (\d+) cell ranges\) in [\d.]+ ms by ([a-z ,]+), reason",
+                       "\n".join(park_lines(srv)))]
 
 
 def test_the_package_installs_the_rpc_server_beside_llama_server() -> None:
@@ -83,7 +84,7 @@ def test_forced_swap_parks_over_rpc_copy_upstreams_bytes_and_give_the_unparked_o
                        extra_args=on_rpc(rpc) + ["-fa", flash, "--preempt-mode", "swap"])
     assert_connected(rpc)
     m = assert_forced_swaps_give_the_unparked_answer(ref_srv, srv)
-    parks = park_lines(srv)
+    parks = swap_parks(srv)
     assert len(parks) == m["n_preempt_swap_total"]
     # through the device: gathered by graphs on the RPC server, nothing copied one slice at a time
     assert all(how == "device graphs" for _, how in parks), parks
@@ -109,7 +110,7 @@ def test_an_overloaded_pool_over_rpc_parks_fragmented_sequences_and_every_reques
     assert m["preempt_ram_bytes"] == 0 and m["preempt_copies_in_flight"] == 0
     if verify:
         assert_every_swap_verified(m)
-    ranges = [n for n, _ in park_lines(srv)]
+    ranges = [n for n, _ in swap_parks(srv)]
     assert max(ranges) >= 100, f"the parked sequences were not fragmented: {ranges}"
     assert srv.proc is not None and srv.proc.poll() is None
 
@@ -134,7 +135,7 @@ def test_two_rpc_servers_with_a_layer_split_park_restore_and_upload_ahead_exactl
     assert_connected(*rpcs)
     m = assert_restored_ahead_exactly(ref_srv, srv)
     assert m["n_preempt_total"] >= 6
-    assert all(how == "device graphs" for _, how in park_lines(srv))
+    assert all(how == "device graphs" for _, how in swap_parks(srv))
 
 
 @pytest.mark.parametrize("verify", [True, False], ids=["verified", "in-flight"])
@@ -148,7 +149,7 @@ def test_two_rpc_servers_under_overload_park_fragmented_sequences_and_every_requ
     assert m["n_preempt_swap_total"] == m["n_preempt_total"] == m["n_resume_total"]
     if verify:
         assert_every_swap_verified(m)
-    assert max(n for n, _ in park_lines(srv)) >= 100
+    assert max(n for n, _ in swap_parks(srv)) >= 100
 
 
 def test_a_request_cancelled_while_its_rpc_copy_is_in_flight_frees_everything(
@@ -256,5 +257,5 @@ def test_disk_parks_of_cells_on_an_rpc_device_give_the_unparked_answer(
     assert m["n_swap_verify_total"] >= m["n_preempt_total"] and m["n_swap_verify_mismatch_total"] == 0
     assert m["n_swap_restore_fail_total"] == 0
     assert m["preempt_disk_bytes"] == 0 and m["preempt_ram_bytes"] == 0
-    assert "parked by swap to disk" in srv.log_text()
+    logged(srv, "parked by swap to disk")
     assert_connected(rpc)

@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from helpers import (complete, complete_all, long_prompt, n_tokens, open_raw_stream, sse_events, wait_for_parked,
-                     wait_until, wait_until_nothing_held)
+from helpers import (complete, complete_all, logged, long_prompt, n_tokens, open_raw_stream, sse_events,
+                     wait_for_parked, wait_until, wait_until_nothing_held)
 from llama_preempt import Completion
 
 FORCED = {"LLAMA_SERVER_PREEMPT_EVERY": "8"}
@@ -45,14 +45,14 @@ def test_forced_parks_under_the_default_budget_are_swaps_and_byte_identical(
     assert m["n_recompute_tokens_total"] == 0
     assert m["n_resume_total"] == m["n_preempt_total"]
     assert m["preempt_ram_bytes"] == 0
-    assert "parked by swap" in srv.log_text()
-    assert "restored by swap" in srv.log_text()
+    logged(srv, "parked by swap")
+    logged(srv, "restored by swap")
 
 
 def test_preempt_ram_zero_always_recomputes_and_overflowing_requests_finish(
         start_server, stories_model: Path) -> None:
     srv = start_server(stories_model, n_ctx=256, n_parallel=2, n_batch=64, extra_args=["--preempt-ram", "0"])
-    assert "RECOMPUTE only (--preempt-ram 0)" in srv.log_text()
+    logged(srv, "RECOMPUTE only (--preempt-ram 0)")
     complete_all(srv, [long_prompt(12), "Once upon a time there was a dog"], 200)
     m = srv.metrics()
     assert m["n_preempt_total"] >= 1
@@ -108,7 +108,7 @@ def test_a_failed_restore_falls_back_to_recompute_and_the_request_finishes(
     assert m["n_swap_restore_fail_total"] == m["n_preempt_swap_total"]
     assert m["n_recompute_tokens_total"] > 0
     assert m["preempt_ram_bytes"] == 0
-    assert "falling back to recompute" in srv.log_text()
+    logged(srv, "falling back to recompute")
     print(f"fallback output identical to the unforced one: {r.json()['content'] == ref['content']}")
 
 
@@ -155,7 +155,7 @@ def test_an_invalid_preempt_ram_is_a_startup_error_naming_the_flag(
 
 def test_preempt_ram_comes_from_the_environment(start_server, stories_model: Path) -> None:
     srv = start_server(stories_model, n_ctx=256, n_parallel=2, env={"LLAMA_ARG_PREEMPT_RAM": "-1"})
-    assert "SWAP or RECOMPUTE by measured cost, host RAM with no limit" in srv.log_text()
+    logged(srv, "SWAP or RECOMPUTE by measured cost, host RAM with no limit")
 
 
 YES_NO = 'root ::= ("yes" | "no") (", " ("yes" | "no"))*'

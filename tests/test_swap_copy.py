@@ -14,7 +14,8 @@ import pytest
 import requests
 
 from helpers import (assert_every_swap_verified, assert_forced_swaps_give_the_unparked_answer,
-                     assert_restored_ahead_exactly, complete, complete_all, long_prompt, run_concurrently, wait_for_parked)
+                     assert_restored_ahead_exactly, complete, complete_all, logged, long_prompt, park_lines,
+                     run_concurrently, wait_for_parked)
 
 FORCED = {"LLAMA_SERVER_PREEMPT_EVERY": "8"}
 ROUTES = ["bulk", "graph"]
@@ -52,7 +53,8 @@ def test_a_fragmented_sequence_parks_and_restores_exactly(start_server, stories_
     m = srv.metrics()
     assert m["n_preempt_total"] >= 15
     assert_every_swap_verified(m)
-    ranges = [int(n) for n in re.findall(r"parked by swap \([^)]* in (\d+) cell ranges\)", srv.log_text())]
+    ranges = [int(n) for n in re.findall(r"parked by swap \([^)]* in (\d+) cell ranges\)",
+                                                 "\n".join(park_lines(srv)))]
     assert len(ranges) == m["n_preempt_swap_total"]
     assert max(ranges) >= 4, f"the sequences never fragmented: {ranges}"
 
@@ -97,7 +99,7 @@ def test_auto_recomputes_when_the_swap_is_predicted_dearer(start_server, stories
     # 1 kB/s of copy bandwidth against a million tokens/s of prefill: every swap is dearer
     srv = start_server(stories_model, n_ctx=512, n_parallel=2,
                        env={**FORCED, "LLAMA_SERVER_PREEMPT_RATES": "0.000001,0.000001,1000000"})
-    assert "SWAP or RECOMPUTE by measured cost" in srv.log_text()
+    logged(srv, "SWAP or RECOMPUTE by measured cost")
     r = complete(srv, "Once upon a time", 64)
     assert r.json()["tokens_predicted"] == 64
     m = srv.metrics()
@@ -109,7 +111,7 @@ def test_auto_recomputes_when_the_swap_is_predicted_dearer(start_server, stories
     by = srv.metrics().labeled["preempt_parks_by_choice_total"]
     assert by["recompute_cheaper"] == m["n_preempt_total"]
     assert by["swap_cheaper"] == 0
-    assert "recompute_cheaper (predicted swap" in srv.log_text()
+    logged(srv, "recompute_cheaper (predicted swap")
 
 
 def test_auto_swaps_when_the_swap_is_predicted_cheaper(start_server, stories_model: Path) -> None:
@@ -150,7 +152,7 @@ def test_auto_measures_its_rates_from_the_servers_own_parks_and_prompts(start_se
 
 def test_preempt_mode_recompute_never_swaps(start_server, stories_model: Path) -> None:
     srv = start_server(stories_model, n_ctx=512, n_parallel=2, extra_args=["--preempt-mode", "recompute"], env=FORCED)
-    assert "RECOMPUTE only (--preempt-mode recompute)" in srv.log_text()
+    logged(srv, "RECOMPUTE only (--preempt-mode recompute)")
     assert complete(srv, "Once upon a time", 48).json()["tokens_predicted"] == 48
     m = srv.metrics()
     assert m["n_preempt_total"] >= 4
@@ -169,7 +171,7 @@ def test_an_invalid_preempt_mode_is_a_startup_error_naming_the_flag(start_server
 
 def test_preempt_mode_comes_from_the_environment(start_server, stories_model: Path) -> None:
     srv = start_server(stories_model, n_ctx=256, n_parallel=2, env={"LLAMA_ARG_PREEMPT_MODE": "recompute"})
-    assert "RECOMPUTE only (--preempt-mode recompute)" in srv.log_text()
+    logged(srv, "RECOMPUTE only (--preempt-mode recompute)")
     assert requests.get(f"{srv.url}/props", timeout=30).json()["llama_preempt"]["preempt_mode"] == "recompute"
 
 

@@ -26,7 +26,7 @@ std::vector<metric_item> metric_items(const preempt_counters & c, const preempt_
         { "preempt_prefill_tokens_per_second", "gauge", "Prefill rate used to price a RECOMPUTE (moving average of measured prompt batches)",      (uint64_t) g.rates.prefill_tps },
         { "preempt_disk_write_bytes_per_second", "gauge", "Disk write rate used to price a disk park (moving average of the disk tier's measured writes)", (uint64_t) g.rates.disk_write_bps },
         { "preempt_disk_read_bytes_per_second",  "gauge", "Disk read rate used to price a disk park (moving average of the disk tier's measured reads)",   (uint64_t) g.rates.disk_read_bps },
-        { "preempt_disk_bytes",        "gauge",   "Bytes of parked slots' state in the disk tier's files now (--preempt-disk)", g.disk_bytes },
+        { "preempt_disk_bytes",        "gauge",   "Bytes in the disk tier's files now: parked slots' state and cached prompts (--preempt-disk)", g.disk_bytes },
         { "preempt_disk_writes_in_flight", "gauge", "Disk parks whose file is still being written (their host copy counts against --preempt-ram)", (uint64_t) g.n_disk_writes_in_flight },
         { "n_disk_write_bytes_total",  "counter", "Bytes written to the disk tier's files",                                  c.n_disk_write_bytes_total },
         { "n_disk_read_bytes_total",   "counter", "Bytes read back from the disk tier's files",                             c.n_disk_read_bytes_total },

@@ -98,8 +98,18 @@ def to_json(snap: Snapshot, r: dict[str, float] | None) -> dict[str, Any]:
         "rates_per_s": r,
         "requests_preempted": st.requests_preempted,
         "ram": {"held_bytes": st.preempt_ram_bytes, "budget_bytes": _budget_bytes(snap.budget_mib)},
+        # --host-kv-ram: parked slots and upstream's prompt cache under one budget (0: no limit)
+        "host": {"budget_bytes": st.preempt_host_budget_bytes, "parked_bytes": st.preempt_ram_bytes,
+                 "prompt_cache_bytes": st.prompt_cache_bytes},
+        "prompt_cache": {"ram_bytes": st.prompt_cache_bytes, "disk_bytes": st.prompt_cache_disk_bytes,
+                         "evicted_for_parks": st.n_prompt_cache_evicted_total,
+                         "spilled_to_disk": st.n_prompt_cache_spilled_total,
+                         "disk_hits": st.n_prompt_cache_disk_hits_total,
+                         "disk_failures": st.n_prompt_cache_disk_failures_total,
+                         "disk_skipped": st.n_prompt_cache_disk_skipped_total},
         "disk": None if snap.disk_dir is None else {
-            "dir": snap.disk_dir, "held_bytes": st.preempt_disk_bytes, "budget_bytes": _budget_bytes(snap.disk_mib),
+            "dir": snap.disk_dir, "held_bytes": st.preempt_disk_bytes,
+            "prompt_cache_bytes": st.prompt_cache_disk_bytes, "budget_bytes": _budget_bytes(snap.disk_mib),
             "writes_in_flight": st.preempt_disk_writes_in_flight,
             "write_bytes_per_second": st.preempt_disk_write_bytes_per_second,
             "read_bytes_per_second": st.preempt_disk_read_bytes_per_second,
@@ -148,6 +158,10 @@ def render(snap: Snapshot, r: dict[str, float] | None) -> Group:
               f"{snap.budget_mib} MiB" if snap.budget_mib is not None else "unknown")
     counters.add_row("requests parked now", str(st.requests_preempted), "")
     counters.add_row("host RAM held / budget", f"{_mib(st.preempt_ram_bytes)} / {budget}", "")
+    host = _mib(st.preempt_host_budget_bytes) if st.preempt_host_budget_bytes else "no limit"
+    # the host budget (--host-kv-ram) by kind: parked slots come first, cached prompts give way
+    counters.add_row("host KV: parked + prompts / budget",
+                     f"{_mib(st.preempt_ram_bytes)} + {_mib(st.prompt_cache_bytes)} / {host}", "")
     counters.add_row("swap park / restore rate", f"{st.park_bytes_per_second / 1e9:.2f} / "
                      f"{st.restore_bytes_per_second / 1e9:.2f} GB/s", "")
     counters.add_row("prefill rate (recompute)", f"{st.prefill_tokens_per_second:.0f} tokens/s", "")
@@ -157,8 +171,15 @@ def render(snap: Snapshot, r: dict[str, float] | None) -> Group:
                          + (f", {st.preempt_disk_writes_in_flight} writing" if st.preempt_disk_writes_in_flight else ""), "")
         counters.add_row("disk write / read rate", f"{st.preempt_disk_write_bytes_per_second / 1e9:.2f} / "
                          f"{st.preempt_disk_read_bytes_per_second / 1e9:.2f} GB/s", "")
+        if st.prompt_cache_disk_bytes or st.n_prompt_cache_spilled_total or st.n_prompt_cache_disk_skipped_total:
+            counters.add_row("  of it cached prompts", _mib(st.prompt_cache_disk_bytes), "")
+            counters.add_row("prompts to disk / back / failed / dropped",
+                             f"{st.n_prompt_cache_spilled_total} / {st.n_prompt_cache_disk_hits_total} / "
+                             f"{st.n_prompt_cache_disk_failures_total} / {st.n_prompt_cache_disk_skipped_total}", "")
         failed = ", ".join(f"{k} {v}" for k, v in st.disk_failures.items() if v)
         counters.add_row("disk failures (recomputed)", failed or "none", "")
+    if st.n_prompt_cache_evicted_total:
+        counters.add_row("cached prompts given way to parks", str(st.n_prompt_cache_evicted_total), "")
     chosen = ", ".join(f"{k} {v}" for k, v in st.parks_by_choice.items() if v)
     counters.add_row("parks by choice", chosen or "none yet", "")
     tiers = ", ".join(f"{k} {v}" for k, v in st.parks_by_tier.items() if v)
