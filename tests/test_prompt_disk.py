@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import stat
 from pathlib import Path
 from typing import Any
@@ -119,16 +120,23 @@ def test_parks_take_the_disk_before_cached_prompts(start_server, stories_model: 
     assert sum(m.labeled["preempt_disk_failures_total"].values()) == 0
 
 
-def test_a_model_whose_cached_prompts_carry_checkpoints_drops_them_and_says_so(
+def test_a_hybrid_models_cached_prompt_comes_back_from_disk_with_its_checkpoints_and_a_ram_hits_answer(
         start_server, qwen35_mtp_model: Path, tmp_path: Path) -> None:
+    # recurrent + attention layers: a cached prompt carries context checkpoints (~2.4 MiB a prompt with
+    # them); a 5 MiB RAM cache holds two of the seven conversations, the rest go to disk and back
+    mtp = ["--spec-type", "draft-mtp", "--spec-draft-n-max", "2"]
+    ram = start_server(qwen35_mtp_model, n_ctx=2048, n_parallel=2, extra_args=mtp)
+    _, ram_hit = chat(ram)
     srv = start_server(qwen35_mtp_model, n_ctx=2048, n_parallel=2,
-                       extra_args=["--spec-type", "draft-mtp", "--spec-draft-n-max", "2", "--cache-ram", "5", "--preempt-disk",
-                                   str(disk_dir(tmp_path))])
-    for i in range(6):  # each cached prompt ~2.4 MiB with its checkpoints: two fit the 5 MiB cache
-        assert complete(srv, long_prompt(400, shift=9 * i), 4).status_code == 200
+                       extra_args=mtp + ["--cache-ram", "5", "--preempt-disk", str(disk_dir(tmp_path))])
+    first, back = chat(srv)
+    assert back["timings"]["prompt_n"] == ram_hit["timings"]["prompt_n"] < first["timings"]["prompt_n"] // 4
+    assert back["content"] == ram_hit["content"]
     m = srv.metrics()
-    assert m["n_prompt_cache_spilled_total"] == 0 and m["n_prompt_cache_disk_skipped_total"] >= 1
-    logged(srv, "not written to disk (not supported yet)")
+    assert m["n_prompt_cache_spilled_total"] >= 1 and m["n_prompt_cache_disk_hits_total"] == 1
+    assert m["n_prompt_cache_disk_skipped_total"] == 0 and m["n_prompt_cache_disk_failures_total"] == 0
+    log = logged(srv, "read back from the disk tier")
+    assert re.search(r"\(\d+ shared with this request, \d+ context checkpoints\) read back from the disk tier", log)
 
 
 # --- --cache-persist: the disk tier's cached prompts across a restart ---

@@ -45,7 +45,7 @@ std::vector<metric_item> metric_items(const preempt_counters & c, const preempt_
         { "n_prompt_cache_spilled_total", "counter", "Cached prompts that left host RAM for the disk tier instead of being dropped", c.n_prompt_cache_spilled_total },
         { "n_prompt_cache_disk_hits_total", "counter", "Cached prompts read back from the disk tier for a request whose prefix matched", c.n_prompt_cache_disk_hits_total },
         { "n_prompt_cache_disk_failures_total", "counter", "Prompt files that failed to write or read back (a checksum, a short read, ...): the prompt was prefilled", c.n_prompt_cache_disk_failures_total },
-        { "n_prompt_cache_disk_skipped_total", "counter", "Cached prompts that left host RAM and were dropped, not written (no room on disk, context checkpoints, media)", c.n_prompt_cache_disk_skipped_total },
+        { "n_prompt_cache_disk_skipped_total", "counter", "Cached prompts that left host RAM and were dropped, not written (no room on disk, media)", c.n_prompt_cache_disk_skipped_total },
         { "n_prompt_cache_evicted_total", "counter", "Cached prompts that gave way to parked slots in the host budget (least recently used first)", c.n_prompt_cache_evicted_total },
         { "n_copy_route_changes_total",   "counter", "Devices the copy guard moved to a safer route after a wrong copy (single slices, or SWAP off)", c.n_copy_route_changes_total },
     };

@@ -38,7 +38,7 @@ struct preempt_counters {
     uint64_t n_prompt_cache_spilled_total = 0;  // cached prompts that left host RAM for the disk tier
     uint64_t n_prompt_cache_disk_hits_total = 0;      // of those, read back for a request whose prefix matched
     uint64_t n_prompt_cache_disk_failures_total = 0;  // prompt files that failed to write or read back (prefilled instead)
-    uint64_t n_prompt_cache_disk_skipped_total = 0;   // cached prompts dropped, not written (no room, checkpoints, media)
+    uint64_t n_prompt_cache_disk_skipped_total = 0;   // cached prompts dropped, not written (no room, media)
     // the pool's size, set once: kept here, with what /metrics keeps while the server sleeps
     // (its model unloaded), so kv_pool_cells reads the same asleep and awake
     int32_t  n_pool_cells = 0;

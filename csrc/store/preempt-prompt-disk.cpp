@@ -41,7 +41,7 @@ prompt_disk::~prompt_disk() {
 
 namespace {
 
-constexpr char INDEX_MAGIC[8] = { 'L', 'P', 'P', 'C', 'I', 'D', 'X', '1' };
+constexpr char INDEX_MAGIC[8] = { 'L', 'P', 'P', 'C', 'I', 'D', 'X', '2' };  // 2: each file's tail
 
 void put(std::vector<uint8_t> & out, const void * p, size_t n) {
     out.insert(out.end(), (const uint8_t *) p, (const uint8_t *) p + n);
@@ -86,6 +86,7 @@ bool prompt_disk::save_index() {
         put(out, (uint64_t) e.file->n_bytes[0]);
         put(out, (uint64_t) e.file->n_bytes[1]);
         put(out, e.file->checksum);
+        put(out, (uint64_t) e.n_tail);
         put(out, (uint32_t) e.tokens.size());
         put(out, e.tokens.data(), e.tokens.size() * sizeof(llama_token));
     }
@@ -129,14 +130,15 @@ int32_t prompt_disk::load_index(const std::string & key, int32_t & n_removed) {
         bool ok = r.get(n_key) && n_key < 256 && (k.resize(n_key), r.get(k.data(), n_key)) && k == key && r.get(n);
         for (uint32_t i = 0; ok && i < n; ++i) {
             uint32_t n_name = 0, n_tok = 0;
-            uint64_t n0 = 0, n1 = 0, checksum = 0;
+            uint64_t n0 = 0, n1 = 0, checksum = 0, n_tail = 0;
             std::string name;
             entry e;
             ok = r.get(n_name) && n_name < 64 && (name.resize(n_name), r.get(name.data(), n_name)) && r.get(n0) && r.get(n1) &&
-                 r.get(checksum) && r.get(n_tok) && n_tok <= (in.size() - r.at) / sizeof(llama_token) &&
+                 r.get(checksum) && r.get(n_tail) && n_tail <= n1 && r.get(n_tok) && n_tok <= (in.size() - r.at) / sizeof(llama_token) &&
                  (e.tokens.resize(n_tok), r.get(e.tokens.data(), n_tok * sizeof(llama_token)));
             if (ok && (e.file = store_->adopt(name, n0, n1, checksum))) {
                 e.written = true;
+                e.n_tail  = (size_t) n_tail;
                 taken.push_back(name);
                 files_.push_back(std::move(e));
             }
@@ -160,7 +162,8 @@ void prompt_disk::drop(size_t i) {
     files_.erase(files_.begin() + (std::ptrdiff_t) i);
 }
 
-bool prompt_disk::spill(std::vector<llama_token> tokens, std::vector<uint8_t> && tgt, std::vector<uint8_t> && dft, std::string & why) {
+bool prompt_disk::spill(std::vector<llama_token> tokens, std::vector<uint8_t> && tgt, std::vector<uint8_t> && dft,
+                        const std::vector<uint8_t> & tail, std::string & why) {
     // the write before this one finishes first: one prompt's bytes at most wait outside the RAM cache
     for (auto & w : files_) {
         if (!w.written) {
@@ -172,6 +175,8 @@ bool prompt_disk::spill(std::vector<llama_token> tokens, std::vector<uint8_t> &&
     e.tokens = std::move(tokens);
     e.tgt    = std::move(tgt);
     e.dft    = std::move(dft);
+    e.dft.insert(e.dft.end(), tail.begin(), tail.end());
+    e.n_tail = tail.size();
     disk_error error = disk_error::none;
     e.file = store_->write(e.tgt.data(), e.tgt.size(), e.dft.data(), e.dft.size(), false, why, error);
     if (!e.file) {
@@ -215,6 +220,8 @@ bool prompt_disk::take(int32_t i, prompt_read & out, std::string & why, disk_err
         why   = e.file->why.empty() ? "its file was not written" : e.file->why;
         error = e.file->error == disk_error::none ? disk_error::read : e.file->error;
     } else {
+        out.tail.assign(out.dft.end() - (std::ptrdiff_t) e.n_tail, out.dft.end());
+        out.dft.resize(out.dft.size() - e.n_tail);
         out.tokens = std::move(e.tokens);
         out.t_us   = e.file->t_us;
     }

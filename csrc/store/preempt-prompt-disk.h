@@ -19,10 +19,11 @@
 
 namespace llama_preempt {
 
-// a cached prompt read back: its tokens and the two contexts' states
+// a cached prompt read back: its tokens, the two contexts' states, and the server's own bytes kept
+// with them (`tail`: its context checkpoints, packed by the server)
 struct prompt_read {
     std::vector<llama_token> tokens;
-    std::vector<uint8_t>     tgt, dft;
+    std::vector<uint8_t>     tgt, dft, tail;
     int64_t                  t_us = 0;  // the I/O thread's read time
 };
 
@@ -36,8 +37,10 @@ public:
 
     // A prompt leaving RAM: its file is written in the background (the bytes are kept until it is).
     // One at a time: a spill first waits for the write before it, so the host bytes outside the RAM
-    // cache are at most one prompt's. False, with `why`, when the store has no room for it.
-    bool spill(std::vector<llama_token> tokens, std::vector<uint8_t> && tgt, std::vector<uint8_t> && dft, std::string & why);
+    // cache are at most one prompt's. `tail` (opaque, may be empty) goes in the file after `dft` and
+    // comes back as prompt_read::tail. False, with `why`, when the store has no room for it.
+    bool spill(std::vector<llama_token> tokens, std::vector<uint8_t> && tgt, std::vector<uint8_t> && dft,
+               const std::vector<uint8_t> & tail, std::string & why);
 
     // the file whose tokens share the longest prefix with `tokens`, at least a quarter of its own
     // (upstream's rule for its RAM cache: a long prompt is not trashed for a short match); -1: none
@@ -70,7 +73,8 @@ private:
     struct entry {
         std::vector<llama_token>   tokens;
         std::shared_ptr<disk_file> file;
-        std::vector<uint8_t>       tgt, dft;  // held while the write runs
+        std::vector<uint8_t>       tgt, dft;  // held while the write runs (dft with the tail after it)
+        size_t                     n_tail = 0;  // the tail's bytes at the end of the file's second part
         bool                       written = false;
     };
     void drop(size_t i);

@@ -146,7 +146,7 @@ class PreemptStats:
     n_prompt_cache_spilled_total: int = 0  # cached prompts that left RAM for the disk tier
     n_prompt_cache_disk_hits_total: int = 0  # read back for a request whose prefix matched
     n_prompt_cache_disk_failures_total: int = 0  # prompt files that failed to write or read back
-    n_prompt_cache_disk_skipped_total: int = 0  # dropped, not written (no room, checkpoints, media)
+    n_prompt_cache_disk_skipped_total: int = 0  # dropped, not written (no room, media)
     slots: tuple[SlotStats, ...] = field(default_factory=tuple)
     parks_by_choice: Mapping[str, int] = field(default_factory=dict)  # preempt_parks_by_choice_total: label -> parks
     parks_by_tier: Mapping[str, int] = field(default_factory=dict)    # preempt_parks_by_tier_total: ram, disk, recompute
