@@ -11,12 +11,13 @@ import json
 import os
 import re
 import stat
+import threading
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from helpers import logged, long_prompt, run_cli
+from helpers import BackgroundStream, logged, long_prompt, run_cli, wait_until
 
 SMALL_CACHE = ["--cache-ram", "1", "--deterministic"]
 
@@ -72,6 +73,38 @@ def test_a_prompt_evicted_from_ram_comes_back_from_disk_with_prompt_n_small_and_
     js = json.loads(run_cli("stats", srv.url, "--once", "--json", timeout=60).stdout)
     assert js["host"]["budget_bytes"] == 8192 << 20 and js["host"]["prompt_cache_bytes"] == m["prompt_cache_bytes"]
     assert js["prompt_cache"]["disk_hits"] == 1 and js["disk"]["prompt_cache_bytes"] == m["prompt_cache_disk_bytes"]
+
+
+def test_a_waiting_requests_prompt_file_is_read_ahead_while_no_slot_is_free(
+        start_server, stories_model: Path, tmp_path: Path) -> None:
+    srv = start_server(stories_model, n_ctx=2048, n_parallel=2, extra_args=SMALL_CACHE + ["--preempt-disk", str(disk_dir(tmp_path))])
+    prompt = long_prompt(300, shift=3)
+    first = complete(srv, prompt, 16).json()
+    for i in range(6):
+        assert complete(srv, long_prompt(250, shift=50 + 9 * i), 16).status_code == 200
+    assert srv.metrics()["prompt_cache_disk_bytes"] > 0
+    # both slots busy, held parked through the slot API: the returning request waits for one
+    streams = []
+    for text in ("Once upon a time", "There was a dog"):
+        streams.append(BackgroundStream(srv, {"prompt": text, "n_predict": 1000, "ignore_eos": True, "stream": True}))
+        sid = wait_until(lambda: next((s for s in srv.slots() if s["is_processing"] and not s["is_preempted"]), None),
+                         30, "a slot generating")["id"]
+        assert srv.post(f"/slots/{sid}?action=park", {}).status_code == 200
+    back: list[Any] = []
+    waiting = threading.Thread(target=lambda: back.append(complete(srv, prompt, 16).json()))
+    waiting.start()
+    wait_until(lambda: srv.metrics()["n_prompt_cache_read_ahead_total"] >= 1, 30, "its file to be read ahead")
+    assert not back  # still waiting for a slot
+    for s in srv.slots():
+        if s["is_preempted"]:
+            assert srv.post(f"/slots/{s['id']}?action=unpark", {}).status_code == 200
+    waiting.join(60)
+    for st in streams:
+        st.join()
+    assert back[0]["timings"]["prompt_n"] <= 2 and back[0]["tokens_predicted"] == 16
+    m = srv.metrics()
+    assert m["n_prompt_cache_disk_hits_total"] == 1 and m["n_prompt_cache_disk_failures_total"] == 0
+    logged(srv, "(read ahead while the request waited for a slot)")
 
 
 @pytest.mark.parametrize("fault", ["corrupt", "truncate"])
@@ -175,6 +208,22 @@ def test_a_restart_with_the_same_model_and_flags_takes_the_prompt_files_back(
     assert m["n_prompt_cache_disk_hits_total"] == 1 and m["n_prompt_cache_disk_failures_total"] == 0
     logged(srv, "cached prompts of the last run taken back")
     assert not (kept / "index").exists()  # used once: a crash now leaves no index listing files it removed
+
+
+def test_the_conversation_still_in_a_slot_at_exit_comes_back_after_a_restart(
+        start_server, stories_model: Path, tmp_path: Path) -> None:
+    # served last, never pushed into the cache by a later request: its cells are still in its slot
+    srv = start_server(stories_model, **persist_args(tmp_path))
+    prompt = long_prompt(300, shift=3)
+    first = complete(srv, prompt, 16).json()
+    assert srv.metrics()["n_prompt_cache_spilled_total"] == 0
+    srv.stop()
+    assert srv.proc.returncode == 0
+    logged(srv, "prompts still in the slots at exit written to the disk tier: 1")
+    srv = start_server(stories_model, **persist_args(tmp_path))
+    back = complete(srv, prompt, 16).json()
+    assert back["timings"]["prompt_n"] <= 2 and back["content"] == first["content"]
+    assert srv.metrics()["n_prompt_cache_disk_hits_total"] == 1
 
 
 def test_a_different_context_size_ignores_and_removes_the_kept_prompts(

@@ -44,6 +44,7 @@ std::vector<metric_item> metric_items(const preempt_counters & c, const preempt_
         { "prompt_cache_disk_bytes",      "gauge",   "Bytes of cached prompts in the disk tier's files now (--preempt-disk)", g.prompt_cache_disk_bytes },
         { "n_prompt_cache_spilled_total", "counter", "Cached prompts that left host RAM for the disk tier instead of being dropped", c.n_prompt_cache_spilled_total },
         { "n_prompt_cache_disk_hits_total", "counter", "Cached prompts read back from the disk tier for a request whose prefix matched", c.n_prompt_cache_disk_hits_total },
+        { "n_prompt_cache_read_ahead_total", "counter", "Cached prompts' files read ahead while their request waited for a slot", c.n_prompt_cache_read_ahead_total },
         { "n_prompt_cache_disk_failures_total", "counter", "Prompt files that failed to write or read back (a checksum, a short read, ...): the prompt was prefilled", c.n_prompt_cache_disk_failures_total },
         { "n_prompt_cache_disk_skipped_total", "counter", "Cached prompts that left host RAM and were dropped, not written (no room on disk, media)", c.n_prompt_cache_disk_skipped_total },
         { "n_prompt_cache_evicted_total", "counter", "Cached prompts that gave way to parked slots in the host budget (least recently used first)", c.n_prompt_cache_evicted_total },

@@ -37,6 +37,7 @@ struct preempt_counters {
     uint64_t n_prompt_cache_evicted_total = 0;  // cached prompts that gave way to parked slots in the host budget
     uint64_t n_prompt_cache_spilled_total = 0;  // cached prompts that left host RAM for the disk tier
     uint64_t n_prompt_cache_disk_hits_total = 0;      // of those, read back for a request whose prefix matched
+    uint64_t n_prompt_cache_read_ahead_total = 0;     // prompt files read ahead while their request waited for a slot
     uint64_t n_prompt_cache_disk_failures_total = 0;  // prompt files that failed to write or read back (prefilled instead)
     uint64_t n_prompt_cache_disk_skipped_total = 0;   // cached prompts dropped, not written (no room, media)
     // the pool's size, set once: kept here, with what /metrics keeps while the server sleeps

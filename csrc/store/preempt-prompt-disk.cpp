@@ -208,10 +208,62 @@ int32_t prompt_disk::best(const std::vector<llama_token> & tokens, size_t & n_co
     return best;
 }
 
+bool prompt_disk::read_ahead(int32_t i) {
+    auto & e = files_[i];
+    if (!e.written) {
+        return false;
+    }
+    e.ahead.tgt.resize(e.file->n_bytes[0]);
+    e.ahead.dft.resize(e.file->n_bytes[1]);
+    e.reading_ahead = store_->read(e.file, e.ahead.tgt.data(), e.ahead.dft.data());
+    if (!e.reading_ahead) {
+        e.ahead = {};
+    }
+    return e.reading_ahead;
+}
+
+int32_t prompt_disk::ahead() const {
+    for (size_t i = 0; i < files_.size(); ++i) {
+        if (files_[i].reading_ahead) {
+            return (int32_t) i;
+        }
+    }
+    return -1;
+}
+
+size_t prompt_disk::bytes_ahead() const {
+    const int32_t i = ahead();
+    return i < 0 ? 0 : files_[i].file->total();
+}
+
+bool prompt_disk::forget_ahead() {
+    const int32_t i = ahead();
+    if (i < 0) {
+        return false;
+    }
+    auto & e = files_[i];
+    const bool failed = store_->settle(e.file) != disk_file::status::read;  // the I/O thread lets go of the buffers first
+    if (failed) {
+        drop((size_t) i);
+    } else {
+        store_->unread(e.file);  // written, and only that again
+        e.ahead = {};
+        e.reading_ahead = false;
+    }
+#if defined(__GLIBC__)
+    malloc_trim(0);
+#endif
+    return failed;
+}
+
 bool prompt_disk::take(int32_t i, prompt_read & out, std::string & why, disk_error & error) {
     auto & e = files_[i];
-    bool ok = store_->settle(e.file) == disk_file::status::written;  // a write still running finishes first
-    if (ok) {
+    bool ok = false;
+    if (e.reading_ahead) {  // read while its request waited: what is left of the read, if anything
+        ok = store_->settle(e.file) == disk_file::status::read;
+        out.tgt = std::move(e.ahead.tgt);
+        out.dft = std::move(e.ahead.dft);
+    } else if (store_->settle(e.file) == disk_file::status::written) {  // a write still running finishes first
         out.tgt.resize(e.file->n_bytes[0]);
         out.dft.resize(e.file->n_bytes[1]);
         ok = store_->read(e.file, out.tgt.data(), out.dft.data()) && store_->settle(e.file) == disk_file::status::read;

@@ -50,6 +50,16 @@ public:
     // Read file i back (waiting for its write, then its read) and remove it from the disk. Not ok:
     // `why` and `error` (a checksum, a short read, ...): the file is gone and the prompt recomputes.
     bool take(int32_t i, prompt_read & out, std::string & why, disk_error & error);
+    bool was_read_ahead(int32_t i) const { return files_[i].reading_ahead; }
+
+    // Start reading file i into host memory in the background, for a request that waits for a slot:
+    // take() then finds its bytes read (or waits only for the rest). One file at a time; false when
+    // file i is not written yet. forget_ahead() lets its host copy go (the request went another way);
+    // a file whose read failed is dropped then (true: count it as a failure).
+    bool    read_ahead(int32_t i);
+    int32_t ahead() const;  // the file read ahead (-1: none)
+    size_t  bytes_ahead() const;
+    bool    forget_ahead();
 
     // once per step: finished writes free their bytes; failed ones are dropped (returned: how many)
     int32_t step();
@@ -75,6 +85,8 @@ private:
         std::shared_ptr<disk_file> file;
         std::vector<uint8_t>       tgt, dft;  // held while the write runs (dft with the tail after it)
         size_t                     n_tail = 0;  // the tail's bytes at the end of the file's second part
+        prompt_read                ahead;  // read ahead: the buffers its read fills (tokens unused)
+        bool                       reading_ahead = false;
         bool                       written = false;
     };
     void drop(size_t i);

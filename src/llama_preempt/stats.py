@@ -145,6 +145,7 @@ class PreemptStats:
     prompt_cache_disk_bytes: int = 0      # cached prompts in the disk tier's files now
     n_prompt_cache_spilled_total: int = 0  # cached prompts that left RAM for the disk tier
     n_prompt_cache_disk_hits_total: int = 0  # read back for a request whose prefix matched
+    n_prompt_cache_read_ahead_total: int = 0  # files read ahead while their request waited for a slot
     n_prompt_cache_disk_failures_total: int = 0  # prompt files that failed to write or read back
     n_prompt_cache_disk_skipped_total: int = 0  # dropped, not written (no room, media)
     slots: tuple[SlotStats, ...] = field(default_factory=tuple)
