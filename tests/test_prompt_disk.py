@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from helpers import BackgroundStream, logged, long_prompt, run_cli, wait_until
+from helpers import BackgroundStream, logged, long_prompt, rss_mib, run_cli, wait_until
 
 SMALL_CACHE = ["--cache-ram", "1", "--deterministic"]
 
@@ -105,6 +105,24 @@ def test_a_waiting_requests_prompt_file_is_read_ahead_while_no_slot_is_free(
     m = srv.metrics()
     assert m["n_prompt_cache_disk_hits_total"] == 1 and m["n_prompt_cache_disk_failures_total"] == 0
     logged(srv, "(read ahead while the request waited for a slot)")
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="needs /proc to read RSS")
+def test_prompts_written_to_disk_leave_host_ram(start_server, stories_model: Path, tmp_path: Path) -> None:
+    srv = start_server(stories_model, n_ctx=2048, n_parallel=2, extra_args=SMALL_CACHE + ["--preempt-disk", str(disk_dir(tmp_path))])
+    def prompt(i: int) -> str:  # a conversation of its own: no file matches it
+        return f"Conversation number {i}. " + long_prompt(600, shift=i)
+
+    for i in range(8):  # warm up the allocator and the pool's pages
+        assert complete(srv, prompt(i), 1).status_code == 200
+    before, on_disk = rss_mib(srv.proc.pid), srv.metrics()["prompt_cache_disk_bytes"]
+    for i in range(8, 40):
+        assert complete(srv, prompt(i), 1).status_code == 200
+    m = srv.metrics()
+    written = (m["prompt_cache_disk_bytes"] - on_disk) / 2**20
+    grown = rss_mib(srv.proc.pid) - before
+    assert written >= 16 and m["prompt_cache_bytes"] <= 1 << 20
+    assert grown < written / 4, f"RSS grew {grown:.1f} MiB while {written:.1f} MiB of prompts went to disk"
 
 
 @pytest.mark.parametrize("fault", ["corrupt", "truncate"])

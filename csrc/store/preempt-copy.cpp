@@ -109,6 +109,15 @@ ggml_backend_t seq_copier::backend_for(ggml_backend_buffer_t buf) {
     return backend;
 }
 
+// a run the bulk routes do not take: upstream's copy, one slice at a time, counted for its device
+// (`why`: the reason to show for its device, null when the route says it)
+static void one_slice_at_a_time(const llama_state_seq_slice * s, const slice_run & r, uint8_t * buf, bool to_host,
+                                copy_report & report, device_move & dm, const char * why) {
+    per_slice_run(s, r, buf, to_host);
+    report.n_fallback += n_pieces(s, r);
+    dm.note(how_slices, r.bytes, why);
+}
+
 void seq_copier::wait() {
     for (auto & p : pending_) {
         ggml_backend_synchronize(p->backend);
@@ -221,15 +230,10 @@ bool seq_copier::run_group(ggml_backend_t backend, const llama_state_seq_slice *
 
     auto & dm = report.on(ggml_backend_get_device(backend));
     for (const auto & m : moved) {
-        dm.how     |= how_graphs;
-        dm.n_bytes += m.run->bytes;
+        dm.note(how_graphs, m.run->bytes);
     }
     for (const auto * r : left) {
-        per_slice_run(s, *r, buf, to_host);
-        report.n_fallback += n_pieces(s, *r);
-        dm.how       |= how_slices;
-        dm.n_bytes   += r->bytes;
-        dm.why_slices = report.why_fallback;
+        one_slice_at_a_time(s, *r, buf, to_host, report, dm, report.why_fallback);
     }
     // LLAMA_SERVER_PREEMPT_CORRUPT on the graphs: a park's byte is flipped once its transfer landed
     const bool flip = to_host && !moved.empty() && (faults_.corrupt_how & how_graphs) && !faults_.corrupt_restore && !flipped_;
@@ -309,8 +313,7 @@ bool seq_copier::copy(const llama_state_seq_slice * s, size_t n, uint8_t * buf, 
         auto & dm = report.on(dev);
         if (route == copy_route::bulk && on_host) {
             report.n_memcpy += memcpy_run(s, r, buf, to_host);
-            dm.how     |= how_memcpy;
-            dm.n_bytes += r.bytes;
+            dm.note(how_memcpy, r.bytes);
             corrupt(s, &r, buf, to_host, how_memcpy, flipped_);
             continue;
         }
@@ -318,12 +321,8 @@ bool seq_copier::copy(const llama_state_seq_slice * s, size_t n, uint8_t * buf, 
         if (backend == nullptr) {
             if (route != copy_route::per_slice) {
                 report.why_fallback = "a tensor on a buffer with no device";
-                dm.why_slices = report.why_fallback;
             }
-            per_slice_run(s, r, buf, to_host);
-            report.n_fallback += n_pieces(s, r);
-            dm.how     |= how_slices;
-            dm.n_bytes += r.bytes;
+            one_slice_at_a_time(s, r, buf, to_host, report, dm, route != copy_route::per_slice ? report.why_fallback : nullptr);
             corrupt(s, &r, buf, to_host, how_slices, flipped_);
             continue;
         }
@@ -333,12 +332,7 @@ bool seq_copier::copy(const llama_state_seq_slice * s, size_t n, uint8_t * buf, 
         if (!run_group(backend, s, group, buf, to_host, report)) {
             auto & dm = report.on(ggml_backend_get_device(backend));
             for (const void * g : group) {
-                const auto * r = (const slice_run *) g;
-                per_slice_run(s, *r, buf, to_host);
-                report.n_fallback += n_pieces(s, *r);
-                dm.how       |= how_slices;
-                dm.n_bytes   += r->bytes;
-                dm.why_slices = report.why_fallback;
+                one_slice_at_a_time(s, *(const slice_run *) g, buf, to_host, report, dm, report.why_fallback);
             }
         } else if (!to_host) {
             // a restore by the graphs is complete here: LLAMA_SERVER_PREEMPT_CORRUPT flips a byte it wrote

@@ -54,6 +54,12 @@ struct device_move {
     unsigned     how     = 0;             // copy_how bits
     size_t       n_bytes = 0;
     const char * why_slices = nullptr;    // why some of its slices went one at a time
+
+    void note(unsigned by, size_t n, const char * why = nullptr) {
+        how     |= by;
+        n_bytes += n;
+        why_slices = why ? why : why_slices;
+    }
 };
 
 // Faults a copy can be made to meet (test knobs, preempt-config.h), to prove that the guard and

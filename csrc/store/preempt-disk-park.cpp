@@ -17,8 +17,9 @@ static int verify(const swap_state & st) {
     if (ref.empty()) {
         return -1;  // not verifying
     }
-    return ref.size() == st.bytes() && memcmp(ref.data(), st.tgt.data, st.tgt.size) == 0 &&
-           (st.dft.size == 0 || memcmp(ref.data() + st.tgt.size, st.dft.data, st.dft.size) == 0) ? 1 : 0;
+    return ref.size() == st.bytes() && for_each_part(st, [&](int, const host_buffer & buf, size_t at) {
+        return memcmp(ref.data() + at, buf.data, buf.size) == 0;
+    }) ? 1 : 0;
 }
 
 // a checked park's state back in RAM: bytes that differ from upstream's at the park are never restored

@@ -274,6 +274,7 @@ bool prompt_disk::take(int32_t i, prompt_read & out, std::string & why, disk_err
     } else {
         out.tail.assign(out.dft.end() - (std::ptrdiff_t) e.n_tail, out.dft.end());
         out.dft.resize(out.dft.size() - e.n_tail);
+        out.dft.shrink_to_fit();  // the cache counts its size: no tail's capacity left behind
         out.tokens = std::move(e.tokens);
         out.t_us   = e.file->t_us;
     }
@@ -293,8 +294,9 @@ int32_t prompt_disk::step() {
                 continue;
             }
             e.written = true;
-            e.tgt = {};  // on disk now: the host copy goes
-            e.dft = {};
+            // on disk now: the host copy goes (swapped out: `v = {}` would keep the vector's capacity)
+            std::vector<uint8_t>().swap(e.tgt);
+            std::vector<uint8_t>().swap(e.dft);
             trimmed = true;
         }
         ++i;

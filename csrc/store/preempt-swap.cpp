@@ -94,23 +94,19 @@ static bool copy_slices_fn(const llama_state_seq_slice * slices, size_t n_slices
 // `layouts`: where to keep each part's slices (to check the copy), or null.
 static bool copy_state(swap_state & st, const seq_contexts & sc, seq_copier & copier, bool to_host, copy_report & report,
                        copy_layout * layouts = nullptr) {
-    const std::pair<llama_context *, host_buffer *> parts[] = { { sc.tgt, &st.tgt }, { sc.dft, &st.dft } };
-    for (int i = 0; i < 2; ++i) {
-        auto [ctx, buf] = parts[i];
-        if (ctx == nullptr || buf->size == 0) {
-            continue;
+    return for_each_part(st, [&](int i, const host_buffer & buf, size_t) {
+        llama_context * ctx = i == 0 ? sc.tgt : sc.dft;
+        if (ctx == nullptr) {
+            return true;
         }
-        copy_call call { &copier, buf->data, to_host, {} };
+        copy_call call { &copier, buf.data, to_host, {} };
         call.layout = layouts ? &layouts[i] : nullptr;
         const size_t n = to_host
-            ? llama_state_seq_get_data_cb(ctx, buf->data, buf->size, sc.seq, LLAMA_STATE_SEQ_FLAGS_NONE, copy_slices_fn, &call)
-            : llama_state_seq_set_data_cb(ctx, buf->data, buf->size, sc.seq, LLAMA_STATE_SEQ_FLAGS_NONE, copy_slices_fn, &call);
+            ? llama_state_seq_get_data_cb(ctx, buf.data, buf.size, sc.seq, LLAMA_STATE_SEQ_FLAGS_NONE, copy_slices_fn, &call)
+            : llama_state_seq_set_data_cb(ctx, buf.data, buf.size, sc.seq, LLAMA_STATE_SEQ_FLAGS_NONE, copy_slices_fn, &call);
         report.merge(call.report);
-        if (!call.ok || (to_host ? n != buf->size : n == 0)) {
-            return false;
-        }
-    }
-    return true;
+        return call.ok && (to_host ? n == buf.size : n != 0);
+    });
 }
 
 static const char * part_names[2] = { "target", "draft" };
@@ -120,35 +116,21 @@ static const char * part_names[2] = { "target", "draft" };
 // too (preempt-disk-park.cpp). False when upstream cannot serialize it at this size.
 static bool upstream_bytes(const swap_state & st, const seq_contexts & sc, std::vector<uint8_t> & ref) {
     ref.assign(st.bytes(), 0);
-    size_t at = 0;
-    const std::pair<llama_context *, const host_buffer *> parts[] = { { sc.tgt, &st.tgt }, { sc.dft, &st.dft } };
-    for (auto [ctx, buf] : parts) {
-        if (ctx == nullptr || buf->size == 0) {
-            continue;
-        }
-        if (llama_state_seq_get_data_ext(ctx, ref.data() + at, buf->size, sc.seq, LLAMA_STATE_SEQ_FLAGS_NONE) != buf->size) {
-            return false;
-        }
-        at += buf->size;
-    }
-    return true;
+    return for_each_part(st, [&](int i, const host_buffer & buf, size_t at) {
+        llama_context * ctx = i == 0 ? sc.tgt : sc.dft;
+        return ctx == nullptr ||
+               llama_state_seq_get_data_ext(ctx, ref.data() + at, buf.size, sc.seq, LLAMA_STATE_SEQ_FLAGS_NONE) == buf.size;
+    });
 }
 
 // the parked buffers against upstream's bytes: the first difference, located
 static copy_mismatch compare_park(const swap_state & st, const std::vector<uint8_t> & ref, const copy_layout * layouts) {
-    const host_buffer * bufs[2] = { &st.tgt, &st.dft };
-    size_t at = 0;
-    for (int i = 0; i < 2; ++i) {
-        if (bufs[i]->size == 0) {
-            continue;
-        }
-        auto m = first_difference(ref.data() + at, bufs[i]->data, bufs[i]->size, layouts[i], part_names[i]);
-        if (m.found) {
-            return m;
-        }
-        at += bufs[i]->size;
-    }
-    return {};
+    copy_mismatch m;
+    for_each_part(st, [&](int i, const host_buffer & buf, size_t at) {
+        m = first_difference(ref.data() + at, buf.data, buf.size, layouts[i], part_names[i]);
+        return !m.found;
+    });
+    return m;
 }
 
 bool alloc_host_buffers(swap_state & st, const state_sizes & n, swap_host & host) {

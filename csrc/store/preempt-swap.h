@@ -148,6 +148,24 @@ struct swap_state {
     }
 };
 
+// Each part of a state that holds bytes, the target context's first: f(i, buffer, at), `at` the
+// part's offset in the state's bytes (upstream's serialization of both parts in order). Stops at
+// the first f() that returns false, and says whether one did not.
+template <typename F> bool for_each_part(const swap_state & st, F && f) {
+    const host_buffer * parts[2] = { &st.tgt, &st.dft };
+    size_t at = 0;
+    for (int i = 0; i < 2; ++i) {
+        if (parts[i]->size == 0) {
+            continue;
+        }
+        if (!f(i, *parts[i], at)) {
+            return false;
+        }
+        at += parts[i]->size;
+    }
+    return true;
+}
+
 // what one swap did
 struct swap_result {
     bool         ok       = false;
