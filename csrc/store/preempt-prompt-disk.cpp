@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <type_traits>
 
 #include <fcntl.h>
 #if defined(__GLIBC__)
@@ -16,6 +17,7 @@
 namespace llama_preempt {
 
 prompt_disk::~prompt_disk() {
+    forget_ahead();  // the I/O thread lets go of a read ahead's buffers before they go
     // --cache-persist: the files written stay for the next run, listed in the index
     std::vector<std::string> keep;
     if (!keep_key_.empty() && store_->persistent()) {
@@ -163,7 +165,7 @@ void prompt_disk::drop(size_t i) {
 }
 
 bool prompt_disk::spill(std::vector<llama_token> tokens, std::vector<uint8_t> && tgt, std::vector<uint8_t> && dft,
-                        const std::vector<uint8_t> & tail, std::string & why) {
+                        std::vector<uint8_t> && tail, std::string & why) {
     // the write before this one finishes first: one prompt's bytes at most wait outside the RAM cache
     for (auto & w : files_) {
         if (!w.written) {
@@ -175,13 +177,18 @@ bool prompt_disk::spill(std::vector<llama_token> tokens, std::vector<uint8_t> &&
     e.tokens = std::move(tokens);
     e.tgt    = std::move(tgt);
     e.dft    = std::move(dft);
-    e.dft.insert(e.dft.end(), tail.begin(), tail.end());
     e.n_tail = tail.size();
+    if (e.dft.empty()) {
+        e.dft = std::move(tail);  // no draft context: the tail is the whole second part, not copied
+    } else {
+        e.dft.insert(e.dft.end(), tail.begin(), tail.end());
+    }
     disk_error error = disk_error::none;
     e.file = store_->write(e.tgt.data(), e.tgt.size(), e.dft.data(), e.dft.size(), false, why, error);
     if (!e.file) {
         return false;
     }
+    static_assert(std::is_nothrow_move_constructible<entry>::value, "files_ must move its entries' buffers, never copy them");
     files_.push_back(std::move(e));  // the vectors' buffers move with it: the store's pointers stay valid
     return true;
 }
@@ -220,6 +227,15 @@ bool prompt_disk::read_ahead(int32_t i) {
         e.ahead = {};
     }
     return e.reading_ahead;
+}
+
+int32_t prompt_disk::find(const std::shared_ptr<disk_file> & f) const {
+    for (size_t i = 0; i < files_.size(); ++i) {
+        if (files_[i].file == f) {
+            return (int32_t) i;
+        }
+    }
+    return -1;
 }
 
 int32_t prompt_disk::ahead() const {

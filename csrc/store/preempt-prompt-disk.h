@@ -40,17 +40,20 @@ public:
     // cache are at most one prompt's. `tail` (opaque, may be empty) goes in the file after `dft` and
     // comes back as prompt_read::tail. False, with `why`, when the store has no room for it.
     bool spill(std::vector<llama_token> tokens, std::vector<uint8_t> && tgt, std::vector<uint8_t> && dft,
-               const std::vector<uint8_t> & tail, std::string & why);
+               std::vector<uint8_t> && tail, std::string & why);
 
     // the file whose tokens share the longest prefix with `tokens`, at least a quarter of its own
     // (upstream's rule for its RAM cache: a long prompt is not trashed for a short match); -1: none
     int32_t best(const std::vector<llama_token> & tokens, size_t & n_common) const;
     size_t  bytes(int32_t i) const { return files_[i].file->total(); }
+    bool    written(int32_t i) const { return files_[i].written; }
+    // a file's handle, and its index again after calls that may drop or add files (-1: gone)
+    std::shared_ptr<disk_file> handle(int32_t i) const { return files_[i].file; }
+    int32_t find(const std::shared_ptr<disk_file> & f) const;
 
     // Read file i back (waiting for its write, then its read) and remove it from the disk. Not ok:
     // `why` and `error` (a checksum, a short read, ...): the file is gone and the prompt recomputes.
     bool take(int32_t i, prompt_read & out, std::string & why, disk_error & error);
-    bool was_read_ahead(int32_t i) const { return files_[i].reading_ahead; }
 
     // Start reading file i into host memory in the background, for a request that waits for a slot:
     // take() then finds its bytes read (or waits only for the rest). One file at a time; false when
