@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from helpers import BackgroundStream, logged, long_prompt, rss_mib, run_cli, wait_until
+from llama_preempt.engine import Completion, Engine
 
 SMALL_CACHE = ["--cache-ram", "1", "--deterministic"]
 
@@ -242,6 +243,23 @@ def test_the_conversation_still_in_a_slot_at_exit_comes_back_after_a_restart(
     back = complete(srv, prompt, 16).json()
     assert back["timings"]["prompt_n"] <= 2 and back["content"] == first["content"]
     assert srv.metrics()["n_prompt_cache_disk_hits_total"] == 1
+
+
+def test_an_engine_with_cache_persist_leaves_its_prompts_to_the_next_engine(stories_model: Path, tmp_path: Path) -> None:
+    args = persist_args(tmp_path)["extra_args"]
+    prompt = long_prompt(300, shift=3)
+
+    def ask(eng: Engine) -> Completion:
+        req = eng.submit(prompt, n_predict=16, temperature=0, cache_prompt=True)
+        eng.run(req)
+        return req.completion()
+
+    with Engine(stories_model, args, n_ctx=2048, n_parallel=2) as eng:
+        first = ask(eng)  # its prompt is still in its slot when the Engine closes
+    with Engine(stories_model, args, n_ctx=2048, n_parallel=2) as eng:
+        back = ask(eng)
+        assert eng.metrics()["n_prompt_cache_disk_hits_total"] == 1
+    assert back.timings["prompt_n"] <= 2 and back.text == first.text
 
 
 def test_a_different_context_size_ignores_and_removes_the_kept_prompts(
