@@ -5,6 +5,8 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
+#include <vector>
 
 #include <sys/types.h>
 
@@ -25,6 +27,32 @@ struct disk_hasher {
 
     void     update(const uint8_t * p, size_t n);
     uint64_t digest() const;
+};
+
+// the small records kept beside the files (the prompt cache's index, a prompt's checkpoints):
+// values appended in order, read back in the same order by byte_reader
+inline void put_bytes(std::vector<uint8_t> & out, const void * p, size_t n) {
+    out.insert(out.end(), (const uint8_t *) p, (const uint8_t *) p + n);
+}
+
+template <typename T> void put_value(std::vector<uint8_t> & out, T v) {
+    put_bytes(out, &v, sizeof(v));
+}
+
+// reads what put_bytes() / put_value() wrote; false past the end
+struct byte_reader {
+    const std::vector<uint8_t> & in;
+    size_t at = 0;
+    bool get(void * p, size_t n) {
+        if (n > in.size() - at) {
+            return false;
+        }
+        memcpy(p, in.data() + at, n);
+        at += n;
+        return true;
+    }
+    template <typename T> bool get(T & v) { return get(&v, sizeof(v)); }
+    size_t left() const { return in.size() - at; }
 };
 
 } // namespace llama_preempt

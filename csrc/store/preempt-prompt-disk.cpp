@@ -45,29 +45,6 @@ namespace {
 
 constexpr char INDEX_MAGIC[8] = { 'L', 'P', 'P', 'C', 'I', 'D', 'X', '2' };  // 2: each file's tail
 
-void put(std::vector<uint8_t> & out, const void * p, size_t n) {
-    out.insert(out.end(), (const uint8_t *) p, (const uint8_t *) p + n);
-}
-
-template <typename T> void put(std::vector<uint8_t> & out, T v) {
-    put(out, &v, sizeof(v));
-}
-
-// reads what put() wrote; false past the end
-struct reader {
-    const std::vector<uint8_t> & in;
-    size_t at = 0;
-    bool get(void * p, size_t n) {
-        if (n > in.size() - at) {
-            return false;
-        }
-        memcpy(p, in.data() + at, n);
-        at += n;
-        return true;
-    }
-    template <typename T> bool get(T & v) { return get(&v, sizeof(v)); }
-};
-
 uint64_t hash_of(const uint8_t * p, size_t n) {
     disk_hasher h;
     h.update(p, n);
@@ -78,21 +55,21 @@ uint64_t hash_of(const uint8_t * p, size_t n) {
 
 bool prompt_disk::save_index() {
     std::vector<uint8_t> out;
-    put(out, INDEX_MAGIC, sizeof(INDEX_MAGIC));
-    put(out, (uint32_t) keep_key_.size());
-    put(out, keep_key_.data(), keep_key_.size());
-    put(out, (uint32_t) files_.size());
+    put_bytes(out, INDEX_MAGIC, sizeof(INDEX_MAGIC));
+    put_value(out, (uint32_t) keep_key_.size());
+    put_bytes(out, keep_key_.data(), keep_key_.size());
+    put_value(out, (uint32_t) files_.size());
     for (const auto & e : files_) {
-        put(out, (uint32_t) e.file->name.size());
-        put(out, e.file->name.data(), e.file->name.size());
-        put(out, (uint64_t) e.file->n_bytes[0]);
-        put(out, (uint64_t) e.file->n_bytes[1]);
-        put(out, e.file->checksum);
-        put(out, (uint64_t) e.n_tail);
-        put(out, (uint32_t) e.tokens.size());
-        put(out, e.tokens.data(), e.tokens.size() * sizeof(llama_token));
+        put_value(out, (uint32_t) e.file->name.size());
+        put_bytes(out, e.file->name.data(), e.file->name.size());
+        put_value(out, (uint64_t) e.file->n_bytes[0]);
+        put_value(out, (uint64_t) e.file->n_bytes[1]);
+        put_value(out, e.file->checksum);
+        put_value(out, (uint64_t) e.n_tail);
+        put_value(out, (uint32_t) e.tokens.size());
+        put_bytes(out, e.tokens.data(), e.tokens.size() * sizeof(llama_token));
     }
-    put(out, hash_of(out.data(), out.size()));
+    put_value(out, hash_of(out.data(), out.size()));
     const int dir = store_->dir_fd();
     const int fd = openat(dir, "index.new", O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0600);
     if (fd < 0) {
@@ -126,7 +103,7 @@ int32_t prompt_disk::load_index(const std::string & key, int32_t & n_removed) {
     }
     if (in.size() >= 16 && sum == hash_of(in.data(), in.size() - 8) && memcmp(in.data(), INDEX_MAGIC, 8) == 0) {
         in.resize(in.size() - 8);
-        reader r { in, 8 };
+        byte_reader r { in, 8 };
         uint32_t n_key = 0, n = 0;
         std::string k;
         bool ok = r.get(n_key) && n_key < 256 && (k.resize(n_key), r.get(k.data(), n_key)) && k == key && r.get(n);
@@ -136,7 +113,7 @@ int32_t prompt_disk::load_index(const std::string & key, int32_t & n_removed) {
             std::string name;
             entry e;
             ok = r.get(n_name) && n_name < 64 && (name.resize(n_name), r.get(name.data(), n_name)) && r.get(n0) && r.get(n1) &&
-                 r.get(checksum) && r.get(n_tail) && n_tail <= n1 && r.get(n_tok) && n_tok <= (in.size() - r.at) / sizeof(llama_token) &&
+                 r.get(checksum) && r.get(n_tail) && n_tail <= n1 && r.get(n_tok) && n_tok <= r.left() / sizeof(llama_token) &&
                  (e.tokens.resize(n_tok), r.get(e.tokens.data(), n_tok * sizeof(llama_token)));
             if (ok && (e.file = store_->adopt(name, n0, n1, checksum))) {
                 e.written = true;
