@@ -14,6 +14,12 @@ a state fits by fewer bytes than that can tip either way, and over a long RECOMP
 drift apart by steps; the workloads here stay off that edge. For that reason the RECOMPUTE workload
 runs without the restore headroom (`--preempt-sched restore-headroom=0`, in both): a resume that
 waits for headroom turns a drift of a few steps into a different resume step.
+
+The decode width chosen by measured cost depends on how long the live steps took, which the
+simulator prices by its own costs, and a paused slot's bound on its wait is a time: the first
+cases run every slot at once (`width-gain=0`), as upstream does, and one case fixes the width
+(`width=2,max-gap-ms=0`): then who is paused, which paused slot goes first as a victim and when the
+parked come back depend on the planner alone, and the traces agree on those too.
 """
 from __future__ import annotations
 
@@ -56,20 +62,28 @@ def sim_trace(decisions: list[Any]) -> Trace:
             for d in decisions if d.kind in (_core.DecisionKind.PARK, _core.DecisionKind.RESUME)]
 
 
-@pytest.mark.parametrize("mode, ram_mib, disk, load, headroom", [
-    ("auto", 1, True, LARGE, None),        # RAM while it lasts, then disk by price: both tiers, reads ahead
-    ("swap", 0, True, LARGE, None),        # every park to disk, written while the loop waits
-    ("swap", -1, False, LARGE, None),      # RAM only
-    ("recompute", 0, False, SMALL, 0),     # no copies: the planner's order and the replays alone
+ALL_DECODE = {"width-gain": 0}
+FIXED_WIDTH = {"width": 2, "max-gap-ms": 0}
+
+
+@pytest.mark.parametrize("mode, ram_mib, disk, load, knobs", [
+    ("auto", 1, True, LARGE, ALL_DECODE),        # RAM while it lasts, then disk by price: both tiers, reads ahead
+    ("swap", 0, True, LARGE, ALL_DECODE),        # every park to disk, written while the loop waits
+    ("swap", -1, False, LARGE, ALL_DECODE),      # RAM only
+    ("recompute", 0, False, SMALL, {**ALL_DECODE, "restore-headroom": 0}),  # no copies: the planner's order and the replays alone
+    ("swap", -1, False, SMALL, FIXED_WIDTH),     # two decode, the rest paused: paused victims first, parked to admit
 ])
 def test_the_simulator_makes_the_servers_decisions(stories_model: Path, tmp_path: Path, mode: str, ram_mib: int,
-                                                   disk: bool, load: tuple[int, int, int], headroom: int | None) -> None:
+                                                   disk: bool, load: tuple[int, int, int], knobs: dict[str, int]) -> None:
     n_slots, n_ctx, n_gen = load
-    args = ["-ctk", "f32", "-ctv", "f32", "--preempt-mode", mode, "--preempt-ram", str(ram_mib)]
-    sched = _core.SchedParams()  # the server's defaults, unless the case sets the headroom
-    if headroom is not None:
-        args += ["--preempt-sched", f"restore-headroom={headroom}"]
-        sched.n_restore_headroom = headroom
+    args = ["-ctk", "f32", "-ctv", "f32", "--preempt-mode", mode, "--preempt-ram", str(ram_mib),
+            "--preempt-sched", ",".join(f"{k}={v}" for k, v in knobs.items())]
+    sched = _core.SchedParams()  # the server's defaults, but for the case's knobs
+    fields = {"width-gain": ("width_gain", lambda v: v / 100), "width": ("n_width", int),
+              "max-gap-ms": ("max_gap_us", lambda v: v * 1000), "restore-headroom": ("n_restore_headroom", int)}
+    for k, v in knobs.items():
+        name, conv = fields[k]
+        setattr(sched, name, conv(v))
     if disk:
         args += ["--preempt-disk", str(tmp_path)]
     with Engine(stories_model, args, n_ctx=n_ctx, n_parallel=n_slots, n_batch=N_BATCH, kv_unified=True,

@@ -66,7 +66,7 @@ TOPICS = [
           lambda f, t: f.startswith("common/") and not _ENGINE_WORDS(t) and not _in("batch_invariant")(t)),
     Topic("loop-split", "server_queue::start_loop() split into its parts, so a host can run one iteration at a time",
           lambda f, t: (f == "tools/server/server-queue.h" or (f == "tools/server/server-queue.cpp" and "deadline" not in t))
-          and "n_waiting" not in t and "peek_deferred" not in t),
+          and "n_waiting" not in t and "peek_deferred" not in t and "wake_waiters" not in t),
     Topic("server-hooks", "the hooks of the park/resume mechanics (csrc/server/preempt-hooks.inc) in upstream's server loop",
           lambda f, t: (f in ("tools/server/server-context.cpp", "tools/server/server-common.h", "tools/server/server-task.h",
                               "tools/server/server-task.cpp") or _in("peek_deferred")(t))

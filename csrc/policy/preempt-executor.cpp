@@ -51,6 +51,10 @@ void apply_plan(const plan & pl, plan_executor & ex) {
     for (int32_t id : pl.hold) {
         ex.hold(id);
     }
+    for (const auto & [id, n] : pl.chunks) {
+        ex.chunk(id, n);
+    }
+    ex.pause(pl.pause);
     // restore ahead: the slot the plan brings back next has its file read back into host RAM (when
     // its state fits what is left of the budget), or its RAM buffer uploaded, while others decode
     if (pl.restore_next >= 0) {

@@ -61,7 +61,9 @@ struct plan_executor {
     virtual void park(const park_order & o) = 0;             // the slot leaves the pool as the order says
     virtual move_result copy_in(int32_t id) = 0;             // a RAM or disk park's state back into the pool
     virtual void resume(int32_t id, park_tier from, bool fallback) = 0;  // the slot re-enters: restored, or to replay
-    virtual void hold(int32_t id) = 0;        // a new request waits this step
+    virtual void hold(int32_t id) = 0;        // a prompt waits this step
+    virtual void chunk(int32_t id, int32_t n) = 0;  // a prompt (or replay) adds at most n tokens this step
+    virtual void pause(const std::vector<int32_t> & ids) = 0;  // these generating slots sit the step out, the rest decode
     virtual void read_ahead(int32_t id) = 0;  // the next slot back: its file read (or its buffer uploaded) now
 
     virtual void record(const decision & d) { (void) d; }
@@ -74,7 +76,8 @@ park_order park_victim(plan_executor & ex, int32_t id, park_reason reason);
 // One parked slot resumed: restored from RAM or disk, or by RECOMPUTE (also when a restore fails).
 void resume_parked(plan_executor & ex, int32_t id);
 
-// A plan carried out, in the order every executor shares.
+// A plan carried out, in the order every executor shares: purge, fail, park, resume, hold, chunks,
+// pause, read ahead.
 void apply_plan(const plan & pl, plan_executor & ex);
 
 } // namespace llama_preempt

@@ -10,7 +10,8 @@
 namespace llama_preempt {
 
 // Running slots that may be parked, best victim first: lowest priority first; within a priority,
-// the fresh before the spared (starved, resuming, holding no cells, or about to finish: taken only
+// the paused before the decoding (a paused slot waits anyway: its park stalls nobody), the latest
+// arrival among them first; of the rest, the fresh before the spared (starved, resuming, holding no cells, or about to finish: taken only
 // when no fresh candidate of that priority exists), then the smallest (its park wastes least: the
 // fewest tokens to recompute, the smallest state to copy), then the latest arrival (first come,
 // first served), then the later id so the order is stable. The leader keeps
@@ -18,7 +19,7 @@ namespace llama_preempt {
 // waste the most work, and a pool that cannot hold the leader alone is a context overflow, not a
 // scheduling problem. Parking others never changes who leads, so one order serves a whole step.
 std::vector<const slot_view *> victim_order(const std::vector<slot_view> & slots, const plan_params & p,
-                                            const std::vector<int32_t> & skip) {
+                                            const std::vector<int32_t> & skip, const std::vector<uint8_t> * paused) {
     const slot_view * lead = nullptr;
     for (const auto & s : slots) {
         if (is_running(s) && !contains_id(skip, s.id) &&
@@ -44,9 +45,23 @@ std::vector<const slot_view *> victim_order(const std::vector<slot_view> & slots
         const bool finishing = s->n_gen_left >= 0 && s->n_gen_left <= p.sched.n_near_finish;
         return s->n_preempt >= p.sched.n_starved || resuming || s->n_cells == 0 || finishing;
     };
+    auto is_paused = [&](const slot_view * s) {
+        return paused && s->id >= 0 && (size_t) s->id < paused->size() && (*paused)[s->id];
+    };
     std::sort(cand.begin(), cand.end(), [&](const slot_view * a, const slot_view * b) {
         if (a->priority != b->priority) {
             return a->priority < b->priority;
+        }
+        const bool pa = is_paused(a), pb = is_paused(b);
+        if (pa != pb) {
+            return pa;
+        }
+        if (pa) {
+            // paused: the furthest from a seat first (the latest arrival), so the next ones stay
+            if (a->arrival != b->arrival) {
+                return a->arrival > b->arrival;
+            }
+            return a->id > b->id;
         }
         const bool sa = spared(a), sb = spared(b);
         if (sa != sb) {
@@ -129,6 +144,77 @@ std::vector<int32_t> restore_order(const std::vector<slot_view> & slots, const p
         ids.push_back(s->id);
     }
     return ids;
+}
+
+std::vector<int32_t> decode_order(const std::vector<slot_view> & slots, const plan_params & p, bool parked) {
+    std::vector<const slot_view *> gen;
+    for (const auto & s : slots) {
+        if (s.phase == slot_phase::generating || (parked && s.phase == slot_phase::parked && s.was_generating)) {
+            gen.push_back(&s);
+        }
+    }
+    const auto order = by_aged_priority(gen, p, [](const slot_view & s) { return s.t_arrival_us; },
+                                        [](const slot_view & a, const slot_view & b) {
+        if (a.arrival != b.arrival) {
+            return a.arrival < b.arrival;
+        }
+        return a.id < b.id;
+    });
+    std::vector<int32_t> ids;
+    ids.reserve(order.size());
+    for (const slot_view * s : order) {
+        ids.push_back(s->id);
+    }
+    return ids;
+}
+
+decode_seats plan_seats(const std::vector<slot_view> & slots, const plan_params & p, size_t n_ids) {
+    decode_seats d;
+    d.order = decode_order(slots, p);
+    d.width = (int32_t) d.order.size();
+    d.paused.assign(n_ids, 0);
+    d.due.assign(n_ids, 0);
+    d.limited = p.sched.n_width > 0 || (p.cost_ready && p.sched.width_gain > 0);
+    if (!d.limited) {
+        for (const auto & s : slots) {
+            d.due[s.id] = s.phase == slot_phase::parked;
+        }
+        return d;
+    }
+    std::vector<const slot_view *> by_id(n_ids, nullptr);
+    for (const auto & s : slots) {
+        by_id[s.id] = &s;
+    }
+    if (p.sched.n_width > 0) {
+        d.width = std::min<int32_t>(p.sched.n_width, (int32_t) d.order.size());
+    } else if (!d.order.empty()) {
+        std::vector<double> u;
+        u.reserve(d.order.size());
+        for (int32_t id : d.order) {
+            u.push_back(decode_slot_cost(p.cost, by_id[id]->n_cells, 1 + std::max(0, by_id[id]->n_draft)));
+        }
+        d.width = decode_width(p.cost.fixed_s, u, p.sched.width_gain);
+    }
+    for (size_t i = d.width; i < d.order.size(); ++i) {
+        const slot_view & s = *by_id[d.order[i]];
+        const bool overdue = p.sched.max_gap_us > 0 && s.t_last_token_us >= 0 && p.t_now_us - s.t_last_token_us >= p.sched.max_gap_us;
+        d.paused[s.id] = overdue ? 0 : 1;
+    }
+    // the parked: due when within the width among the resident and the parked (one parked
+    // mid-prompt is due: it was admitted before any request still waiting)
+    const std::vector<int32_t> all = decode_order(slots, p, true);
+    const int32_t width = std::max<int32_t>(1, d.width);
+    for (size_t i = 0; i < all.size(); ++i) {
+        if (by_id[all[i]]->phase == slot_phase::parked) {
+            d.due[all[i]] = (int32_t) i < width;
+        }
+    }
+    for (const auto & s : slots) {
+        if (s.phase == slot_phase::parked && !s.was_generating) {
+            d.due[s.id] = 1;
+        }
+    }
+    return d;
 }
 
 std::vector<const slot_view *> admission_order(const std::vector<slot_view> & slots, const plan_params & p) {

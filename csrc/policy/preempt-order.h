@@ -24,9 +24,27 @@ inline bool is_running(const slot_view & s) {
 }
 
 // Running slots that may be parked, best victim first (the leader never among them); `skip` lists
-// slots already chosen. Parking one never changes the order of the rest, so one serves a step.
+// slots already chosen; `paused` (by slot id, may be null) the generating slots that do not decode
+// this step, which go before those that do. Parking one never changes the order of the rest, so
+// one serves a step.
 std::vector<const slot_view *> victim_order(const std::vector<slot_view> & slots, const plan_params & p,
-                                            const std::vector<int32_t> & skip);
+                                            const std::vector<int32_t> & skip,
+                                            const std::vector<uint8_t> * paused = nullptr);
+
+// One step's decode seats (plan_step(), step 0). The resident generating slots in decode order:
+// the first `width` decode (the width the measured step cost pays for, or --preempt-sched width),
+// the rest are paused unless overdue for a token (max_gap_us). A slot parked while generating is
+// `due` when its place in the decode order, among the resident and the parked, is within the
+// width: it waits for room to decode, while one that is not due would only be paused if it came
+// back. Without a limit every parked slot is due and nothing is paused.
+struct decode_seats {
+    bool    limited = false;
+    int32_t width   = 0;
+    std::vector<int32_t> order;   // resident generating slots, decode order
+    std::vector<uint8_t> paused;  // by slot id
+    std::vector<uint8_t> due;     // by slot id
+};
+decode_seats plan_seats(const std::vector<slot_view> & slots, const plan_params & p, size_t n_ids);
 
 // New requests in the order they are admitted: highest (aged) priority first, then first come,
 // first served.

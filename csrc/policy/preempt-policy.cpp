@@ -134,10 +134,101 @@ struct slot_index {
     }
 };
 
+// plan_step(), step 8: the step's prompt and replay tokens, shared in order: replays first (they
+// ran before any prompt still waiting), then prompts, highest priority first, then first come,
+// first served. Each takes what it has left, up to what remains of the budget (while a slot
+// decodes; else n_batch). A prompt that gets none waits (`hold`); the others get their share
+// (`chunks`), which the loop keeps to, so the prompts are served in this order and not in the
+// loop's slot order.
+static void share_prompt_budget(const std::vector<slot_view> & slots, const plan_params & p, plan & pl) {
+    int32_t n_decoding = 0;
+    for (const auto & s : slots) {
+        if (s.phase == slot_phase::generating && !contains_id(pl.park, s.id) && !contains_id(pl.pause, s.id)) {
+            n_decoding += 1 + std::max(0, s.n_draft);
+        }
+    }
+    int32_t left = std::max(0, p.n_batch - n_decoding);
+    if (n_decoding > 0 && pl.n_prompt_budget > 0) {
+        left = std::min(left, pl.n_prompt_budget);
+    }
+    std::vector<const slot_view *> prompts;
+    for (const auto & s : slots) {
+        if (s.phase == slot_phase::prompt && !contains_id(pl.park, s.id) && !contains_id(pl.hold, s.id)) {
+            prompts.push_back(&s);
+        }
+    }
+    std::stable_sort(prompts.begin(), prompts.end(), [](const slot_view * a, const slot_view * b) {
+        if ((a->n_replay_left > 0) != (b->n_replay_left > 0)) {
+            return a->n_replay_left > 0;
+        }
+        if (a->priority != b->priority) {
+            return a->priority > b->priority;
+        }
+        return a->arrival < b->arrival;
+    });
+    for (const slot_view * s : prompts) {
+        const int32_t n = std::min(left, std::max(1, s->n_prompt_left));
+        if (n <= 0) {
+            pl.hold.push_back(s->id);
+            continue;
+        }
+        pl.chunks.emplace_back(s->id, n);
+        left -= n;
+    }
+}
+
+// plan_step(), step 7: the parked slot that comes back next (-1: none)
+static int32_t next_back(const std::vector<slot_view> & slots, const plan_params & p, const plan & pl,
+                         const std::vector<int32_t> & restore, const std::vector<uint8_t> & failed, bool by_decode_order) {
+    (void) p;
+    const slot_index find(slots);
+    if (by_decode_order) {
+        for (int32_t id : restore) {
+            if (!failed[id] && !find[id]->waits_for_unpark && !contains_id(pl.resume, id)) {
+                return id;
+            }
+        }
+        return pl.park.empty() ? -1 : pl.park.front();
+    }
+    const slot_view * next = nullptr;
+    auto ahead_of = [](const slot_view & a, int32_t a_preempt, const slot_view * b, int32_t b_preempt) {
+        if (a.priority != b->priority) {
+            return a.priority > b->priority;
+        }
+        return a_preempt > b_preempt;  // ties: the earlier parked, which `restore` and then `park` list first
+    };
+    int32_t next_preempt = 0;
+    for (int32_t id : restore) {
+        const slot_view * s = find[id];
+        if (!failed[id] && !s->waits_for_unpark && !contains_id(pl.resume, id) &&
+            (!next || ahead_of(*s, s->n_preempt, next, next_preempt))) {
+            next = s;
+            next_preempt = s->n_preempt;
+        }
+    }
+    for (int32_t id : pl.park) {
+        const slot_view * s = find[id];
+        if (!next || ahead_of(*s, s->n_preempt + 1, next, next_preempt)) {
+            next = s;
+            next_preempt = s->n_preempt + 1;
+        }
+    }
+    return next ? next->id : -1;
+}
+
 plan plan_step(const std::vector<slot_view> & slots, const plan_params & p) {
     plan pl;
     const slot_index find(slots);
     std::vector<uint8_t> failed(find.by_id.size(), 0);
+
+    // 0. who decodes (plan_seats()): the generating slots oldest first, as many as the decode
+    //    width the measured step cost pays for; the rest keep their cells and wait (paused), except
+    //    one overdue for a token, so that no stream goes quiet for longer than max_gap_us
+    decode_seats seats = plan_seats(slots, p, find.by_id.size());
+    std::vector<uint8_t> & paused = seats.paused;
+    pl.n_decode_width = seats.width;
+    // what a running slot's next step adds to the pool: nothing while it is paused
+    auto need_of = [&](const slot_view & s) { return paused[s.id] ? 0 : reservation(s, p); };
 
     // Three groups: running slots (generating, or past the first chunk of their prompt) hold and
     // need cells; parked slots wait to come back; new requests wait to be admitted. Room goes to
@@ -145,11 +236,13 @@ plan plan_step(const std::vector<slot_view> & slots, const plan_params & p) {
     int32_t used      = 0;  // cells held now
     int32_t need      = 0;  // cells the running slots' next step adds
     int32_t n_running = 0;
+    int32_t n_growing = 0;  // running and not paused: the slots whose cells grow
     for (const auto & s : slots) {
         used += charged_cells(s);
         if (is_running(s)) {
-            need += reservation(s, p);
+            need += need_of(s);
             n_running += 1;
+            n_growing += paused[s.id] ? 0 : 1;
         }
     }
     // the margin is waived when nothing else runs: then the slot must be let through
@@ -194,55 +287,108 @@ plan plan_step(const std::vector<slot_view> & slots, const plan_params & p) {
         }
         return fits(extra);
     };
+    // victims in one order for the whole step: parking one does not change the order of the rest
+    const auto victims = victim_order(slots, p, {}, &paused);
+    auto park = [&](const slot_view & s) {
+        used -= charged_cells(s);
+        need -= need_of(s);
+        n_running -= 1;
+        n_growing -= paused[s.id] ? 0 : 1;
+        pl.park.push_back(s.id);
+    };
 
-    // 2. the running slots' next step does not fit: idle caches go first, then victims are parked
+    // 2. the running slots' next step does not fit: idle caches go first, then victims are parked,
+    //    paused ones (the latest arrival first) before those that decode
     if (!make_room(0) && p.park) {
-        // select_victim() in a loop, in one pass: parking a victim does not change the order
-        const auto order = victim_order(slots, p, {});
-        for (size_t i = 0; i < order.size() && !fits(0); ++i) {
-            const slot_view * s = order[i];
-            used -= charged_cells(*s);
-            need -= reservation(*s, p);
-            n_running -= 1;
-            pl.park.push_back(s->id);
+        for (size_t i = 0; i < victims.size() && !fits(0); ++i) {
+            park(*victims[i]);
         }
         // when none is left to park, the decode's own retry ladder is the last line
     }
+    // a decoding slot parked gives its seat to the oldest paused one, where its next token fits
+    for (int32_t id : pl.park) {
+        if (paused[id] || find[id]->phase != slot_phase::generating) {
+            continue;
+        }
+        for (int32_t next : seats.order) {
+            if (paused[next] && !contains_id(pl.park, next)) {
+                const int32_t res = reservation(*find[next], p);
+                if (fits(res)) {
+                    paused[next] = 0;
+                    need += res;
+                    n_growing += 1;
+                }
+                break;
+            }
+        }
+    }
 
-    // 3. restore in restore order, fit-first, but never in a step that parked (that would thrash);
-    //    a resuming slot is charged its whole replay, not one batch. Thrash guard: a resume leaves
-    //    n_restore_headroom cells per running slot free (their growth over that many steps), so
-    //    that the slots it joins do not park it, or another, again at once
+    // 3. restore in restore order (with a limited width: the decode order), fit-first, but never
+    //    in a step that parked (that would thrash); a resuming slot is charged its whole replay,
+    //    not one batch. Thrash guard: a resume leaves n_restore_headroom cells per growing slot
+    //    free (their growth over that many steps), so that the slots it joins do not park it, or
+    //    another, again at once. With a limited width only the due come back now: one that is not
+    //    would sit paused, so new requests' prompts go first and it takes what room is left (8.)
     bool waiting = false;
-    const std::vector<int32_t> restore = restore_order(slots, p);
-    for (int32_t id : restore) {
-        if (failed[id]) {
-            continue;
+    std::vector<int32_t> restore;
+    if (seats.limited) {
+        restore = decode_order(slots, p, true);
+        restore.erase(std::remove_if(restore.begin(), restore.end(),
+                                     [&](int32_t id) { return find[id]->phase != slot_phase::parked; }), restore.end());
+        for (int32_t id : restore_order(slots, p)) {
+            if (!contains_id(restore, id)) {
+                restore.push_back(id);  // parked mid-prompt: after those parked while generating
+            }
         }
+    } else {
+        restore = restore_order(slots, p);
+    }
+    auto try_resume = [&](int32_t id) {
         const slot_view * s = find[id];
-        if (!s->can_resume || s->waits_for_unpark) {
-            waiting = true;
-            continue;
-        }
-        if (pl.park.empty() && make_room(s->n_restore + p.sched.n_restore_headroom * (n_running + 1))) {
+        if (pl.park.empty() && make_room(s->n_restore + p.sched.n_restore_headroom * (n_growing + 1))) {
             need += s->n_restore;
             n_running += 1;
+            n_growing += 1;
             pl.resume.push_back(id);
-        } else {
+            return true;
+        }
+        return false;
+    };
+    for (int32_t id : restore) {
+        const slot_view * s = find[id];
+        if (failed[id] || !seats.due[id]) {
+            continue;
+        }
+        if (!s->can_resume || s->waits_for_unpark || !try_resume(id)) {
             waiting = true;
         }
     }
 
-    // 4. admit new requests in arrival order while they fit and nobody parked is waiting. One
+    // 4. admit new requests in arrival order while they fit and nobody due is parked waiting. One
     //    that does not fit may be passed by later ones that do, but only for pass_limit_us: from
     //    then on it holds every later one, so a long prompt is not passed over for ever by short
     //    ones. With nothing running, the first one always goes (its own size checks end it if it
-    //    can never fit).
-    bool blocked = waiting;  // a parked slot waits for room: nothing new goes
+    //    can never fit). With a limited width, a paused slot (the latest arrival first) may be
+    //    parked to let a new prompt in: it waits for a seat either way, and the new request's
+    //    first token comes now instead of after the answers ahead of it.
+    size_t i_victim = 0;
+    auto park_paused_for = [&](int32_t res) {
+        if (!seats.limited || !p.park_to_admit || !p.park) {
+            return false;
+        }
+        for (; i_victim < victims.size() && !fits(res); ++i_victim) {
+            const slot_view & v = *victims[i_victim];
+            if (paused[v.id] && !contains_id(pl.park, v.id)) {
+                park(v);
+            }
+        }
+        return fits(res);
+    };
+    bool blocked = waiting;  // a due parked slot waits for room: nothing new goes
     for (const slot_view * s : admission_order(slots, p)) {
         const int32_t res = reservation(*s, p);
         // make_room first: even the request that goes regardless gets idle caches out of its way
-        if (!blocked && (make_room(res) || n_running == 0)) {
+        if (!blocked && (make_room(res) || park_paused_for(res) || n_running == 0)) {
             need += res;
             n_running += 1;
         } else {
@@ -256,12 +402,13 @@ plan plan_step(const std::vector<slot_view> & slots, const plan_params & p) {
     // 5. progress: with nothing running, the head of the line must go, or the loop would spin
     //    without decoding anything. Reclaim every cache, then resume the first parked slot (it
     //    fits an empty pool, else it is in `fail`), or else admit the first new request.
-    if (n_running == 0 && waiting) {
+    const bool any_parked = std::any_of(restore.begin(), restore.end(), [&](int32_t id) { return !failed[id]; });
+    if (n_running == 0 && (waiting || any_parked)) {
         while (purge_one()) {
         }
         for (int32_t id : restore) {
             const slot_view * s = find[id];
-            if (!failed[id] && s->can_resume && !s->waits_for_unpark && pl.park.empty()) {
+            if (!failed[id] && s->can_resume && !s->waits_for_unpark && pl.park.empty() && !contains_id(pl.resume, id)) {
                 need += s->n_restore;
                 n_running += 1;
                 pl.resume.push_back(id);
@@ -273,37 +420,32 @@ plan plan_step(const std::vector<slot_view> & slots, const plan_params & p) {
         }
     }
 
-    // 6. the parked slot that comes back next, once this step's plan is applied: its state can
+    // 6. with a limited width, the parked that are not due come back where room is left
+    if (seats.limited) {
+        for (int32_t id : restore) {
+            const slot_view * s = find[id];
+            if (!failed[id] && !seats.due[id] && s->can_resume && !s->waits_for_unpark && !contains_id(pl.resume, id)) {
+                try_resume(id);
+            }
+        }
+    }
+
+    // 7. the parked slot that comes back next, once this step's plan is applied: its state can
     //    travel to the device ahead of time. A slot parked in this step counts too, ranked as it
     //    will be (one more park, parked last); a slot parked through the API waits for unpark.
-    const slot_view * next = nullptr;
-    auto ahead_of = [](const slot_view & a, int32_t a_preempt, const slot_view * b, int32_t b_preempt) {
-        if (a.priority != b->priority) {
-            return a.priority > b->priority;
-        }
-        return a_preempt > b_preempt;  // ties: the earlier parked, which `restore` and then `park` list first
-    };
-    int32_t next_preempt = 0;
-    for (int32_t id : restore) {
-        const slot_view * s = find[id];
-        if (!failed[id] && !s->waits_for_unpark && !contains_id(pl.resume, id) &&
-            (!next || ahead_of(*s, s->n_preempt, next, next_preempt))) {
-            next = s;
-            next_preempt = s->n_preempt;
-        }
-    }
-    for (int32_t id : pl.park) {
-        const slot_view * s = find[id];
-        if (!next || ahead_of(*s, s->n_preempt + 1, next, next_preempt)) {
-            next = s;
-            next_preempt = s->n_preempt + 1;
-        }
-    }
-    pl.restore_next = next ? next->id : -1;
+    //    With a limited width: the first in the decode order still parked.
+    pl.restore_next = next_back(slots, p, pl, restore, failed, seats.limited);
 
-    // 7. the batch's prompt budget: while slots generate, a long prompt (or replay) is spread over
-    //    steps instead of stalling their decode for a whole n_batch chunk
+    // 8. the batch's prompt budget: while slots generate, a long prompt (or replay) is spread over
+    //    steps instead of stalling their decode for a whole n_batch chunk. Replays, then prompts in
+    //    arrival order, share it (share_prompt_budget()): the ones it does not reach wait
+    for (int32_t id : seats.order) {
+        if (paused[id] && !contains_id(pl.park, id)) {
+            pl.pause.push_back(id);
+        }
+    }
     pl.n_prompt_budget = p.sched.n_prompt_budget;
+    share_prompt_budget(slots, p, pl);
 
     pl.n_used = used;
     pl.n_need = need;
@@ -321,7 +463,8 @@ static std::string ids_to_string(const std::vector<int32_t> & ids) {
 std::string plan_to_string(const plan & pl) {
     return "purge=" + ids_to_string(pl.purge) + " fail=" + ids_to_string(pl.fail) +
            " park=" + ids_to_string(pl.park) + " resume=" + ids_to_string(pl.resume) +
-           " hold=" + ids_to_string(pl.hold) + " used=" + std::to_string(pl.n_used) +
+           " hold=" + ids_to_string(pl.hold) + " pause=" + ids_to_string(pl.pause) +
+           " width=" + std::to_string(pl.n_decode_width) + " used=" + std::to_string(pl.n_used) +
            " need=" + std::to_string(pl.n_need);
 }
 

@@ -6,10 +6,12 @@
 #pragma once
 
 #include "preempt-choice.h"  // how each victim is parked: RAM, disk or RECOMPUTE, by measured cost
+#include "preempt-width.h"   // how many slots decode at once, by the measured step cost
 
 #include <algorithm>
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace llama_preempt {
@@ -49,8 +51,10 @@ struct slot_view {
     int64_t t_parked_us = 0;  // when it was parked
     bool    can_resume  = true;  // false: keep it parked this step (a test knob holds it)
     bool    waits_for_unpark = false;  // parked through the API: it waits for unpark, not for room
+    bool    was_generating = false;    // parked while generating: it waits for a decode seat (the decode order)
 
     int32_t n_gen_since_forced = 0;  // generating: tokens since its last forced park (LLAMA_SERVER_PREEMPT_EVERY)
+    int64_t t_last_token_us = -1;    // generating: when it last sampled a token (-1: not known)
     int32_t n_gen_left    = -1;      // tokens its request may still generate (-1: not known)
 
     int32_t priority      = 0;      // the request's priority: higher is parked later and restored sooner
@@ -73,6 +77,11 @@ struct sched_params {
     int32_t n_restore_headroom = 8;    // thrash guard: cells per running slot a resume leaves free
     int32_t n_near_finish      = 16;   // a slot with at most this many tokens left is spared as a victim
     int64_t pass_limit_us      = 5 * 1000 * 1000;  // a new request that does not fit may be passed by later ones this long (0: never)
+    // decode width (preempt-width.h): a slot joins the decode only while at least this share of
+    // the tokens it gets is new throughput (0: every generating slot decodes, as upstream)
+    double  width_gain         = 0.5;
+    int32_t n_width            = 0;    // slots that decode at once, fixed (0: from the measured step cost)
+    int64_t max_gap_us         = 3 * 1000 * 1000;  // a paused slot decodes a token at least this often (0: no bound)
 };
 
 struct plan_params {
@@ -83,6 +92,10 @@ struct plan_params {
                                // (parking is left to the decode's retry ladder; for tests)
     int64_t t_now_us  = 0;     // the planner's clock, for aging
     sched_params sched;
+    step_cost cost;            // the step cost fitted from the executor's own steps (step_cost_fit)
+    bool      cost_ready = false;  // the fit has seen enough steps: the decode width is limited
+    bool      park_to_admit = false;  // a paused slot may be parked to let a new request's prompt in (its
+                                      // state can be copied out: not RECOMPUTE only, host RAM or disk left)
 };
 
 enum class park_reason {
@@ -98,12 +111,19 @@ const char * park_reason_key(park_reason r);
 
 // One step's decisions, applied by the mechanics in this order: purge, fail, park, resume, hold.
 // Room goes to running slots first, then to parked slots (restore order), then to new requests.
+// Of the generating slots the oldest decode, as many as the decode width; the rest are paused.
 struct plan {
     std::vector<int32_t> purge;   // idle slots whose cached cells go first
     std::vector<int32_t> fail;    // parked slots that cannot fit even an empty pool: end with the context error
     std::vector<int32_t> park;    // active slots to park now, in order
     std::vector<int32_t> resume;  // parked slots to resume now, in order
-    std::vector<int32_t> hold;    // new requests kept waiting this step: no room, or a parked slot waits first
+    std::vector<int32_t> hold;    // prompts kept waiting this step: new ones without room, or behind a parked
+                                  // slot; admitted ones beyond the step's prompt budget (arrival order)
+    std::vector<std::pair<int32_t, int32_t>> chunks;  // (slot, tokens): each prompt's and replay's share of the
+                                                      // step's prompt tokens (those not listed, nor held: up to n_batch)
+    std::vector<int32_t> pause;   // generating slots that keep their cells but do not decode this step
+    int32_t n_decode_width = 0;   // how many generating slots may decode (0: none generates); paused slots
+                                  // overdue for a token (max_gap_us) decode beside them
     int32_t restore_next = -1;    // the parked slot that comes back next, after this step: restore ahead
                                   // uploads its state now (-1: none; never one waiting for unpark)
     int32_t n_prompt_budget = 0;  // prompt and replay tokens this step's batch may take (0: up to n_batch)
@@ -178,6 +198,11 @@ int32_t charged_cells(const slot_view & s);
 // already chosen this step.
 int32_t select_victim(const std::vector<slot_view> & slots, const plan_params & p,
                       const std::vector<int32_t> & skip = {});
+
+// The generating slots (and with `parked`, the slots parked while generating) in the order they get
+// a decode seat: highest (aged) priority first, then first come, first served, so that the longest
+// answer is never stretched by newcomers.
+std::vector<int32_t> decode_order(const std::vector<slot_view> & slots, const plan_params & p, bool parked = false);
 
 // Order in which parked slots are considered for restore: highest priority first (aged by the time
 // parked, p.age_step_us), then most-preempted, then longest parked.

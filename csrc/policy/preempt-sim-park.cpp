@@ -18,7 +18,7 @@ tier_state sim_server::tiers() const {
     t.disk_left  = ram_left(disk_budget(), (size_t) disk_bytes);
     t.rates.park_bps       = p.swap_out_bps;
     t.rates.restore_bps    = p.swap_in_bps;
-    t.rates.prefill_tps    = 1.0 / p.prefill_token_s;
+    t.rates.prefill_tps    = p.cost.prompt_token_s > 0 ? 1.0 / p.cost.prompt_token_s : 1e9;
     t.rates.disk_write_bps = p.disk_write_bps;
     t.rates.disk_read_bps  = p.disk_read_bps;
     t.n_batch = p.n_batch;
@@ -191,6 +191,16 @@ void sim_server::resume(int32_t id, park_tier from, bool fallback) {
 
 void sim_server::hold(int32_t id) {
     held[id] = 1;
+}
+
+void sim_server::chunk(int32_t id, int32_t n) {
+    caps[id] = n;
+}
+
+void sim_server::pause(const std::vector<int32_t> & ids) {
+    for (int32_t id : ids) {
+        paused[id] = 1;
+    }
 }
 
 void sim_server::record(const decision & d) {

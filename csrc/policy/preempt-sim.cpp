@@ -91,11 +91,15 @@ slot_view sim_server::view(const sim_slot & s) const {
         v.t_arrival_us = (int64_t) (s.t_arrival * 1e6);
         v.n_gen_left   = reqs[s.req].n_gen - s.gen_done;
     }
+    if (s.phase == slot_phase::generating && s.t_last_token >= 0) {
+        v.t_last_token_us = (int64_t) (s.t_last_token * 1e6);
+    }
     if (s.phase == slot_phase::prompt) {
         v.n_replay_left = s.replay_left;
         v.n_prompt_left = s.replay_left > 0 ? s.replay_left : reqs[s.req].n_prompt - s.prompt_done;
     }
     if (s.phase == slot_phase::parked) {
+        v.was_generating = s.from_gen;
         v.n_restore   = s.n_restore;
         v.t_parked_us = (int64_t) (s.t_parked * 1e6);
     }
@@ -124,6 +128,21 @@ void sim_server::finish(sim_slot & s, sim_outcome outcome) {
     }
     s = sim_slot{ s.id, -1, slot_phase::idle, false, s.cells };
     s.t_last_used = t;
+}
+
+void sim_server::token(sim_slot & s) {
+    auto & r = res.requests[s.req];
+    s.n_tokens++;
+    if (s.n_tokens == 1) {
+        r.t_first = t;
+    } else {
+        if (s.n_tokens == 2) {
+            r.t_second = t;
+        }
+        r.max_gap_s = std::max(r.max_gap_s, t - s.t_last_token);
+    }
+    s.t_last_token = t;
+    res.n_tokens_generated++;
 }
 
 // the waiting requests take idle slots
@@ -201,13 +220,18 @@ bool sim_server::step(double t_next) {
     }
 
     held.assign(slots.size(), 0);
+    paused.assign(slots.size(), 0);
+    caps.assign(slots.size(), -1);
     if (p.preempt) {
         settle_disk();
-        pp.t_now_us = (int64_t) (t * 1e6);
+        pp.t_now_us   = (int64_t) (t * 1e6);
+        pp.cost       = fit.cost();
+        pp.cost_ready = fit.ready();
+        const tier_state ts = tiers();
+        pp.park_to_admit = ts.mode != preempt_mode::recompute && (ram_left(ts.ram_budget, ts.ram_held) > 0 || ts.disk_left > 0);
         const plan pl = plan_step(views(), pp);
         apply_plan(pl, *this);
         restore_next    = pl.restore_next;
-        prompt_budget   = pl.n_prompt_budget;
     }
 
     // the batch: one token per generating slot, then prompt and replay chunks in slot order
@@ -219,22 +243,24 @@ bool sim_server::step(double t_next) {
         n_gen_tok = 0;
         n_prompt_tok = 0;
         for (auto & s : slots) {
-            if (s.phase == slot_phase::generating) {
+            if (s.phase == slot_phase::generating && !paused[s.id]) {
                 chunk[s.id] = 1;
                 n_gen_tok++;
             }
         }
-        // the plan's prompt budget, while slots generate (the server's prompt hook does the same)
-        const int32_t n_batch = prompt_budget > 0 && n_gen_tok > 0 ? std::min(p.n_batch, n_gen_tok + prompt_budget) : p.n_batch;
+        // prompts and replays in slot order, each up to its share of the step (the plan's chunks,
+        // which the server's prompt hook keeps the same way)
         for (auto & s : slots) {
-            if (s.phase != slot_phase::prompt || held[s.id] || n_gen_tok + n_prompt_tok >= n_batch) {
+            const int32_t taken = n_gen_tok + n_prompt_tok;
+            const int32_t limit = caps[s.id] >= 0 ? std::min(p.n_batch, taken + caps[s.id]) : p.n_batch;
+            if (s.phase != slot_phase::prompt || held[s.id] || taken >= limit) {
                 continue;
             }
             if (s.is_new) {
                 s.cells = 0;  // the prompt starts: nothing of the cached cells is reused
             }
             const int32_t left = s.replay_left > 0 ? s.replay_left : reqs[s.req].n_prompt - s.prompt_done;
-            chunk[s.id] = std::min(left, n_batch - n_gen_tok - n_prompt_tok);
+            chunk[s.id] = std::min(left, limit - taken);
             n_prompt_tok += chunk[s.id];
         }
         int32_t used = cells_used();
@@ -283,9 +309,23 @@ bool sim_server::step(double t_next) {
         return false;
     }
 
+    // the step's shape: a token at position q of its sequence reads q + 1 cells
+    step_shape shape;
+    shape.n_decode = n_gen_tok;
+    shape.n_prompt = n_prompt_tok;
+    for (const auto & s : slots) {
+        const int64_t c = chunk[s.id];
+        if (c > 0) {
+            shape.n_attended += c * s.cells + c * (c + 1) / 2;
+        }
+    }
     const double t_step_start = t;
-    t += p.step_s + n_gen_tok * p.decode_token_s + n_prompt_tok * p.prefill_token_s;
+    const double dt = p.cost.seconds(shape);
+    t += dt;
     res.n_steps++;
+    if (p.preempt) {
+        fit.observe(shape, dt);
+    }
 
     for (auto & s : slots) {
         const int32_t c = chunk[s.id];
@@ -296,7 +336,7 @@ bool sim_server::step(double t_next) {
         s.cells += c;
         if (s.phase == slot_phase::generating) {
             s.gen_done++;
-            res.n_tokens_generated++;
+            token(s);
         } else if (s.replay_left > 0) {
             s.replay_left -= c;
             res.n_recompute_tokens += c;
@@ -304,7 +344,7 @@ bool sim_server::step(double t_next) {
                 // the last replay token's logits are the interrupted step's: it samples on
                 s.phase = slot_phase::generating;
                 s.gen_done++;
-                res.n_tokens_generated++;
+                token(s);
             }
         } else {
             if (s.is_new) {
@@ -318,9 +358,10 @@ bool sim_server::step(double t_next) {
             if (s.prompt_done == reqs[s.req].n_prompt) {
                 s.phase = slot_phase::generating;
                 s.gen_done++;
-                res.n_tokens_generated++;
-                if (r.t_first < 0) {
-                    r.t_first = t;
+                if (s.n_tokens == 0) {
+                    token(s);
+                } else {
+                    res.n_tokens_generated++;  // a prompt-phase victim's prompt again: its first token was sent
                 }
             }
         }

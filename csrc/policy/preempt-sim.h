@@ -4,8 +4,10 @@
 // (plan_step(), the very function the server calls) decides purges, parks, resumes and holds, and
 // apply_plan() carries them out through this simulator's executor (preempt-sim-park.cpp), as it
 // does through the server's: each victim's tier is the policy's decide_park(), priced with the
-// simulated costs. The batch takes one token per generating slot, then prompt and replay chunks in
-// slot order up to n_batch; the step costs time by per-token rates. Pure C++ and no llama types, so operators can
+// simulated costs. The batch takes one token per decoding slot (the plan's paused slots sit out),
+// then prompt and replay chunks in slot order up to n_batch (the plan holds the prompts its budget
+// does not reach); the step costs what step_cost says of its shape, and the planner reads that cost
+// through the same online fit as the server's (step_cost_fit). Pure C++ and no llama types, so operators can
 // size -c and --preempt-ram for a workload in seconds (llama_preempt.simulate), and a fleet of
 // such servers behind a router (simulate_fleet(), preempt-fleet.cpp).
 #pragma once
@@ -38,9 +40,7 @@ struct sim_params {
     sched_params sched;                            // how the planner shares an overloaded pool (the server's flags)
 
     // costs (seconds and bytes); defaults are SmolLM2-135M Q4_1 on 2 CPU cores (see simulate.py)
-    double step_s          = 0.0023;  // fixed cost of a step that decodes anything
-    double decode_token_s  = 0.0046;  // per generated token in the batch
-    double prefill_token_s = 0.0022;  // per prompt or replay token in the batch
+    step_cost cost;                   // a step: fixed, per generated and prompt token, per cell attended
     double bytes_per_cell  = 23040;   // KV bytes per cell (all layers, K and V)
     double state_overhead_bytes = 0;  // bytes of a sequence's state beyond its cells (the serializer's headers)
     double swap_out_bps    = 9.5e9;   // park copy bandwidth, bytes/s (bench/swap_bandwidth.py, CPU)
@@ -63,6 +63,8 @@ struct sim_request_result {
     double      t_done      = -1;
     int32_t     n_preempt   = 0;
     double      t_parked_s  = 0;   // time spent parked
+    double      t_second    = -1;  // second token (the first one decoded after the prompt)
+    double      max_gap_s   = 0;   // the longest wait between two of its tokens
 };
 
 // one decision of the simulated server's policy, as the server's step events report it
@@ -123,6 +125,8 @@ struct sim_slot {
     int32_t replay_left  = 0;      // recompute: replay tokens still to re-prefill
     int32_t redo_left    = 0;      // a prompt-phase victim: prompt tokens it processes again
     int32_t n_preempt    = 0;
+    double  t_last_token = -1;     // its last token (the planner's bound on a paused slot's wait)
+    int32_t n_tokens     = 0;      // tokens its request has been sent
 };
 
 constexpr double SIM_NEVER = std::numeric_limits<double>::infinity();
@@ -144,8 +148,10 @@ struct sim_server final : plan_executor {
     double disk_bytes   = 0;  // bytes in the disk tier's files
     double t_io_free    = 0;  // the disk's I/O thread is free then (its writes and reads run one at a time)
     int32_t restore_next = -1; // the last plan's: it keeps a written disk park's host copy
-    int32_t prompt_budget = 0; // the last plan's: prompt tokens a step adds while slots generate
-    std::vector<uint8_t> held; // per slot: a new request kept waiting this step
+    std::vector<uint8_t> held; // per slot: a prompt kept waiting this step
+    std::vector<uint8_t> paused; // per slot: a generating slot beyond the decode width this step
+    std::vector<int32_t> caps;   // per slot: the plan's share of the step's prompt tokens (-1: up to n_batch)
+    step_cost_fit fit;         // the step cost as the planner knows it: fitted from the simulated steps, as the server's
     bool   stopped = false;  // gave up: the step limit, or held requests that nothing can unblock
 
     explicit sim_server(const sim_params & p);
@@ -170,6 +176,7 @@ struct sim_server final : plan_executor {
     bool is_running(const sim_slot & s) const;
     slot_view view(const sim_slot & s) const;
     void finish(sim_slot & s, sim_outcome outcome);
+    void token(sim_slot & s);  // a token reaches the slot's client now
     void admit();
     void settle_disk();  // written files free their host copy, reads ahead let go (disk_hold())
     void hold_ram(sim_slot & s, double bytes);  // its host copy, as the RAM budget counts it
@@ -191,6 +198,8 @@ struct sim_server final : plan_executor {
     move_result  copy_in(int32_t id) override;
     void         resume(int32_t id, park_tier from, bool fallback) override;
     void         hold(int32_t id) override;
+    void         chunk(int32_t id, int32_t n) override;
+    void         pause(const std::vector<int32_t> & ids) override;
     void         read_ahead(int32_t id) override;  // the next one back has its file read while others decode
     void         record(const decision & d) override;
 };

@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <tuple>
 
 #include "ggml-backend.h"
@@ -91,6 +92,8 @@ PYBIND11_MODULE(_core, m) {
         .def_readwrite("in_family",     &lp::slot_view::in_family)
         .def_readwrite("is_multimodal", &lp::slot_view::is_multimodal)
         .def_readwrite("can_park",      &lp::slot_view::can_park)
+        .def_readwrite("t_last_token_us", &lp::slot_view::t_last_token_us)
+        .def_readwrite("was_generating", &lp::slot_view::was_generating)
         .def("__repr__", [](const lp::slot_view & s) {
             return "<SlotView id=" + std::to_string(s.id) + " phase=" + std::to_string((int) s.phase) +
                    " n_cells=" + std::to_string(s.n_cells) + " n_preempt=" + std::to_string(s.n_preempt) + ">";
@@ -109,11 +112,65 @@ PYBIND11_MODULE(_core, m) {
                        "a slot with at most this many tokens left is spared as a victim")
         .def_readwrite("pass_limit_us",      &lp::sched_params::pass_limit_us,
                        "a new request that does not fit may be passed by later ones this long (0: never)")
+        .def_readwrite("width_gain",         &lp::sched_params::width_gain,
+                       "a slot joins the decode while this share of its tokens is new throughput (0: every slot decodes)")
+        .def_readwrite("n_width",            &lp::sched_params::n_width, "slots that decode at once, fixed (0: by the step cost)")
+        .def_readwrite("max_gap_us",         &lp::sched_params::max_gap_us,
+                       "a paused slot decodes a token at least this often (0: no bound)")
         .def("__repr__", [](const lp::sched_params & s) {
             return "SchedParams(n_starved=" + std::to_string(s.n_starved) + ", age_step_us=" + std::to_string(s.age_step_us) +
                    ", n_prompt_budget=" + std::to_string(s.n_prompt_budget) + ", n_restore_headroom=" +
                    std::to_string(s.n_restore_headroom) + ", n_near_finish=" + std::to_string(s.n_near_finish) + ")";
         });
+
+    py::class_<lp::step_shape>(m, "StepShape", "one step's batch as its cost depends on it")
+        .def(py::init([](int32_t n_decode, int32_t n_prompt, int64_t n_attended) {
+                 return lp::step_shape{ n_decode, n_prompt, n_attended };
+             }),
+             py::arg("n_decode") = 0, py::arg("n_prompt") = 0, py::arg("n_attended") = 0)
+        .def_readwrite("n_decode",   &lp::step_shape::n_decode)
+        .def_readwrite("n_prompt",   &lp::step_shape::n_prompt)
+        .def_readwrite("n_attended", &lp::step_shape::n_attended, "cells its tokens attend, summed over them");
+
+    py::class_<lp::step_cost>(m, "StepCost", "what one step costs, in seconds: fixed, per generated and per prompt "
+                              "token, per cell attended")
+        .def(py::init([](py::kwargs kw) {
+                 py::object self = py::cast(lp::step_cost{});
+                 for (auto item : kw) {
+                     const auto key = py::str(item.first).cast<std::string>();
+                     if (!py::hasattr(self, key.c_str())) {
+                         throw py::type_error("StepCost has no field '" + key + "'");
+                     }
+                     self.attr(key.c_str()) = item.second;
+                 }
+                 return self.cast<lp::step_cost>();
+             }))
+        .def_readwrite("fixed_s",        &lp::step_cost::fixed_s)
+        .def_readwrite("decode_token_s", &lp::step_cost::decode_token_s)
+        .def_readwrite("prompt_token_s", &lp::step_cost::prompt_token_s)
+        .def_readwrite("attend_cell_s",  &lp::step_cost::attend_cell_s)
+        .def("seconds", &lp::step_cost::seconds, py::arg("shape"))
+        .def("__repr__", [](const lp::step_cost & c) {
+            char buf[200];
+            snprintf(buf, sizeof(buf), "StepCost(fixed_s=%.6g, decode_token_s=%.6g, prompt_token_s=%.6g, attend_cell_s=%.6g)",
+                     c.fixed_s, c.decode_token_s, c.prompt_token_s, c.attend_cell_s);
+            return std::string(buf);
+        });
+
+    py::class_<lp::step_cost_fit>(m, "StepCostFit", "the step cost fitted online from measured steps (the server's own)")
+        .def(py::init<const lp::step_cost &>(), py::arg("prior") = lp::step_cost{})
+        .def("observe", &lp::step_cost_fit::observe, py::arg("shape"), py::arg("t_s"))
+        .def("cost", &lp::step_cost_fit::cost)
+        .def_property_readonly("n_samples", &lp::step_cost_fit::n_samples)
+        .def_property_readonly("ready", &lp::step_cost_fit::ready);
+    m.attr("STEP_COST_N_READY") = lp::step_cost_fit::N_READY;
+
+    m.def("decode_width", &lp::decode_width, py::arg("fixed_s"), py::arg("u"), py::arg("gain"),
+          "how many of the generating slots (their marginal costs `u`, oldest first) decode at once");
+    m.def("decode_slot_cost", &lp::decode_slot_cost, py::arg("cost"), py::arg("n_cells"), py::arg("n_tokens") = 1,
+          "the marginal cost of one more decoding slot holding n_cells");
+    m.def("decode_order", &lp::decode_order, py::arg("slots"), py::arg("params"), py::arg("parked") = false,
+          "generating slot ids in the order they get a decode seat");
 
     py::class_<lp::plan_params>(m, "PlanParams", "pool size and knobs of the planner")
         .def(py::init([](int32_t n_pool, int32_t n_batch, int32_t margin, int32_t n_starved, bool park, int64_t t_now_us,
@@ -144,7 +201,11 @@ PYBIND11_MODULE(_core, m) {
                       [](lp::plan_params & p, int32_t v) { p.sched.n_starved = v; })
         .def_readwrite("park",      &lp::plan_params::park)
         .def_readwrite("t_now_us",  &lp::plan_params::t_now_us)
-        .def_readwrite("sched",     &lp::plan_params::sched);
+        .def_readwrite("sched",     &lp::plan_params::sched)
+        .def_readwrite("cost",      &lp::plan_params::cost, "the fitted step cost the width is chosen by")
+        .def_readwrite("cost_ready", &lp::plan_params::cost_ready, "the width is limited only when the fit is ready")
+        .def_readwrite("park_to_admit", &lp::plan_params::park_to_admit,
+                       "a paused slot may be parked to let a new request's prompt in");
 
     py::class_<lp::plan>(m, "Plan", "one step's decisions")
         .def_readonly("purge",  &lp::plan::purge)
@@ -156,6 +217,8 @@ PYBIND11_MODULE(_core, m) {
         .def_readonly("n_need", &lp::plan::n_need)
         .def_readonly("restore_next", &lp::plan::restore_next)
         .def_readonly("n_prompt_budget", &lp::plan::n_prompt_budget)
+        .def_readonly("pause",  &lp::plan::pause)
+        .def_readonly("n_decode_width", &lp::plan::n_decode_width)
         .def("has_action", &lp::plan::has_action)
         .def("__repr__", [](const lp::plan & pl) { return "<Plan " + lp::plan_to_string(pl) + ">"; });
 

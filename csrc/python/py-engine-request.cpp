@@ -11,9 +11,10 @@ void register_request(py::module_ & m) {
     py::class_<engine_request, std::shared_ptr<engine_request>>(m, "RequestHandle",
             "one request answered by an upstream route handler on its own thread")
         .def("cancel", [](engine_request & r) {
-            r.cancelled = true;
-            r.cv.notify_all();
-        }, "ask the handler to stop, as a client disconnect does")
+            py::gil_scoped_release nogil;
+            r.cancel();
+        }, "ask the handler to stop, as a client disconnect does: it stops at once, and the loop frees "
+           "the slot at its next step")
         .def_property_readonly("cancelled", [](engine_request & r) { return r.cancelled.load(); })
         .def_property_readonly("id", [](engine_request & r) { return r.id; })
         .def_property_readonly("done", [](engine_request & r) {

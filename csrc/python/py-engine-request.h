@@ -37,11 +37,27 @@ struct engine_notifier {
     }
 };
 
+// What a cancel wakes: the Engine's server, whose waiting request handlers then check their
+// should_stop() at once instead of at their next 1 s poll (server_context::wake_readers()). The
+// Engine lets it go at close(); a request's handle may outlive the Engine.
+struct engine_waker {
+    std::mutex mtx;
+    std::function<void()> wake;  // empty once the Engine is closed
+
+    void operator()() {
+        std::lock_guard<std::mutex> lk(mtx);
+        if (wake) {
+            wake();
+        }
+    }
+};
+
 // One request, answered by an upstream route handler on its own thread. The Python side reads
 // the status and either the body or the stream's chunks.
 struct engine_request {
     uint64_t id = 0;                          // the Engine's count of requests, from 1
     std::shared_ptr<engine_notifier> notify;  // set while an event loop listens (AsyncEngine)
+    std::shared_ptr<engine_waker>    waker;   // the Engine's: a cancel wakes its handler now
     std::atomic<bool> cancelled{false};
     const std::function<bool()> should_stop = [this]() { return cancelled.load(); };
 
@@ -80,6 +96,17 @@ struct engine_request {
             done    = true;
         }
         news();
+    }
+
+    // stop the request, as a client disconnect does: its handler sees it at once and the loop's
+    // next step frees its slot (the handler posts the cancel before that step begins, unless the
+    // loop is mid-step: then at the step after)
+    void cancel() {
+        cancelled = true;
+        cv.notify_all();
+        if (waker) {
+            (*waker)();
+        }
     }
 
     // wake the threads that wait on it, and the event loop that listens

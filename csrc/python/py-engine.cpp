@@ -143,6 +143,7 @@ public:
         }
         routes->update_meta(*ctx);
         build_route_table();
+        waker->wake = [c = ctx.get()]() { c->wake_readers(); };
         ctx->step_begin();
         looping = true;
         publish(snap_stats);
@@ -181,6 +182,7 @@ public:
         std::lock_guard<std::mutex> lk_submit(mtx_submit);  // one submit at a time: the count below is ours
         req->id     = ++n_submitted;
         req->notify = notifier;
+        req->waker  = waker;
         const size_t n_before = ctx->step_wait(0);
         {
             std::lock_guard<std::mutex> lk(mtx_requests);
@@ -339,7 +341,9 @@ public:
             }
             to_join.swap(threads);
         }
-        // each handler notices its cancel within its polling interval (1 s) and returns
+        if (ctx) {
+            ctx->wake_readers();  // each handler notices its cancel now and returns
+        }
         for (auto & t : to_join) {
             if (t.thread.joinable()) {
                 t.thread.join();
@@ -349,6 +353,10 @@ public:
         if (looping) {
             ctx->step_end();
             looping = false;
+        }
+        {
+            std::lock_guard<std::mutex> lk_wake(waker->mtx);
+            waker->wake = nullptr;  // a handle that outlives the Engine cancels nothing here any more
         }
         table.clear();
         routes.reset();
@@ -387,6 +395,7 @@ private:
     snapshot<json>             snap_views;
     uint64_t                     n_submitted = 0;  // under mtx_submit
     std::shared_ptr<engine_notifier> notifier;     // made by notify_fd()
+    std::shared_ptr<engine_waker>    waker = std::make_shared<engine_waker>();  // what a request's cancel wakes
     int                          notify_read_fd = -1;
     std::atomic<bool>            in_step{false}; // a second thread stepping at once is an error, not a wait
     std::mutex                   mtx_requests;

@@ -152,6 +152,7 @@ void register_events(py::module_ & m) {
         .field("id_cmpl", &lp::slot_park_fields::id_cmpl)
         .field("priority", &lp::slot_park_fields::priority)
         .field("is_preempted", &lp::slot_park_fields::is_preempted)
+        .field("is_paused", &lp::slot_park_fields::is_paused)
         .field("n_preempt", &lp::slot_park_fields::n_preempt)
         .field("n_recompute", &lp::slot_park_fields::n_recompute)
         .field("tier", &lp::slot_park_fields::tier)

@@ -41,7 +41,9 @@ void register_sim(py::module_ & m) {
         .def_readonly("t_first",    &lp::sim_request_result::t_first, "first token (-1: never)")
         .def_readonly("t_done",     &lp::sim_request_result::t_done)
         .def_readonly("n_preempt",  &lp::sim_request_result::n_preempt)
-        .def_readonly("t_parked_s", &lp::sim_request_result::t_parked_s);
+        .def_readonly("t_parked_s", &lp::sim_request_result::t_parked_s)
+        .def_readonly("t_second",   &lp::sim_request_result::t_second, "second token (-1: never)")
+        .def_readonly("max_gap_s",  &lp::sim_request_result::max_gap_s, "the longest wait between two of its tokens");
 
     py::class_<lp::sim_decision>(m, "SimDecision", "one decision of the simulated server's policy")
         .def_readonly("step",    &lp::sim_decision::step)
@@ -69,9 +71,7 @@ void register_sim(py::module_ & m) {
         .def_readwrite("host_kv_ram_mib", &lp::sim_params::host_kv_ram_mib)
         .def_readwrite("mode",             &lp::sim_params::mode, "--preempt-mode: a PreemptMode or its name (auto, swap, recompute)")
         .def_readwrite("sched",            &lp::sim_params::sched, "how the planner shares an overloaded pool (SchedParams)")
-        .def_readwrite("step_s",           &lp::sim_params::step_s)
-        .def_readwrite("decode_token_s",   &lp::sim_params::decode_token_s)
-        .def_readwrite("prefill_token_s",  &lp::sim_params::prefill_token_s)
+        .def_readwrite("cost",             &lp::sim_params::cost, "what a simulated step costs (StepCost)")
         .def_readwrite("bytes_per_cell",   &lp::sim_params::bytes_per_cell)
         .def_readwrite("state_overhead_bytes", &lp::sim_params::state_overhead_bytes)
         .def_readwrite("swap_out_bps",     &lp::sim_params::swap_out_bps)

@@ -83,6 +83,9 @@ preempt_config make_preempt_config(const common_params & params, bool has_memory
     cfg.sched.n_starved          = sf.starved >= 0 ? (int32_t) sf.starved : cfg.sched.n_starved;
     cfg.sched.age_step_us        = sf.age_step_ms >= 0 ? sf.age_step_ms * 1000 : cfg.sched.age_step_us;
     cfg.sched.pass_limit_us      = sf.pass_limit_ms >= 0 ? sf.pass_limit_ms * 1000 : cfg.sched.pass_limit_us;
+    cfg.sched.width_gain         = sf.width_gain >= 0 ? sf.width_gain / 100.0 : cfg.sched.width_gain;
+    cfg.sched.n_width            = sf.width >= 0 ? (int32_t) sf.width : cfg.sched.n_width;
+    cfg.sched.max_gap_us         = sf.max_gap_ms >= 0 ? sf.max_gap_ms * 1000 : cfg.sched.max_gap_us;
 
     cfg.knobs.every              = env_int("LLAMA_SERVER_PREEMPT_EVERY");
     cfg.knobs.reactive           = env_int("LLAMA_SERVER_PREEMPT_REACTIVE") > 0;
@@ -167,6 +170,12 @@ void log_preempt_config(const preempt_config & cfg, size_t n_slots, int32_t n_ct
             "level per %lld ms, passed by later ones for at most %lld ms); prompt-budget=%d restore-headroom=%d near-finish=%d "
             "starved=%d\n", (long long) (s.age_step_us / 1000), (long long) (s.pass_limit_us / 1000), s.n_prompt_budget,
             s.n_restore_headroom, s.n_near_finish, s.n_starved);
+    CFG_INF("preemption: decode width (--preempt-sched): %s; a paused slot decodes a token at least every %s\n",
+            s.n_width > 0 ? string_format("%d slots decode at once (width=%d)", s.n_width, s.n_width).c_str()
+            : s.width_gain <= 0 ? "every generating slot decodes (width-gain=0)"
+            : string_format("the oldest slots decode, as many as the measured step cost pays for (width-gain=%.0f: a slot "
+                            "joins while %.0f %% of its tokens are new throughput)", s.width_gain * 100, s.width_gain * 100).c_str(),
+            s.max_gap_us > 0 ? string_format("%lld ms (max-gap-ms)", (long long) (s.max_gap_us / 1000)).c_str() : "- (no bound: max-gap-ms=0)");
     CFG_INF("preemption: the copy guard (--preempt-verify) checks %s\n",
             cfg.verify_first < 0 ? "every swap park and restore byte for byte"
             : cfg.verify_first == 0 ? "no swap copy"

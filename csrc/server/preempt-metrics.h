@@ -76,6 +76,10 @@ struct preempt_gauges {
     int32_t  n_disk_writes_in_flight = 0;  // disk parks whose file is still being written (their host copy held)
     int32_t  n_pool_cells_used    = 0;  // cells the requests in flight hold now (idle caches are reclaimable: not counted)
     bool     draining             = false;  // SIGTERM/SIGINT: finishing what it has, taking nothing new
+    int32_t  n_requests_paused    = 0;  // generating slots beyond the decode width now: they keep their cells and wait
+    int32_t  decode_width         = 0;  // generating slots the last step let decode
+    step_cost cost;                     // what a step costs, as fitted from the server's own steps
+    int64_t  n_cost_samples       = 0;  // steps the fit has seen
 };
 
 // One series: the same name, type and value reach /metrics and the in-process Engine's stats().

@@ -58,6 +58,12 @@ struct slot_preempt_state {
     bool    resuming      = false;  // replaying after a park
     int32_t n_redo_left   = 0;      // a prompt-phase victim: prompt tokens it is processing again
 
+    // generating beyond the decode width (the plan's pause): it keeps its cells and its sampled
+    // token, and sits the step out; the executor sets it every step
+    bool    paused          = false;
+    int64_t t_paused_us     = 0;      // when its current pause began
+    int64_t t_paused_total_us = 0;    // paused, in all, for this request (the pauses that ended)
+
     park_reason reason      = park_reason::pool_full;  // why it was parked
     park_choice choice      = park_choice::no_state;   // why by SWAP or by RECOMPUTE
     bool        waits_for_unpark = false;  // parked through the API: the planner leaves it parked until unparked
@@ -96,6 +102,10 @@ struct slot_preempt_state {
         f.id_cmpl        = task ? task->params.oaicompat_cmpl_id : "";
         f.priority       = task ? task->params.priority : 0;
         f.is_preempted   = is_parked_state(state);
+        f.is_paused      = paused && !f.is_preempted;
+        if (f.is_paused) {
+            f.state = "paused";
+        }
         f.n_preempt      = n_preempt;
         f.n_recompute    = n_recompute;
         f.tier           = tier();
@@ -116,6 +126,8 @@ struct slot_preempt_state {
         res["id_cmpl"]      = task ? json(f.id_cmpl) : json(nullptr);
         res["priority"]     = f.priority;
         res["is_preempted"] = parked;
+        res["is_paused"]    = f.is_paused;
+        res["t_paused_ms"]  = (t_paused_total_us + (f.is_paused ? ggml_time_us() - t_paused_us : 0)) / 1000.0;
         res["n_preempt"]    = f.n_preempt;
         res["n_recompute"]  = f.n_recompute;
         res["preempt_mode"] = !parked ? json(nullptr) : json(f.tier == park_tier::recompute ? "recompute" : "swap");

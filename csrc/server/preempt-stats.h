@@ -19,6 +19,7 @@ struct slot_park_fields {
     std::string id_cmpl;               // the "id" of its request's OpenAI-style responses ("": no request)
     int32_t     priority     = 0;      // its request's priority
     bool        is_preempted = false;  // parked now
+    bool        is_paused    = false;  // generating, but beyond the decode width: it keeps its cells and waits
     int32_t     n_preempt    = 0;      // times its request was parked
     int32_t     n_recompute  = 0;      // tokens re-prefilled for its request
     // while parked (is_preempted): where its state waits, who parked it and why that tier

@@ -29,14 +29,17 @@ class WorkloadError(ValueError):
 
 @dataclass(frozen=True)
 class Costs:
-    """Per-step and per-token costs of the simulated server. The defaults are SmolLM2-135M-Instruct
-    Q4_1 on this project's 2-core machine, measured with `calibrate()` against the drop-in server
-    (-c 4096 -np 4 --kv-unified -t 2: step 2.30-2.33 ms, decode 4.51-4.62 ms/token, prefill
-    2.21-2.22 ms/token over two runs)."""
+    """What the simulated server's steps and copies cost. A step costs `step_ms`, plus
+    `decode_token_ms` per generated token and `prefill_token_ms` per prompt (or replayed) token in
+    it, plus `attend_cell_ns` per cell its tokens attend (a token at position p reads p + 1 cells;
+    the batch's total context, the term a step cost of tokens alone lacks). The defaults are the
+    server's own fit (`preempt_step_*` in /metrics) for SmolLM2-135M-Instruct Q4_1 on this project's
+    2-core machine; `calibrate()` reads a running server's."""
 
-    step_ms: float = 2.3           # fixed cost of a step that decodes anything
-    decode_token_ms: float = 4.6   # per generated token in a step
-    prefill_token_ms: float = 2.2  # per prompt (or replayed) token
+    step_ms: float = 4.0           # fixed cost of a step that decodes anything
+    decode_token_ms: float = 5.0   # per generated token in a step
+    prefill_token_ms: float = 2.4  # per prompt (or replayed) token
+    attend_cell_ns: float = 200.0  # per cell attended, summed over the step's tokens
     bytes_per_cell: float = 23040  # KV bytes per cell (SmolLM2-135M: 30 layers x 2 x 3 x 64 x f16)
     state_overhead_bytes: float = 0  # bytes of a parked state beyond its cells (the serializer's headers)
     swap_out_gbps: float = 9.5     # park copy, GB/s (the bulk copy on this machine, bench/swap_bandwidth.py)
@@ -44,10 +47,13 @@ class Costs:
     disk_write_gbps: float = _core.DEFAULT_DISK_WRITE_BPS / 1e9  # the disk tier's file writes, GB/s (the server's default price)
     disk_read_gbps: float = _core.DEFAULT_DISK_READ_BPS / 1e9    # and reads
 
+    def step_cost(self) -> Any:
+        """The step's part as the policy's `_core.StepCost` (seconds)."""
+        return _core.StepCost(fixed_s=self.step_ms / 1000, decode_token_s=self.decode_token_ms / 1000,
+                              prompt_token_s=self.prefill_token_ms / 1000, attend_cell_s=self.attend_cell_ns / 1e9)
+
     def to_params(self, p: Any) -> None:
-        p.step_s = self.step_ms / 1000
-        p.decode_token_s = self.decode_token_ms / 1000
-        p.prefill_token_s = self.prefill_token_ms / 1000
+        p.cost = self.step_cost()
         p.bytes_per_cell = self.bytes_per_cell
         p.state_overhead_bytes = self.state_overhead_bytes
         p.swap_out_bps = self.swap_out_gbps * 1e9

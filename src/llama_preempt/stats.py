@@ -54,6 +54,7 @@ class SlotStats:
     preempt_copy_in_flight: bool = False  # while parked by SWAP: its copy to host RAM may still run
     preempt_tier: str | None = None     # while parked: where its state waits, "ram", "disk" or "recompute"
     preempt_disk_bytes: int = 0         # bytes of its state in a file of the disk tier now
+    is_paused: bool = False             # generating beyond the decode width: it keeps its cells and waits for a seat
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> "SlotStats":
@@ -83,6 +84,7 @@ class SlotStats:
             preempt_copy_in_flight=bool(d.get("preempt_copy_in_flight", False)),
             preempt_tier=d.get("preempt_tier") or None,
             preempt_disk_bytes=int(d.get("preempt_disk_bytes", 0) or 0),
+            is_paused=bool(d.get("is_paused", False)),
         )
 
     @classmethod
@@ -98,7 +100,7 @@ class SlotStats:
             n_tokens=s.n_tokens, n_decoded=s.n_decoded, n_preempt=p.n_preempt, n_recompute=p.n_recompute,
             preempt_ram_bytes=p.ram_bytes, t_preempted_ms=p.t_preempted_ms, id_cmpl=p.id_cmpl or None,
             priority=p.priority, preempt_choice=p.choice if parked else None, preempt_copy_in_flight=p.copy_in_flight,
-            preempt_tier=p.tier if parked else None, preempt_disk_bytes=p.disk_bytes,
+            preempt_tier=p.tier if parked else None, preempt_disk_bytes=p.disk_bytes, is_paused=p.is_paused,
         )
 
 
@@ -148,6 +150,13 @@ class PreemptStats:
     n_prompt_cache_read_ahead_total: int = 0  # files read ahead while their request waited for a slot
     n_prompt_cache_disk_failures_total: int = 0  # prompt files that failed to write or read back
     n_prompt_cache_disk_skipped_total: int = 0  # dropped, not written (no room, media)
+    requests_paused: int = 0              # generating beyond the decode width now (they keep their cells)
+    preempt_decode_width: int = 0         # generating slots the last step let decode
+    preempt_step_fixed_ns: int = 0        # the step cost fitted from the server's own steps:
+    preempt_step_decode_token_ns: int = 0  #   fixed, per generated token, per prompt token,
+    preempt_step_prompt_token_ns: int = 0
+    preempt_step_attend_kcell_ns: int = 0  #   per thousand cells attended
+    preempt_step_cost_samples: int = 0    #   and the steps it was fitted from
     slots: tuple[SlotStats, ...] = field(default_factory=tuple)
     parks_by_choice: Mapping[str, int] = field(default_factory=dict)  # preempt_parks_by_choice_total: label -> parks
     parks_by_tier: Mapping[str, int] = field(default_factory=dict)    # preempt_parks_by_tier_total: ram, disk, recompute
@@ -190,3 +199,6 @@ class PreemptStats:
 
     def parked(self) -> list[SlotStats]:
         return [s for s in self.slots if s.is_preempted]
+
+    def paused(self) -> list[SlotStats]:
+        return [s for s in self.slots if s.is_paused]

@@ -1,0 +1,194 @@
+// The step cost fitted online and the decode width read from it (preempt-width.h).
+#include "preempt-width.h"
+
+#include <algorithm>
+#include <cmath>
+
+namespace llama_preempt {
+
+// the fit's features: the attended cells in thousands, so that the four columns are of similar
+// size and the normal equations stay well conditioned
+static void features(const step_shape & s, double x[step_cost_fit::N_PARAMS]) {
+    x[0] = 1.0;
+    x[1] = s.n_decode;
+    x[2] = s.n_prompt;
+    x[3] = (double) s.n_attended / 1000.0;
+}
+
+static step_cost from_params(const double th[step_cost_fit::N_PARAMS]) {
+    step_cost c;
+    c.fixed_s        = th[0];
+    c.decode_token_s = th[1];
+    c.prompt_token_s = th[2];
+    c.attend_cell_s  = th[3] / 1000.0;
+    return c;
+}
+
+// the prior's weight per part: a ridge toward the prior, each part weighed at a typical size of its
+// feature (one step; 4 generated tokens; 64 prompt tokens; 10 thousand cells attended), so that it
+// pins only what the steps leave open and has no leverage on what they show
+static const double k_prior_scale[step_cost_fit::N_PARAMS] = { 1.0, 4.0, 64.0, 10.0 };
+
+step_cost_fit::step_cost_fit(const step_cost & prior) : prior(prior), fitted(prior) {}
+
+void step_cost_fit::observe(const step_shape & s, double t_s) {
+    if (!(t_s > 0) || !std::isfinite(t_s) || (s.n_decode <= 0 && s.n_prompt <= 0)) {
+        return;
+    }
+    if (ready() && t_s > 10.0 * fitted.seconds(s)) {
+        return;  // a stall, not the price of the step
+    }
+    double x[N_PARAMS];
+    features(s, x);
+    for (int i = 0; i < N_PARAMS; ++i) {
+        for (int j = 0; j < N_PARAMS; ++j) {
+            xtx[i][j] = xtx[i][j] * FORGET + x[i] * x[j];
+        }
+        xty[i] = xty[i] * FORGET + x[i] * t_s;
+    }
+    n++;
+    solve();
+}
+
+// Solve the n x n system a * th = b in place (Gaussian elimination with partial pivoting);
+// false when it is singular.
+static bool solve_linear(int n, double a[step_cost_fit::N_PARAMS][step_cost_fit::N_PARAMS], double b[], double th[]) {
+    for (int c = 0; c < n; ++c) {
+        int piv = c;
+        for (int r = c + 1; r < n; ++r) {
+            if (std::fabs(a[r][c]) > std::fabs(a[piv][c])) {
+                piv = r;
+            }
+        }
+        if (std::fabs(a[piv][c]) < 1e-300) {
+            return false;
+        }
+        if (piv != c) {
+            std::swap(a[piv], a[c]);
+            std::swap(b[piv], b[c]);
+        }
+        for (int r = c + 1; r < n; ++r) {
+            const double f = a[r][c] / a[c][c];
+            for (int k = c; k < n; ++k) {
+                a[r][k] -= f * a[c][k];
+            }
+            b[r] -= f * b[c];
+        }
+    }
+    for (int r = n - 1; r >= 0; --r) {
+        double v = b[r];
+        for (int k = r + 1; k < n; ++k) {
+            v -= a[r][k] * th[k];
+        }
+        th[r] = v / a[r][r];
+    }
+    return true;
+}
+
+void step_cost_fit::solve() {
+    // the steps' sums plus the ridge toward the prior
+    double m[N_PARAMS][N_PARAMS];
+    double v[N_PARAMS];
+    for (int i = 0; i < N_PARAMS; ++i) {
+        v[i] = xty[i];
+        for (int j = 0; j < N_PARAMS; ++j) {
+            m[i][j] = xtx[i][j];
+        }
+    }
+    double th0[N_PARAMS];
+    {
+        const step_cost & c = prior;
+        th0[0] = c.fixed_s;
+        th0[1] = c.decode_token_s;
+        th0[2] = c.prompt_token_s;
+        th0[3] = c.attend_cell_s * 1000.0;
+    }
+    for (int i = 0; i < N_PARAMS; ++i) {
+        const double w = PRIOR_WEIGHT * k_prior_scale[i] * k_prior_scale[i];
+        m[i][i] += w;
+        v[i]    += w * th0[i];
+    }
+
+    // non-negative least squares by an active set: a part that comes out negative is held at 0
+    // and the rest solved again (four parts: at most four rounds)
+    bool zero[N_PARAMS] = {};
+    double th[N_PARAMS] = {};
+    for (int round = 0; round < N_PARAMS; ++round) {
+        int idx[N_PARAMS];
+        int k = 0;
+        for (int i = 0; i < N_PARAMS; ++i) {
+            if (!zero[i]) {
+                idx[k++] = i;
+            }
+        }
+        double a[N_PARAMS][N_PARAMS];
+        double b[N_PARAMS];
+        double sol[N_PARAMS] = {};
+        for (int r = 0; r < k; ++r) {
+            b[r] = v[idx[r]];
+            for (int c = 0; c < k; ++c) {
+                a[r][c] = m[idx[r]][idx[c]];
+            }
+        }
+        if (k == 0 || !solve_linear(k, a, b, sol)) {
+            return;  // keep the last fit
+        }
+        int most_negative = -1;
+        for (int r = 0; r < k; ++r) {
+            if (sol[r] < 0 && (most_negative < 0 || sol[r] < sol[most_negative])) {
+                most_negative = r;
+            }
+        }
+        if (most_negative < 0) {
+            std::fill(th, th + N_PARAMS, 0.0);
+            for (int r = 0; r < k; ++r) {
+                th[idx[r]] = sol[r];
+            }
+            fitted = from_params(th);
+            return;
+        }
+        zero[idx[most_negative]] = true;
+    }
+}
+
+double decode_slot_cost(const step_cost & c, int32_t n_cells, int32_t n_tokens) {
+    const int32_t t = std::max(1, n_tokens);
+    // its tokens sit at positions n_cells .. n_cells + t - 1 and read n_cells + 1 .. n_cells + t cells
+    const double attended = (double) t * n_cells + (double) t * (t + 1) / 2;
+    return c.decode_token_s * t + c.attend_cell_s * attended;
+}
+
+int32_t decode_width(double fixed_s, const std::vector<double> & u, double gain) {
+    const int32_t n = (int32_t) u.size();
+    if (n == 0) {
+        return 0;
+    }
+    if (gain <= 0) {
+        return n;
+    }
+    const double a = std::max(0.0, fixed_s);
+    double s_prev = std::max(0.0, u[0]);
+    int32_t k = 1;
+    for (int32_t i = 1; i < n; ++i) {
+        const double s_k = s_prev + std::max(0.0, u[i]);
+        const double t_prev = a + s_prev;
+        const double t_k    = a + s_k;
+        if (t_prev <= 0 || t_k <= 0) {
+            k = i + 1;  // free steps: nothing to share
+            s_prev = s_k;
+            continue;
+        }
+        // the share of the k-th slot's tokens that is new throughput:
+        // (thr(k) - thr(k-1)) / (thr(k) / k) = k - (k-1) t(k) / t(k-1)
+        const double kk = i + 1;
+        const double share = kk - (kk - 1) * t_k / t_prev;
+        if (share < gain) {
+            break;
+        }
+        k = i + 1;
+        s_prev = s_k;
+    }
+    return k;
+}
+
+} // namespace llama_preempt

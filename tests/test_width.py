@@ -1,0 +1,189 @@
+"""The decode width, without a model: the step cost's online fit, the width rule that reads it, and
+the planner's pauses (llama_preempt._core, the code the server runs)."""
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from llama_preempt import _core
+
+P = _core.SlotPhase
+
+# a step's cost as this project's server fits it for SmolLM2-135M on 2 CPU cores (bench/README.md):
+# a wider batch buys almost nothing
+CPU = _core.StepCost(fixed_s=0.0013, decode_token_s=0.0103, prompt_token_s=0.0038, attend_cell_s=0.0)
+# a GPU-shaped step: the fixed part (weights read once, launches) dominates, a token adds little
+GPU = _core.StepCost(fixed_s=0.0060, decode_token_s=0.00004, prompt_token_s=0.00002, attend_cell_s=2e-9)
+
+
+def gen(id: int, n_cells: int, arrival: int, **kw: object) -> _core.SlotView:
+    return _core.SlotView(id, P.GENERATING, n_cells=n_cells, arrival=arrival, **kw)
+
+
+def params(cost: _core.StepCost, n_pool: int = 4096, **sched: object) -> _core.PlanParams:
+    s = _core.SchedParams()
+    for k, v in sched.items():
+        setattr(s, k, v)
+    p = _core.PlanParams(n_pool, sched=s)
+    p.cost = cost
+    p.cost_ready = True
+    return p
+
+
+def width_of(cost: _core.StepCost, n: int, n_cells: int = 200, gain: float = 0.5) -> int:
+    u = [_core.decode_slot_cost(cost, n_cells)] * n
+    return _core.decode_width(cost.fixed_s, u, gain)
+
+
+def test_a_flat_cost_curve_gets_a_narrow_width_and_a_steep_one_a_wide_width() -> None:
+    assert width_of(CPU, 16) == 1
+    assert width_of(GPU, 64) == 64
+    assert width_of(GPU, 512) > 64
+
+
+def test_the_width_is_one_slot_plus_what_the_fixed_cost_buys_at_the_per_token_price() -> None:
+    # equal slots, gain 1/2: k <= 1 + fixed / u
+    u = 0.002
+    for fixed in (0.0, 0.001, 0.002, 0.0059, 0.006, 0.02):
+        assert _core.decode_width(fixed, [u] * 100, 0.5) == 1 + int(fixed / u + 1e-9)
+    # a higher gain asks more of each slot
+    assert _core.decode_width(0.02, [u] * 100, 0.75) < _core.decode_width(0.02, [u] * 100, 0.5)
+
+
+def test_width_gain_zero_lets_every_slot_decode_and_none_generating_is_zero() -> None:
+    assert _core.decode_width(0.0, [0.01] * 9, 0.0) == 9
+    assert _core.decode_width(0.01, [], 0.5) == 0
+
+
+def test_the_attention_term_narrows_the_width_as_the_contexts_grow() -> None:
+    cost = _core.StepCost(fixed_s=0.005, decode_token_s=0.0002, prompt_token_s=0.0001, attend_cell_s=1e-7)
+    assert width_of(cost, 64, n_cells=100) > width_of(cost, 64, n_cells=4000)
+
+
+def test_the_fit_recovers_the_costs_of_a_synthetic_cost_table() -> None:
+    truth = _core.StepCost(fixed_s=0.0042, decode_token_s=0.0031, prompt_token_s=0.0009, attend_cell_s=3e-7)
+    fit = _core.StepCostFit()  # the server's prior, which is not the truth
+    rng = random.Random(7)
+    for _ in range(600):
+        shape = _core.StepShape(n_decode=rng.randint(0, 12), n_prompt=rng.choice([0, 0, 17, 64]),
+                                n_attended=rng.randint(0, 20_000))
+        if shape.n_decode + shape.n_prompt == 0:
+            continue
+        fit.observe(shape, truth.seconds(shape) * rng.uniform(0.99, 1.01))
+    got = fit.cost()
+    assert fit.ready and fit.n_samples > 500
+    for name in ("fixed_s", "decode_token_s", "prompt_token_s", "attend_cell_s"):
+        assert getattr(got, name) == pytest.approx(getattr(truth, name), rel=0.1), name
+
+
+def test_the_fit_never_prices_a_part_below_zero_and_skips_stalls() -> None:
+    fit = _core.StepCostFit()
+    rng = random.Random(3)
+    truth = _core.StepCost(fixed_s=0.001, decode_token_s=0.01, prompt_token_s=0.004, attend_cell_s=0.0)
+    for _ in range(200):
+        shape = _core.StepShape(n_decode=rng.randint(1, 4), n_prompt=rng.choice([0, 32]), n_attended=rng.randint(100, 900))
+        fit.observe(shape, truth.seconds(shape) * rng.uniform(0.95, 1.05))
+    before = fit.cost()
+    fit.observe(_core.StepShape(n_decode=1, n_attended=200), 5.0)  # a 5 s stall
+    after = fit.cost()
+    assert after.decode_token_s == pytest.approx(before.decode_token_s)
+    for c in (before, after):
+        assert min(c.fixed_s, c.decode_token_s, c.prompt_token_s, c.attend_cell_s) >= 0
+
+
+def test_before_the_fit_is_ready_every_slot_decodes() -> None:
+    slots = [gen(i, 100, arrival=i) for i in range(6)]
+    p = params(CPU)
+    p.cost_ready = False
+    pl = _core.plan_step(slots, p)
+    assert list(pl.pause) == [] and pl.n_decode_width == 6
+
+
+def test_on_a_cpu_the_oldest_decodes_and_the_rest_are_paused() -> None:
+    slots = [gen(0, 90, arrival=12), gen(1, 40, arrival=10), gen(2, 300, arrival=11), gen(3, 10, arrival=13)]
+    pl = _core.plan_step(slots, params(CPU))
+    assert pl.n_decode_width == 1
+    assert sorted(pl.pause) == [0, 2, 3]  # slot 1 arrived first
+    pl = _core.plan_step(slots, params(GPU))
+    assert list(pl.pause) == [] and pl.n_decode_width == 4
+
+
+def test_the_oldest_decoding_slot_is_never_the_one_paused_for_a_newcomer() -> None:
+    rng = random.Random(11)
+    for trial in range(300):
+        n = rng.randint(2, 16)
+        arrivals = rng.sample(range(1000), n)
+        slots = [gen(i, rng.randint(1, 400), arrival=a) for i, a in enumerate(arrivals)]
+        cost = _core.StepCost(fixed_s=rng.uniform(0, 0.01), decode_token_s=rng.uniform(1e-5, 0.01),
+                              prompt_token_s=0.001, attend_cell_s=rng.uniform(0, 1e-7))
+        pl = _core.plan_step(slots, params(cost, max_gap_us=0))
+        decoding = [s for s in slots if s.id not in set(pl.pause)]
+        paused = [s for s in slots if s.id in set(pl.pause)]
+        oldest = min(slots, key=lambda s: s.arrival)
+        assert oldest.id not in set(pl.pause), trial
+        # the decoding ones are exactly the oldest
+        assert all(d.arrival < q.arrival for d in decoding for q in paused), trial
+        # a newcomer that arrived later changes none of that
+        newcomer = gen(n, 5, arrival=2000)
+        pl2 = _core.plan_step(slots + [newcomer], params(cost, max_gap_us=0))
+        assert oldest.id not in set(pl2.pause), trial
+        assert set(pl.pause) <= set(pl2.pause), trial
+
+
+def test_a_higher_priority_request_takes_a_seat_first() -> None:
+    slots = [gen(0, 100, arrival=1), gen(1, 100, arrival=2, priority=5)]
+    pl = _core.plan_step(slots, params(CPU))
+    assert list(pl.pause) == [0]
+
+
+def test_a_paused_slot_overdue_for_a_token_decodes_beside_the_width() -> None:
+    now = 100_000_000
+    slots = [gen(0, 100, arrival=1, t_last_token_us=now - 10_000),
+             gen(1, 100, arrival=2, t_last_token_us=now - 2_500_000),
+             gen(2, 100, arrival=3, t_last_token_us=now - 3_000_000)]
+    p = params(CPU, max_gap_us=3_000_000)
+    p.t_now_us = now
+    pl = _core.plan_step(slots, p)
+    assert list(pl.pause) == [1]  # slot 2 waited out the bound
+    p.sched.max_gap_us = 0
+    assert sorted(_core.plan_step(slots, p).pause) == [1, 2]
+
+
+def test_a_fixed_width_and_width_gain_zero_turn_the_rule_off() -> None:
+    slots = [gen(i, 100, arrival=i) for i in range(5)]
+    assert sorted(_core.plan_step(slots, params(CPU, n_width=3)).pause) == [3, 4]
+    assert list(_core.plan_step(slots, params(CPU, width_gain=0.0)).pause) == []
+
+
+def test_paused_slots_hold_their_cells_but_need_none_and_go_first_as_victims() -> None:
+    # the oldest (slot 1) decodes; slots 0 and 2 are paused. The pool is full: a paused one goes
+    # (the latest small one) before the decoding slot, which holds the fewest cells
+    slots = [gen(0, 60, arrival=2), gen(1, 50, arrival=1), gen(2, 140, arrival=3)]
+    pl = _core.plan_step(slots, params(CPU, n_pool=256))
+    assert list(pl.park) == [0]
+    assert 1 not in set(pl.pause)
+    # with nothing paused the same pool would park the smallest, the decoding slot 1
+    pl = _core.plan_step(slots, params(CPU, n_pool=256, width_gain=0.0))
+    assert list(pl.park) == [1]
+
+
+def test_paused_slots_need_no_room_for_their_next_token() -> None:
+    # 250 of 256 cells held: three decoding slots need 3 cells and the margin 8, one decoding needs 1 + 8
+    slots = [gen(0, 100, arrival=1), gen(1, 100, arrival=2), gen(2, 47, arrival=3)]
+    assert list(_core.plan_step(slots, params(CPU, n_pool=256, width_gain=0.0)).park) != []
+    pl = _core.plan_step(slots, params(CPU, n_pool=256))
+    assert list(pl.park) == [] and sorted(pl.pause) == [1, 2]
+
+
+def test_prompts_share_the_budget_in_arrival_order_not_slot_order() -> None:
+    slots = [gen(0, 100, arrival=1),
+             _core.SlotView(1, P.PROMPT, n_cells=0, n_prompt_left=300, arrival=9),
+             _core.SlotView(2, P.PROMPT, n_cells=0, n_prompt_left=200, arrival=5),
+             _core.SlotView(3, P.PROMPT, n_cells=0, n_prompt_left=60, arrival=7)]
+    s = _core.SchedParams()
+    s.n_prompt_budget = 256
+    pl = _core.plan_step(slots, _core.PlanParams(4096, sched=s))
+    # 256 tokens: slot 2 (200 tokens, first to arrive), then slot 3 (60: it takes the last 56); slot 1,
+    # first by slot order, gets none and waits
+    assert list(pl.hold) == [1]
