@@ -26,6 +26,12 @@ WORDS = ("once upon a time there was a little girl named lily she loved to play 
          "park one day she saw a big red ball and her mom said be careful ").split()
 
 
+# Every generating slot decodes every step, as upstream's loop does. The decode width (on by default)
+# lets only the oldest slots decode on a CPU, so slots that each fit alone seldom overflow the pool
+# together; the tests of the park mechanics need that overflow, and run with this.
+ALL_DECODE = ["--preempt-sched", "width-gain=0"]
+
+
 def new_server(model: Path, log_dir: Path, *, port: int | None = None, **config: Any) -> LlamaServer:
     """A llama-server for the tests, not started yet: ServerConfig(model=model, **config) on `port`
     (a free one by default), its log in log_dir. LLAMA_PREEMPT_TEST_GPU_LAYERS=N offloads it (-ngl N):

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import requests
 
-from helpers import (complete, long_prompt, open_raw_stream, run_concurrently, stats_text, wait_for_parked, wait_for_slot,
+from helpers import (ALL_DECODE, complete, long_prompt, open_raw_stream, run_concurrently, stats_text, wait_for_parked, wait_for_slot,
                      wait_until)
 from llama_preempt.engine import Engine, RequestError
 
@@ -171,7 +171,8 @@ def test_time_parked_is_not_generation_time(start_server, stories_model: Path) -
 
 def test_a_high_priority_request_is_never_parked_while_a_lower_one_can_be(
         stories_model: Path) -> None:
-    with Engine(stories_model, n_ctx=256, n_parallel=4, n_batch=32, kv_unified=True, seed=1, n_threads=2) as eng:
+    with Engine(stories_model, ALL_DECODE, n_ctx=256, n_parallel=4, n_batch=32, kv_unified=True, seed=1,
+                n_threads=2) as eng:
         prompts = [long_prompt(6, shift=3 * i) for i in range(4)]
         reqs = [eng.submit(p, n_predict=100, temperature=0, ignore_eos=True, priority=(7 if i == 1 else 0))
                 for i, p in enumerate(prompts)]

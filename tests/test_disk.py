@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from helpers import (THREE_PROMPTS, BackgroundStream, complete, complete_all, logged, long_prompt, open_raw_stream,
+from helpers import (ALL_DECODE, THREE_PROMPTS, BackgroundStream, complete, complete_all, logged, long_prompt, open_raw_stream,
                      park_lines, run_cli, wait_for_parked, wait_until)
 from llama_preempt.engine import Completion, Engine
 from llama_preempt.server import LlamaServer, ServerStartError
@@ -186,7 +186,7 @@ def test_an_overloaded_pool_with_a_tiny_ram_budget_finishes_every_request_by_dis
     refs = [complete(alone, p, 800).json()["content"] for p in prompts]
     env = {"LLAMA_SERVER_PREEMPT_RATES": "10,10,1,1,1"} if mode == "auto" else {}
     srv = start_server(stories_model, n_ctx=2048, n_parallel=4, env=env,
-                       extra_args=[*cache, "--preempt-mode", mode, "--preempt-ram", ram, *disk_args(tmp_path)])
+                       extra_args=[*cache, "--preempt-mode", mode, "--preempt-ram", ram, *disk_args(tmp_path), *ALL_DECODE])
     got = [r.json()["content"] for r in complete_all(srv, prompts, 800)]
     assert got == refs
     m = srv.metrics()

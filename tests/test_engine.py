@@ -12,7 +12,7 @@ from typing import Any, Callable, Iterator
 
 import pytest
 
-from helpers import complete, long_prompt, rss_mib
+from helpers import ALL_DECODE, complete, long_prompt, rss_mib
 from llama_preempt import ParkChoice, ParkReason, ParkTier, PreemptMode, SlotStats, StopType
 from llama_preempt.engine import (
     Completion,
@@ -29,7 +29,7 @@ from llama_preempt.engine import (
 
 ROOT = Path(__file__).resolve().parent.parent
 RECOMPUTE = ["--preempt-ram", "0"]
-MODES = {"recompute": RECOMPUTE, "swap": []}
+MODES = {"recompute": RECOMPUTE + ALL_DECODE, "swap": ALL_DECODE}  # overflow by the slots' growth (helpers.ALL_DECODE)
 MTP_ARGS = ["--spec-type", "draft-mtp", "--spec-draft-n-max", "2"]
 
 EngineFactory = Callable[..., Engine]

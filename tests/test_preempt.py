@@ -13,13 +13,13 @@ from typing import Any
 
 import pytest
 
-from helpers import (BackgroundStream, complete, complete_all, logged, long_prompt, n_tokens, run_concurrently,
+from helpers import (ALL_DECODE, BackgroundStream, complete, complete_all, logged, long_prompt, n_tokens, run_concurrently,
                      sse_events, wait_for_parked)
 from llama_preempt import Completion
 from llama_preempt.server import ServerStartError
 
 RECOMPUTE = ["--preempt-ram", "0"]
-MODES = {"recompute": RECOMPUTE, "swap": []}
+MODES = {"recompute": RECOMPUTE + ALL_DECODE, "swap": ALL_DECODE}  # overflow by the slots' growth (helpers.ALL_DECODE)
 
 # --- forced parks (LLAMA_SERVER_PREEMPT_EVERY) ---
 
@@ -312,7 +312,7 @@ def test_a_parked_request_finishes_before_requests_that_arrived_after_it_was_par
     """Arrivals over time on an overloaded pool: two chats that each fit alone overflow it together
     and one is parked; two more arrive while it waits. Parked work goes first: the parked request
     resumes before the newcomers take its room, and ends before either of them."""
-    srv = start_server(stories_model, n_ctx=256, n_parallel=4, n_batch=64)
+    srv = start_server(stories_model, n_ctx=256, n_parallel=4, n_batch=64, extra_args=ALL_DECODE)
     done: dict[str, tuple[float, dict[str, Any]]] = {}
 
     def run(name: str, prompt: str) -> None:

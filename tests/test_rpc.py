@@ -20,7 +20,7 @@ import pytest
 import requests
 
 from conftest import RpcFactory
-from helpers import (assert_every_swap_verified, assert_forced_swaps_give_the_unparked_answer,
+from helpers import (ALL_DECODE, assert_every_swap_verified, assert_forced_swaps_give_the_unparked_answer,
                      assert_restored_ahead_exactly, cli_command, complete, complete_all, logged, long_prompt, on_rpc,
                      open_raw_stream, park_lines, streams_held_parked, wait_for_parked, wait_until, wait_until_nothing_held)
 from llama_preempt.binary import rpc_server_binary, server_binary
@@ -102,7 +102,7 @@ def test_an_overloaded_pool_over_rpc_parks_fragmented_sequences_and_every_reques
     # server drops its stored graph on every free, and before patch 0007-rpc-graph-reuse-after-free the client still asked it
     # to rerun that graph: the server dropped the connection and llama-server aborted.
     srv = start_server(stories_model, n_ctx=512, n_parallel=4, env=VERIFY if verify else {},
-                       extra_args=on_rpc(start_rpc()) + ["-fa", flash, "--preempt-mode", "swap"])
+                       extra_args=on_rpc(start_rpc()) + ["-fa", flash, "--preempt-mode", "swap", *ALL_DECODE])
     complete_all(srv, [long_prompt(12, shift=i) for i in range(4)], 200)
     m = srv.metrics()
     assert m["n_preempt_total"] >= 1
@@ -142,7 +142,7 @@ def test_two_rpc_servers_with_a_layer_split_park_restore_and_upload_ahead_exactl
 def test_two_rpc_servers_under_overload_park_fragmented_sequences_and_every_request_finishes(
         start_server, start_rpc, stories_model: Path, verify: bool) -> None:
     srv = start_server(stories_model, n_ctx=512, n_parallel=4, env=VERIFY if verify else {},
-                       extra_args=on_rpc(start_rpc(), start_rpc()) + ["--preempt-mode", "swap"])
+                       extra_args=on_rpc(start_rpc(), start_rpc()) + ["--preempt-mode", "swap", *ALL_DECODE])
     complete_all(srv, [long_prompt(12, shift=i) for i in range(4)], 200)
     m = srv.metrics()
     assert m["n_preempt_total"] >= 1

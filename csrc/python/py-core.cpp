@@ -19,6 +19,7 @@
 #include "log.h"
 #include "preempt-copy.h"
 #include "py-enums.h"
+#include "preempt-config.h"
 #include "preempt-flags.h"
 #include "preempt-policy.h"
 #include "preempt-sim.h"
@@ -329,6 +330,9 @@ PYBIND11_MODULE(_core, m) {
           "--host-kv-ram as llama-server parses it (-1 or MiB); ValueError with its message otherwise");
     m.def("parse_preempt_disk_mib", &lp::parse_preempt_disk_mib, py::arg("value"),
           "--preempt-disk-mib as llama-server parses it (-1 or MiB); ValueError with its message otherwise");
+    m.def("parse_preempt_sched", &lp::sched_from_flag, py::arg("value"),
+          "--preempt-sched KEY=N,... as llama-server reads it: the planner's SchedParams (defaults where a key is "
+          "left out); ValueError with its message otherwise");
     m.def("parse_preempt_mode", &lp::parse_preempt_mode_name, py::arg("value"),
           "--preempt-mode as llama-server parses it; ValueError with its message otherwise");
 

@@ -17,8 +17,23 @@
 namespace llama_preempt {
 
 // a host that sets common_params directly (the Engine's callers do not) may leave it empty
-static preempt_sched_flag parse_preempt_sched_or_defaults(const std::string & value) {
-    return value.empty() ? preempt_sched_flag{} : parse_preempt_sched(value);
+sched_params sched_from_flag(const std::string & value) {
+    // the keys given replace the policy's defaults
+    sched_params s;
+    if (value.empty()) {
+        return s;
+    }
+    const auto f = parse_preempt_sched(value);
+    s.n_prompt_budget    = f.prompt_budget >= 0 ? (int32_t) f.prompt_budget : s.n_prompt_budget;
+    s.n_restore_headroom = f.restore_headroom >= 0 ? (int32_t) f.restore_headroom : s.n_restore_headroom;
+    s.n_near_finish      = f.near_finish >= 0 ? (int32_t) f.near_finish : s.n_near_finish;
+    s.n_starved          = f.starved >= 0 ? (int32_t) f.starved : s.n_starved;
+    s.age_step_us        = f.age_step_ms >= 0 ? f.age_step_ms * 1000 : s.age_step_us;
+    s.pass_limit_us      = f.pass_limit_ms >= 0 ? f.pass_limit_ms * 1000 : s.pass_limit_us;
+    s.width_gain         = f.width_gain >= 0 ? f.width_gain / 100.0 : s.width_gain;
+    s.n_width            = f.width >= 0 ? (int32_t) f.width : s.n_width;
+    s.max_gap_us         = f.max_gap_ms >= 0 ? f.max_gap_ms * 1000 : s.max_gap_us;
+    return s;
 }
 
 static int32_t env_int(const char * name) {
@@ -75,17 +90,7 @@ preempt_config make_preempt_config(const common_params & params, bool has_memory
     cfg.disk_budget = cfg.disk_dir.empty() ? 0 : ram_budget_from_mib(cfg.disk_mib);
     cfg.mode = effective_mode(cfg.mode, cfg.ram_budget, cfg.disk_budget);
 
-    // --preempt-sched: the keys given replace the policy's defaults
-    const auto sf = parse_preempt_sched_or_defaults(params.preempt_sched);
-    cfg.sched.n_prompt_budget    = sf.prompt_budget >= 0 ? (int32_t) sf.prompt_budget : cfg.sched.n_prompt_budget;
-    cfg.sched.n_restore_headroom = sf.restore_headroom >= 0 ? (int32_t) sf.restore_headroom : cfg.sched.n_restore_headroom;
-    cfg.sched.n_near_finish      = sf.near_finish >= 0 ? (int32_t) sf.near_finish : cfg.sched.n_near_finish;
-    cfg.sched.n_starved          = sf.starved >= 0 ? (int32_t) sf.starved : cfg.sched.n_starved;
-    cfg.sched.age_step_us        = sf.age_step_ms >= 0 ? sf.age_step_ms * 1000 : cfg.sched.age_step_us;
-    cfg.sched.pass_limit_us      = sf.pass_limit_ms >= 0 ? sf.pass_limit_ms * 1000 : cfg.sched.pass_limit_us;
-    cfg.sched.width_gain         = sf.width_gain >= 0 ? sf.width_gain / 100.0 : cfg.sched.width_gain;
-    cfg.sched.n_width            = sf.width >= 0 ? (int32_t) sf.width : cfg.sched.n_width;
-    cfg.sched.max_gap_us         = sf.max_gap_ms >= 0 ? sf.max_gap_ms * 1000 : cfg.sched.max_gap_us;
+    cfg.sched = sched_from_flag(params.preempt_sched);
 
     cfg.knobs.every              = env_int("LLAMA_SERVER_PREEMPT_EVERY");
     cfg.knobs.reactive           = env_int("LLAMA_SERVER_PREEMPT_REACTIVE") > 0;

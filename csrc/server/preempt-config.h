@@ -36,6 +36,10 @@ struct test_knobs {
     disk_knobs disk;                      // _DISK_FAIL, _DISK_HOLD_MS, _DISK_NAME
 };
 
+// --preempt-sched KEY=N,... as the planner's knobs: the policy's defaults, the keys given replacing
+// them (the simulator reads the same flag the same way). Throws std::invalid_argument.
+sched_params sched_from_flag(const std::string & value);
+
 struct preempt_config {
     bool         on = false;
     std::string  off_why;                    // why preemption is off (for the slot actions' errors)

@@ -21,6 +21,7 @@ struct preempt_counters {
     uint64_t n_restore_ahead_total     = 0;  // SWAP restores whose bytes were uploaded to the device ahead
     uint64_t n_fail_total              = 0;  // parked requests ended because they no longer fit the pool
     uint64_t n_bytes_moved_total       = 0;  // wasted work by SWAP: state bytes copied out at parks and back at resumes
+    uint64_t n_paused_total            = 0;  // times a generating slot was paused (beyond the decode width; it kept its cells)
     uint64_t parks_by_choice[N_PARK_CHOICES] = {};  // parks by why SWAP or RECOMPUTE was taken (park_choice)
     uint64_t parks_by_tier[N_PARK_TIERS]     = {};  // parks by where the state went: RAM, disk, nowhere (park_tier)
     uint64_t restores_by_tier[N_PARK_TIERS]  = {};  // resumes by where the state came from (a failed swap restore: recompute)

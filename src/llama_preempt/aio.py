@@ -129,7 +129,7 @@ class AsyncEngine:
                 raise RequestCancelled(f"{req.path}: cancelled")
         finally:
             if not h.done:
-                req.cancel()  # the consumer left, or its task was cancelled
+                req.cancel(wait=0)  # the consumer left, or its task was cancelled (never block the event loop)
             self._forget(req)
 
     async def generate(self, prompts: Sequence[Any], params: SamplingParams | Sequence[SamplingParams] | None = None,
@@ -223,7 +223,7 @@ class AsyncEngine:
                     return
                 await self._wait(ev, pred)
         except asyncio.CancelledError:
-            req.cancel()
+            req.cancel(wait=0)
             raise
 
 

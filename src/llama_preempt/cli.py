@@ -235,12 +235,13 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     args.ctx = DEFAULT_SIM_CTX if args.ctx is None else args.ctx
     args.parallel = DEFAULT_SIM_PARALLEL if args.parallel is None else args.parallel
     overrides = {k: v for k, v in (("step_ms", args.step_ms), ("decode_token_ms", args.decode_ms),
-                                   ("prefill_token_ms", args.prefill_ms), ("bytes_per_cell", args.bytes_per_cell),
+                                   ("prefill_token_ms", args.prefill_ms), ("attend_cell_ns", args.attend_ns),
+                                   ("bytes_per_cell", args.bytes_per_cell),
                                    ("swap_out_gbps", args.swap_out_gbps), ("swap_in_gbps", args.swap_in_gbps),
                                    ("disk_write_gbps", args.disk_write_gbps), ("disk_read_gbps", args.disk_read_gbps))
                  if v is not None}
     for k, v in overrides.items():
-        if v <= 0 and k != "step_ms":
+        if v <= 0 and k not in ("step_ms", "attend_cell_ns"):
             raise CLIError(f"--{k.replace('_', '-')} must be positive, got {v}")
     costs = replace(costs, **overrides)
     if args.servers < 1:
@@ -251,7 +252,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     reports = sweep(wl, ctxs=swept.get("ctx", [args.ctx]), budgets=swept.get("ram", [args.preempt_ram]),
                     n_parallel=args.parallel, n_batch=args.batch, preempt=not args.no_preempt,
-                    preempt_mode=args.preempt_mode, preempt_disk_mib=args.preempt_disk_mib, costs=costs)
+                    preempt_mode=args.preempt_mode, preempt_disk_mib=args.preempt_disk_mib, costs=costs,
+                    sched=args.sched)
     elapsed = time.perf_counter() - t0
     if args.json:
         print(_sim_json(args, wl, costs, elapsed, results=[r.to_json() for r in reports]))
@@ -291,9 +293,10 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     # rounded, a line each that fits 80 columns
     con.print(f"[dim]costs: step {costs.step_ms:.3g} ms, decode {costs.decode_token_ms:.3g} ms/token, "
               f"prefill {costs.prefill_token_ms:.3g} ms/token[/]")
-    con.print(f"[dim]       {costs.bytes_per_cell:.0f} B/cell"
-              f"{f'; pool from the server: {pool_from}' if pool_from else ''}"
+    con.print(f"[dim]       attention {costs.attend_cell_ns:.3g} ns/cell, {costs.bytes_per_cell:.0f} B/cell"
               f"{'' if args.wide else '; --wide for every column'}[/]")
+    if pool_from:
+        con.print(f"[dim]       pool from the server: {pool_from}[/]")
     con.print(f"[dim]{len(reports)} simulation(s) in {elapsed:.2f} s[/]")
     return 0
 
@@ -309,7 +312,8 @@ def _simulate_fleet(args: argparse.Namespace, wl: Any, costs: Any) -> int:
     t0 = time.perf_counter()
     fleets = [simulate_fleet(wl, n_servers=args.servers, route=route, n_ctx=args.ctx, n_parallel=args.parallel,
                              n_batch=args.batch, preempt=not args.no_preempt, preempt_ram_mib=args.preempt_ram,
-                             preempt_mode=args.preempt_mode, preempt_disk_mib=args.preempt_disk_mib, costs=costs)
+                             preempt_mode=args.preempt_mode, preempt_disk_mib=args.preempt_disk_mib, costs=costs,
+                             sched=args.sched)
               for route in routes]
     elapsed = time.perf_counter() - t0
     if args.json:
@@ -491,6 +495,8 @@ def build_parser() -> argparse.ArgumentParser:
     srv.add_argument("--preempt-disk-mib", type=int, default=0,
                      help="a disk tier of N MiB for parked slots (-1 no limit; default 0: none), priced with the disk rates")
     srv.add_argument("--no-preempt", action="store_true", help="upstream's behaviour: a full pool fails every running request")
+    srv.add_argument("--sched", default=None, metavar="KEY=N,...",
+                     help="llama-server's --preempt-sched: the planner's knobs (width-gain=0: every slot decodes at once)")
     srv.add_argument("--sweep", action="append", metavar="KEY=V,V,...",
                      help="ctx=1024,2048,... and/or ram=0,256,-1: one row per combination")
     fl = m.add_argument_group("fleet (N identical, independent servers behind a router)")
@@ -504,6 +510,7 @@ def build_parser() -> argparse.ArgumentParser:
     cost.add_argument("--step-ms", type=float, default=None)
     cost.add_argument("--decode-ms", type=float, default=None, help="per generated token")
     cost.add_argument("--prefill-ms", type=float, default=None, help="per prompt or replayed token")
+    cost.add_argument("--attend-ns", type=float, default=None, help="per cell a step's tokens attend (summed over them)")
     cost.add_argument("--bytes-per-cell", type=float, default=None, help="KV bytes per cell")
     cost.add_argument("--swap-out-gbps", type=float, default=None)
     cost.add_argument("--swap-in-gbps", type=float, default=None)

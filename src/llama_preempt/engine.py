@@ -103,9 +103,14 @@ class Request:
     def cancelled(self) -> bool:
         return bool(self._handle.cancelled)
 
-    def cancel(self) -> None:
-        """Stop the request as a client disconnect would; its slot (and any parked state) is freed."""
+    def cancel(self, wait: float = 1.0) -> None:
+        """Stop the request as a client disconnect would: its handler stops at once and the loop's
+        next step frees its slot (and any parked state). Returns once the handler has let go of the
+        request, waiting up to `wait` seconds for that (0: return at once; the slot is then freed
+        at the step after the handler lets go)."""
         self._handle.cancel()
+        if wait > 0:
+            self._handle.wait_done(wait)
 
     def wait(self, timeout: float | None = None) -> bool:
         """Wait until the request has finished; False if the timeout passed first."""
@@ -492,6 +497,8 @@ class Engine(LlamaCppCalls):
         except TimeoutError:
             left_over = [r for r in reqs if not r.done]
             for r in left_over:
+                r.cancel(wait=0)  # all at once, then each one's handler lets go
+            for r in left_over:
                 r.cancel()
             raise TimeoutError(f"generate(): not done within {timeout} s; cancelled the {len(left_over)} of its "
                                f"{total} requests still running") from None
@@ -527,7 +534,10 @@ class Engine(LlamaCppCalls):
         if drain > 0:
             self._drain(drain)
         try:
-            for r in self._pending():
+            pending = self._pending()
+            for r in pending:
+                r.cancel(wait=0)
+            for r in pending:
                 r.cancel()
             self._stop.set()
             self._thread.join(timeout)

@@ -58,7 +58,7 @@ class FleetReport:
 def simulate_fleet(workload: Workload, *, n_servers: int = 2, route: str = "round-robin", n_ctx: int,
                    n_parallel: int, n_batch: int = 512, preempt: bool = True, preempt_ram_mib: int = 8192,
                    preempt_mode: str = "auto", preempt_disk_mib: int = 0, costs: Costs = Costs(),
-                   max_steps: int = 50_000_000) -> FleetReport:
+                   max_steps: int = 50_000_000, sched: Any = None) -> FleetReport:
     """Run the workload through `n_servers` identical simulated servers, each configured as
     simulate() configures its one, behind the `route` router; see the module docstring."""
     if n_servers < 1:
@@ -67,7 +67,7 @@ def simulate_fleet(workload: Workload, *, n_servers: int = 2, route: str = "roun
         raise WorkloadError(f"--route expects {' or '.join(ROUTES)}, got {route!r}")
     p = sim_params(n_ctx=n_ctx, n_parallel=n_parallel, n_batch=n_batch, preempt=preempt,
                    preempt_ram_mib=preempt_ram_mib, preempt_mode=preempt_mode, preempt_disk_mib=preempt_disk_mib,
-                   costs=costs, max_steps=max_steps)
+                   costs=costs, max_steps=max_steps, sched=sched)
     r = _core.simulate_fleet(list(workload.t_arrival), list(workload.n_prompt), list(workload.n_gen), p,
                              n_servers, route)
     server_of = list(r.server_of)

@@ -199,6 +199,12 @@ class SimReport:
     parks_disk: int = 0            # of parks_swap, those to the disk tier
     peak_disk_mib: float = 0.0
     parks_by_choice: dict[str, int] = field(default_factory=dict)  # as /metrics' preempt_parks_by_choice_total
+    e2e_p50_s: float = float("nan")   # arrival to last token, of the completed requests
+    e2e_p99_s: float = float("nan")
+    ttst_p50_s: float = float("nan")  # arrival to second token (the first one decoded after the prompt)
+    ttst_p99_s: float = float("nan")
+    gap_max_s: float = float("nan")   # the longest wait between two tokens of any request
+    tok_s: float = float("nan")       # tokens generated over the makespan
     per_request: list[dict[str, Any]] = field(default_factory=list, repr=False)
 
     @property
@@ -217,26 +223,38 @@ def simulate(workload: Workload, *, n_ctx: int, n_parallel: int, n_batch: int = 
              costs: Costs = Costs(), max_steps: int = 50_000_000, sched: Any = None, host_kv_ram_mib: int = -2) -> SimReport:
     """Run the workload through the simulated server; see the module docstring. `preempt_disk_mib`:
     a disk tier of that many MiB (-1: no limit; 0: none), priced with `costs`' disk rates. `sched`:
-    the planner's scheduling knobs (a `_core.SchedParams`; None: the server's defaults).
+    the planner's scheduling knobs: llama-server's --preempt-sched text ("width-gain=0,...") or a
+    `_core.SchedParams` (None: the server's defaults).
     `host_kv_ram_mib`: the server's --host-kv-ram (-2: not given), which caps what parks may hold."""
     p = sim_params(n_ctx=n_ctx, n_parallel=n_parallel, n_batch=n_batch, preempt=preempt,
                    preempt_ram_mib=preempt_ram_mib, preempt_mode=preempt_mode, preempt_disk_mib=preempt_disk_mib,
-                   costs=costs, max_steps=max_steps)
+                   costs=costs, max_steps=max_steps, sched=sched)
     if host_kv_ram_mib != -2:
         try:
             _core.parse_host_kv_ram_mib(str(host_kv_ram_mib))
         except ValueError as e:
             raise WorkloadError(str(e)) from None
         p.host_kv_ram_mib = host_kv_ram_mib
-    if sched is not None:
-        p.sched = sched
     r = _core.simulate(list(workload.t_arrival), list(workload.n_prompt), list(workload.n_gen), p)
     return sim_report(r, workload.t_arrival, n_ctx=n_ctx, n_parallel=n_parallel, preempt=preempt,
                       preempt_ram_mib=preempt_ram_mib, preempt_mode=preempt_mode, preempt_disk_mib=preempt_disk_mib)
 
 
+def sched_params(sched: Any) -> Any:
+    """The planner's knobs: llama-server's --preempt-sched text, read as the server reads it, or a
+    `_core.SchedParams` as it is; None: the defaults."""
+    if sched is None:
+        return _core.SchedParams()
+    if isinstance(sched, str):
+        try:
+            return _core.parse_preempt_sched(sched)
+        except ValueError as e:
+            raise WorkloadError(str(e).replace("--preempt-sched", "--sched")) from None
+    return sched
+
+
 def sim_params(*, n_ctx: int, n_parallel: int, n_batch: int, preempt: bool, preempt_ram_mib: int,
-               preempt_mode: str, costs: Costs, max_steps: int, preempt_disk_mib: int = 0) -> Any:
+               preempt_mode: str, costs: Costs, max_steps: int, preempt_disk_mib: int = 0, sched: Any = None) -> Any:
     """The checked `_core.SimParams` of one simulated server (simulate() and the fleet's)."""
     if n_ctx < 2:
         raise WorkloadError("--ctx must be at least 2 cells")
@@ -256,6 +274,7 @@ def sim_params(*, n_ctx: int, n_parallel: int, n_batch: int, preempt: bool, pree
     p.n_pool, p.n_slots, p.n_batch, p.preempt = n_ctx, n_parallel, n_batch, preempt
     p.preempt_ram_mib, p.preempt_disk_mib = preempt_ram_mib, preempt_disk_mib  # the policy converts them
     p.max_steps = max_steps
+    p.sched = sched_params(sched)
     costs.to_params(p)
     return p
 
@@ -271,9 +290,13 @@ def sim_report(r: Any, arrivals: Sequence[float], *, n_ctx: int, n_parallel: int
     """The report of one simulated server: its `_core.SimResult` and its requests' arrival times."""
     reqs = r.requests
     per = [{"outcome": str(q.outcome), "t_arrival": arrival, "t_start": q.t_start, "t_first": q.t_first,
-            "t_done": q.t_done, "n_preempt": q.n_preempt, "t_parked_s": q.t_parked_s}
+            "t_second": q.t_second, "t_done": q.t_done, "n_preempt": q.n_preempt, "t_parked_s": q.t_parked_s,
+            "max_gap_s": q.max_gap_s}
            for arrival, q in zip(arrivals, reqs)]
     ttft, queue = latencies(per)
+    done = [q for q in per if q["outcome"] == "completed"]
+    e2e = [q["t_done"] - q["t_arrival"] for q in done]
+    ttst = [q["t_second"] - q["t_arrival"] for q in done if q["t_second"] >= 0]
     return SimReport(
         n_ctx=n_ctx, n_parallel=n_parallel, preempt=preempt, preempt_ram_mib=preempt_ram_mib, preempt_mode=preempt_mode,
         requests=len(reqs), completed=sum(1 for q in reqs if q.outcome == _core.SimOutcome.COMPLETED),
@@ -285,7 +308,10 @@ def sim_report(r: Any, arrivals: Sequence[float], *, n_ctx: int, n_parallel: int
         longest_park_s=max((q.t_parked_s for q in reqs), default=0.0),
         makespan_s=r.makespan_s, steps=r.n_steps, hit_step_limit=r.hit_step_limit,
         preempt_disk_mib=preempt_disk_mib, parks_disk=r.n_park_disk, peak_disk_mib=r.peak_disk_bytes / 2**20,
-        parks_by_choice={k: v for k, v in r.parks_by_choice.items() if v}, per_request=per)
+        parks_by_choice={k: v for k, v in r.parks_by_choice.items() if v},
+        e2e_p50_s=_pct(e2e, 50), e2e_p99_s=_pct(e2e, 99), ttst_p50_s=_pct(ttst, 50), ttst_p99_s=_pct(ttst, 99),
+        gap_max_s=max((q["max_gap_s"] for q in done), default=float("nan")),
+        tok_s=r.n_tokens_generated / r.makespan_s if r.makespan_s > 0 else float("nan"), per_request=per)
 
 
 def sweep(workload: Workload, *, ctxs: Iterable[int], budgets: Iterable[int], **kw: Any) -> list[SimReport]:
@@ -331,11 +357,16 @@ def server_pool(url: str, timeout: float = 10.0) -> tuple[int | None, int | None
 
 
 def calibrate(url: str, base: Costs = Costs(), timeout: float = 120.0) -> Costs:
-    """Measure the prefill and decode costs of the server at `url` (llama-preempt's or stock):
-    one request alone, then several at once, all at temperature 0 with a fixed length. The KV bytes
-    per cell and the copy bandwidths cannot be seen over HTTP and stay as in `base`."""
+    """Measure the step costs of the server at `url`: a short load at temperature 0 with fixed
+    lengths (one request alone, then several at once), then llama-preempt's own fit of its steps,
+    which /metrics carries (preempt_step_*: fixed, per generated and prompt token, per cell
+    attended; fitted from every step the server ran, this load's and what it served before). A
+    stock server, which has no such series, is timed from its answers instead (one request alone,
+    then several: no attention term). The KV bytes per cell and the copy bandwidths cannot be seen
+    over HTTP and stay as in `base`."""
     import requests
 
+    from .metrics import MetricsFormatError, parse_prometheus
     from .probe import NothingAnswers, NotLlamaServer, ServerURLError, llama_server_props, server_url
 
     try:
@@ -358,16 +389,31 @@ def calibrate(url: str, base: Costs = Costs(), timeout: float = 120.0) -> Costs:
         return dict(r.json()["timings"])
 
     solo = one(prompt, 64)
-    prefill_ms = solo["prompt_ms"] / max(1, solo["prompt_n"])
-    t1 = solo["predicted_ms"] / max(1, solo["predicted_n"])  # one token a step
-    if n_par == 1:
-        return replace(base, prefill_token_ms=prefill_ms, step_ms=t1 * 0.7, decode_token_ms=t1 * 0.3)
     out: list[dict[str, Any]] = []
     threads = [threading.Thread(target=lambda i=i: out.append(one(f"{i} {prompt[:200]}", 96))) for i in range(n_par)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    tn = statistics.median(o["predicted_ms"] / max(1, o["predicted_n"]) for o in out)  # n_par tokens a step
+
+    # llama-preempt's server: its own fit of its steps, once it has enough of them
+    try:
+        m = requests.get(url + "/metrics", timeout=10)
+        fit = parse_prometheus(m.text) if m.status_code == 200 else None
+    except (requests.RequestException, MetricsFormatError):
+        fit = None
+    if fit is not None and fit.get("preempt_step_cost_samples", 0) >= _core.STEP_COST_N_READY:
+        return replace(base, step_ms=fit["preempt_step_fixed_ns"] / 1e6,
+                       decode_token_ms=fit["preempt_step_decode_token_ns"] / 1e6,
+                       prefill_token_ms=fit["preempt_step_prompt_token_ns"] / 1e6,
+                       attend_cell_ns=fit["preempt_step_attend_kcell_ns"] / 1e3)
+
+    # a stock server: one token a step alone, n_par a step together
+    prefill_ms = solo["prompt_ms"] / max(1, solo["prompt_n"])
+    t1 = solo["predicted_ms"] / max(1, solo["predicted_n"])
+    if n_par == 1:
+        return replace(base, prefill_token_ms=prefill_ms, step_ms=t1 * 0.7, decode_token_ms=t1 * 0.3, attend_cell_ns=0.0)
+    tn = statistics.median(o["predicted_ms"] / max(1, o["predicted_n"]) for o in out)
     decode_ms = max(0.0, (tn - t1) / (n_par - 1))
-    return replace(base, prefill_token_ms=prefill_ms, decode_token_ms=decode_ms, step_ms=max(0.0, t1 - decode_ms))
+    return replace(base, prefill_token_ms=prefill_ms, decode_token_ms=decode_ms, step_ms=max(0.0, t1 - decode_ms),
+                   attend_cell_ns=0.0)

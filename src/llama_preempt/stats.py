@@ -150,6 +150,7 @@ class PreemptStats:
     n_prompt_cache_read_ahead_total: int = 0  # files read ahead while their request waited for a slot
     n_prompt_cache_disk_failures_total: int = 0  # prompt files that failed to write or read back
     n_prompt_cache_disk_skipped_total: int = 0  # dropped, not written (no room, media)
+    n_paused_total: int = 0               # times a generating slot was paused (beyond the decode width)
     requests_paused: int = 0              # generating beyond the decode width now (they keep their cells)
     preempt_decode_width: int = 0         # generating slots the last step let decode
     preempt_step_fixed_ns: int = 0        # the step cost fitted from the server's own steps:
