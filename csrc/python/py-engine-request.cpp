@@ -7,6 +7,24 @@
 #include <memory>
 #include <vector>
 
+std::map<std::string, std::string> parse_query_string(const std::string & query) {
+    std::map<std::string, std::string> out;
+    size_t start = 0;
+    while (start < query.size()) {
+        size_t end = query.find('&', start);
+        if (end == std::string::npos) {
+            end = query.size();
+        }
+        const std::string kv = query.substr(start, end - start);
+        const size_t eq = kv.find('=');
+        if (!kv.empty()) {
+            out[kv.substr(0, eq)] = eq == std::string::npos ? "" : kv.substr(eq + 1);
+        }
+        start = end + 1;
+    }
+    return out;
+}
+
 void register_request(py::module_ & m) {
     py::class_<engine_request, std::shared_ptr<engine_request>>(m, "RequestHandle",
             "one request answered by an upstream route handler on its own thread")

@@ -9,6 +9,7 @@
 #include <condition_variable>
 #include <deque>
 #include <functional>
+#include <map>
 #include <mutex>
 #include <string>
 
@@ -51,6 +52,9 @@ struct engine_waker {
         }
     }
 };
+
+// "a=1&b" -> {a: "1", b: ""}: a request target's query, as a route handler reads its params
+std::map<std::string, std::string> parse_query_string(const std::string & query);
 
 // One request, answered by an upstream route handler on its own thread. The Python side reads
 // the status and either the body or the stream's chunks.

@@ -175,7 +175,7 @@ public:
             path  = target.substr(0, q);
             query = target.substr(q + 1);
         }
-        std::map<std::string, std::string> params_kv = parse_query(query);
+        std::map<std::string, std::string> params_kv = parse_query_string(query);
         const server_http_context::handler_t * handler = find_route(method, path, params_kv);
 
         py::gil_scoped_release nogil;
@@ -451,24 +451,6 @@ private:
         if (closed) {
             throw engine_closed_error("the Engine is closed: create a new one");
         }
-    }
-
-    static std::map<std::string, std::string> parse_query(const std::string & query) {
-        std::map<std::string, std::string> out;
-        size_t start = 0;
-        while (start < query.size()) {
-            size_t end = query.find('&', start);
-            if (end == std::string::npos) {
-                end = query.size();
-            }
-            const std::string kv = query.substr(start, end - start);
-            const size_t eq = kv.find('=');
-            if (!kv.empty()) {
-                out[kv.substr(0, eq)] = eq == std::string::npos ? "" : kv.substr(eq + 1);
-            }
-            start = end + 1;
-        }
-        return out;
     }
 
     // the routes tools/server/server.cpp registers for a single-model server, read from it at build
