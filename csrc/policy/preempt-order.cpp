@@ -195,18 +195,23 @@ decode_seats plan_seats(const std::vector<slot_view> & slots, const plan_params 
         }
         d.width = decode_width(p.cost.fixed_s, u, p.sched.width_gain);
     }
+    // a stream waits for its next token at most max_gap_us
+    auto overdue = [&](const slot_view & s) {
+        return p.sched.max_gap_us > 0 && s.t_last_token_us >= 0 && p.t_now_us - s.t_last_token_us >= p.sched.max_gap_us;
+    };
     for (size_t i = d.width; i < d.order.size(); ++i) {
         const slot_view & s = *by_id[d.order[i]];
-        const bool overdue = p.sched.max_gap_us > 0 && s.t_last_token_us >= 0 && p.t_now_us - s.t_last_token_us >= p.sched.max_gap_us;
-        d.paused[s.id] = overdue ? 0 : 1;
+        d.paused[s.id] = overdue(s) ? 0 : 1;
     }
-    // the parked: due when within the width among the resident and the parked (one parked
-    // mid-prompt is due: it was admitted before any request still waiting)
+    // the parked: due when within the width among the resident and the parked, or overdue for a
+    // token (it comes back for one, then pauses); one parked mid-prompt is due: it was admitted
+    // before any request still waiting
     const std::vector<int32_t> all = decode_order(slots, p, true);
     const int32_t width = std::max<int32_t>(1, d.width);
     for (size_t i = 0; i < all.size(); ++i) {
-        if (by_id[all[i]]->phase == slot_phase::parked) {
-            d.due[all[i]] = (int32_t) i < width;
+        const slot_view & s = *by_id[all[i]];
+        if (s.phase == slot_phase::parked) {
+            d.due[s.id] = (int32_t) i < width || overdue(s);
         }
     }
     for (const auto & s : slots) {

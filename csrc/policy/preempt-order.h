@@ -35,8 +35,9 @@ std::vector<const slot_view *> victim_order(const std::vector<slot_view> & slots
 // the first `width` decode (the width the measured step cost pays for, or --preempt-sched width),
 // the rest are paused unless overdue for a token (max_gap_us). A slot parked while generating is
 // `due` when its place in the decode order, among the resident and the parked, is within the
-// width: it waits for room to decode, while one that is not due would only be paused if it came
-// back. Without a limit every parked slot is due and nothing is paused.
+// width, or when it is overdue for a token: it waits for room to decode, while one that is not due
+// would only be paused if it came back. Without a limit every parked slot is due and nothing is
+// paused.
 struct decode_seats {
     bool    limited = false;
     int32_t width   = 0;

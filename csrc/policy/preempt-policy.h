@@ -54,7 +54,7 @@ struct slot_view {
     bool    was_generating = false;    // parked while generating: it waits for a decode seat (the decode order)
 
     int32_t n_gen_since_forced = 0;  // generating: tokens since its last forced park (LLAMA_SERVER_PREEMPT_EVERY)
-    int64_t t_last_token_us = -1;    // generating: when it last sampled a token (-1: not known)
+    int64_t t_last_token_us = -1;    // generating or parked: when it last sampled a token (-1: not known)
     int32_t n_gen_left    = -1;      // tokens its request may still generate (-1: not known)
 
     int32_t priority      = 0;      // the request's priority: higher is parked later and restored sooner

@@ -91,7 +91,7 @@ slot_view sim_server::view(const sim_slot & s) const {
         v.t_arrival_us = (int64_t) (s.t_arrival * 1e6);
         v.n_gen_left   = reqs[s.req].n_gen - s.gen_done;
     }
-    if (s.phase == slot_phase::generating && s.t_last_token >= 0) {
+    if ((s.phase == slot_phase::generating || s.phase == slot_phase::parked) && s.t_last_token >= 0) {
         v.t_last_token_us = (int64_t) (s.t_last_token * 1e6);
     }
     if (s.phase == slot_phase::prompt) {
@@ -232,6 +232,11 @@ bool sim_server::step(double t_next) {
         const plan pl = plan_step(views(), pp);
         apply_plan(pl, *this);
         restore_next    = pl.restore_next;
+        if (pl.n_decode_width > 0) {
+            res.n_width_steps++;
+            res.sum_decode_width += pl.n_decode_width;
+            res.max_decode_width = std::max(res.max_decode_width, pl.n_decode_width);
+        }
     }
 
     // the batch: one token per generating slot, then prompt and replay chunks in slot order

@@ -95,6 +95,9 @@ struct sim_result {
     int32_t peak_cells           = 0;
     double  makespan_s           = 0;
     bool    hit_step_limit       = false;
+    int64_t n_width_steps        = 0;  // steps with a slot generating: the planner chose a decode width in each
+    int64_t sum_decode_width     = 0;  //   the widths summed (their mean: sum / steps)
+    int32_t max_decode_width     = 0;
 };
 
 // one slot of a simulated server

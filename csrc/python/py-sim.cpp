@@ -101,6 +101,10 @@ void register_sim(py::module_ & m) {
         .def_readonly("peak_cells",         &lp::sim_result::peak_cells)
         .def_readonly("makespan_s",         &lp::sim_result::makespan_s)
         .def_readonly("hit_step_limit",     &lp::sim_result::hit_step_limit)
+        .def_property_readonly("mean_decode_width", [](const lp::sim_result & r) {
+            return r.n_width_steps ? (double) r.sum_decode_width / r.n_width_steps : 0.0;
+        }, "the decode width the planner chose, averaged over the steps where a slot generated")
+        .def_readonly("max_decode_width",   &lp::sim_result::max_decode_width)
         .def_readonly("requests",           &lp::sim_result::requests, "a SimRequestResult per request, in the order they arrived")
         .def_readonly("trace",              &lp::sim_result::trace,
                       "every park, resume and failure of a parked request, in order: the decision trace");

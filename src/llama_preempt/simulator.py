@@ -205,6 +205,8 @@ class SimReport:
     ttst_p99_s: float = float("nan")
     gap_max_s: float = float("nan")   # the longest wait between two tokens of any request
     tok_s: float = float("nan")       # tokens generated over the makespan
+    decode_width_mean: float = 0.0    # the decode width the planner chose, over the steps where a slot generated
+    decode_width_max: int = 0
     per_request: list[dict[str, Any]] = field(default_factory=list, repr=False)
 
     @property
@@ -311,7 +313,8 @@ def sim_report(r: Any, arrivals: Sequence[float], *, n_ctx: int, n_parallel: int
         parks_by_choice={k: v for k, v in r.parks_by_choice.items() if v},
         e2e_p50_s=_pct(e2e, 50), e2e_p99_s=_pct(e2e, 99), ttst_p50_s=_pct(ttst, 50), ttst_p99_s=_pct(ttst, 99),
         gap_max_s=max((q["max_gap_s"] for q in done), default=float("nan")),
-        tok_s=r.n_tokens_generated / r.makespan_s if r.makespan_s > 0 else float("nan"), per_request=per)
+        tok_s=r.n_tokens_generated / r.makespan_s if r.makespan_s > 0 else float("nan"),
+        decode_width_mean=r.mean_decode_width, decode_width_max=r.max_decode_width, per_request=per)
 
 
 def sweep(workload: Workload, *, ctxs: Iterable[int], budgets: Iterable[int], **kw: Any) -> list[SimReport]:
