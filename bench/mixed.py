@@ -15,7 +15,7 @@ more short requests than slots). One pool of --ctx cells, served these ways:
   request (so nothing can fail); the rest wait for a slot;
 - auto: llama-preempt's defaults, --parallel slots over the unified pool: the oldest slots decode,
   as many as the measured step cost pays for, the rest pause; a slot is parked when the pool fills;
-- auto, width off (--width-off N): the same with every slot decoding at once (width-gain=0).
+- auto, width off (--width-off N): the same with every slot decoding at once (width-loss=0).
 
 Per cell and run: completed, tokens/s over the whole run, TTFT, time to second token and
 end-to-end latency (p50, p99, from each request's arrival), the longest gap between two tokens of
@@ -162,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ctx", type=int, default=None, help="the pool (default 1024, --quick 512)")
     ap.add_argument("--parallel", default="8", help="slots of the auto cells, comma-separated (stock takes the first)")
     ap.add_argument("--width-off", default="", help="slot counts of auto cells run with every slot decoding "
-                                                    "(--preempt-sched width-gain=0), comma-separated")
+                                                    "(--preempt-sched width-loss=0), comma-separated")
     ap.add_argument("--shape", choices=("chat", "long", "many"), default="chat",
                     help="chat: log-normal lengths; long: a few very long prompts among many short chats; "
                          "many: many short requests")
@@ -221,8 +221,8 @@ def main(argv: list[str] | None = None) -> int:
         cells.append((f"auto, {n_par} slots", lambda n_par=n_par: server(None, n_par, True, sched_args()),
                       {"n_parallel": n_par, "sched": args.sched}))
     for n_par in width_off:
-        off = ",".join(k for k in (args.sched, "width-gain=0") if k)
-        cells.append((f"auto, {n_par} slots, width off", lambda n_par=n_par: server(None, n_par, True, sched_args("width-gain=0")),
+        off = ",".join(k for k in (args.sched, "width-loss=0") if k)
+        cells.append((f"auto, {n_par} slots, width off", lambda n_par=n_par: server(None, n_par, True, sched_args("width-loss=0")),
                       {"n_parallel": n_par, "sched": off}))
     runs: dict[str, list[dict[str, Any]]] = {c: [] for c, _, _ in cells}
     for run in range(args.runs):  # interleaved: every cell once per run

@@ -3,7 +3,7 @@
     python bench/overload_sweep.py      # about a minute on 2 cores
 
 The simulator runs the server's own planner (`plan_step()`) and the server's own step-cost fit, so
-its scheduling knobs (`--preempt-sched`: width-gain, width, max-gap-ms, prompt-budget,
+its scheduling knobs (`--preempt-sched`: width-loss, width, max-gap-ms, prompt-budget,
 restore-headroom, near-finish, starved, age-step-ms, pass-limit-ms) can be explored over many
 workloads in seconds before the live server confirms the defaults (`bench/mixed.py`). Three
 workload shapes, twelve seeds each, on a 1,024-cell pool, with the step cost the live server fitted
@@ -82,9 +82,9 @@ def static_split(wl: Workload, pool: int, costs: Costs) -> dict[str, float]:
 
 CONFIGS = [
     ("defaults", ""),
-    ("width off (width-gain=0)", "width-gain=0"),
-    ("width-gain=25", "width-gain=25"),
-    ("width-gain=75", "width-gain=75"),
+    ("width off (width-loss=0)", "width-loss=0"),
+    ("width-loss=25", "width-loss=25"),
+    ("width-loss=75", "width-loss=75"),
     ("max-gap-ms=0 (no bound)", "max-gap-ms=0"),
     ("max-gap-ms=1500", "max-gap-ms=1500"),
     ("max-gap-ms=6000", "max-gap-ms=6000"),

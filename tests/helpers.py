@@ -29,7 +29,7 @@ WORDS = ("once upon a time there was a little girl named lily she loved to play 
 # Every generating slot decodes every step, as upstream's loop does. The decode width (on by default)
 # lets only the oldest slots decode on a CPU, so slots that each fit alone seldom overflow the pool
 # together; the tests of the park mechanics need that overflow, and run with this.
-ALL_DECODE = ["--preempt-sched", "width-gain=0"]
+ALL_DECODE = ["--preempt-sched", "width-loss=0"]
 
 
 def new_server(model: Path, log_dir: Path, *, port: int | None = None, **config: Any) -> LlamaServer:

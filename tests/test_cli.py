@@ -261,12 +261,13 @@ def test_simulate_takes_the_servers_preempt_mode_and_reports_the_choices() -> No
 def test_simulate_reads_a_recorded_workload(tmp_path: Path) -> None:
     wl = tmp_path / "load.jsonl"
     wl.write_text("\n".join(json.dumps({"t": 0.1 * i, "prompt_tokens": 40, "max_tokens": 300}) for i in range(6)))
-    p = run_cli("simulate", "--workload", str(wl), "--ctx", "1024", "--parallel", "6", "--sched", "width-gain=0", "--json")
+    p = run_cli("simulate", "--workload", str(wl), "--ctx", "1024", "--parallel", "6", "--sched", "width-loss=0", "--json")
     assert p.returncode == 0, p.stderr
     r = json.loads(p.stdout)["results"][0]
     assert r["requests"] == 6 and r["completed"] == 6 and r["parks_swap"] > 0
-    # with the decode width (the default), the oldest decode and the six fit without a park
-    r = json.loads(run_cli("simulate", "--workload", str(wl), "--ctx", "1024", "--parallel", "6", "--json").stdout)
+    # one slot decoding at a time, the others paused: the six fit without a park
+    r = json.loads(run_cli("simulate", "--workload", str(wl), "--ctx", "1024", "--parallel", "6", "--sched",
+                           "width=1,max-gap-ms=0", "--json").stdout)
     assert r["results"][0]["completed"] == 6 and r["results"][0]["parks_swap"] == 0
     p = run_cli("simulate", "--workload", str(wl), "--ctx", "1024", "--parallel", "6", "--no-preempt", "--json")
     assert json.loads(p.stdout)["results"][0]["failed"] > 0
@@ -278,7 +279,7 @@ def test_simulate_reads_a_recorded_workload(tmp_path: Path) -> None:
     (["--workload", "/no/such.jsonl"], ["--workload", "cannot read"]),
     (["--sweep", "threads=2"], ["--sweep"]),
     (["--ctx", "1"], ["--ctx"]),
-    (["--sched", "width-gain=200"], ["--sched width-gain expects a percent"]),
+    (["--sched", "width-loss=200"], ["--sched width-loss expects a percent"]),
     (["--decode-ms", "-1"], ["--decode-token-ms must be positive"]),
     (["--calibrate", "http://127.0.0.1:9"], ["--calibrate: nothing answers at http://127.0.0.1:9"]),
     (["--calibrate", "127.0.0.1:9"], ["--calibrate: nothing answers at http://127.0.0.1:9"]),

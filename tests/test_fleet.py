@@ -97,8 +97,8 @@ def test_least_parked_parks_fewer_than_round_robin_when_round_robin_piles_long_r
     need not mean fewer requests parked: with -c 1024 it is 70 parks of 19 against 39 of 19.)"""
     wl = skewed(2, 40)
     # every slot decodes at once, so the long requests' growth overflows the pool they share
-    rr = simulate_fleet(wl, n_servers=2, route="round-robin", n_ctx=2048, n_parallel=4, sched="width-gain=0")
-    lp = simulate_fleet(wl, n_servers=2, route="least-parked", n_ctx=2048, n_parallel=4, sched="width-gain=0")
+    rr = simulate_fleet(wl, n_servers=2, route="round-robin", n_ctx=2048, n_parallel=4, sched="width-loss=0")
+    lp = simulate_fleet(wl, n_servers=2, route="least-parked", n_ctx=2048, n_parallel=4, sched="width-loss=0")
     assert rr.completed == lp.completed == 40 and rr.failed == lp.failed == 0
     assert rr.servers[0].parks > 0 and rr.servers[1].parks == 0  # every long request on server 0
     assert lp.parks < rr.parks

@@ -17,7 +17,7 @@ waits for headroom turns a drift of a few steps into a different resume step.
 
 The decode width chosen by measured cost depends on how long the live steps took, which the
 simulator prices by its own costs, and a paused slot's bound on its wait is a time: the first
-cases run every slot at once (`width-gain=0`), as upstream does, and one case fixes the width
+cases run every slot at once (`width-loss=0`), as upstream does, and one case fixes the width
 (`width=2,max-gap-ms=0`): then who is paused, which paused slot goes first as a victim and when the
 parked come back depend on the planner alone, and the traces agree on those too.
 """
@@ -62,7 +62,7 @@ def sim_trace(decisions: list[Any]) -> Trace:
             for d in decisions if d.kind in (_core.DecisionKind.PARK, _core.DecisionKind.RESUME)]
 
 
-ALL_DECODE = {"width-gain": 0}
+ALL_DECODE = {"width-loss": 0}
 FIXED_WIDTH = {"width": 2, "max-gap-ms": 0}
 
 
@@ -79,7 +79,7 @@ def test_the_simulator_makes_the_servers_decisions(stories_model: Path, tmp_path
     args = ["-ctk", "f32", "-ctv", "f32", "--preempt-mode", mode, "--preempt-ram", str(ram_mib),
             "--preempt-sched", ",".join(f"{k}={v}" for k, v in knobs.items())]
     sched = _core.SchedParams()  # the server's defaults, but for the case's knobs
-    fields = {"width-gain": ("width_gain", lambda v: v / 100), "width": ("n_width", int),
+    fields = {"width-loss": ("width_loss", lambda v: v / 100), "width": ("n_width", int),
               "max-gap-ms": ("max_gap_us", lambda v: v * 1000), "restore-headroom": ("n_restore_headroom", int)}
     for k, v in knobs.items():
         name, conv = fields[k]

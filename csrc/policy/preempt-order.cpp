@@ -174,7 +174,7 @@ decode_seats plan_seats(const std::vector<slot_view> & slots, const plan_params 
     d.width = (int32_t) d.order.size();
     d.paused.assign(n_ids, 0);
     d.due.assign(n_ids, 0);
-    d.limited = p.sched.n_width > 0 || (p.cost_ready && p.sched.width_gain > 0);
+    d.limited = p.sched.n_width > 0 || (p.cost_ready && p.sched.width_loss > 0);
     if (!d.limited) {
         for (const auto & s : slots) {
             d.due[s.id] = s.phase == slot_phase::parked;
@@ -193,7 +193,7 @@ decode_seats plan_seats(const std::vector<slot_view> & slots, const plan_params 
         for (int32_t id : d.order) {
             u.push_back(decode_slot_cost(p.cost, by_id[id]->n_cells, 1 + std::max(0, by_id[id]->n_draft)));
         }
-        d.width = decode_width(p.cost.fixed_s, u, p.sched.width_gain);
+        d.width = decode_width(p.cost.fixed_s, u, p.sched.width_loss);
     }
     // a stream waits for its next token at most max_gap_us
     auto overdue = [&](const slot_view & s) {

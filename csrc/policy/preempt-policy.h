@@ -77,9 +77,9 @@ struct sched_params {
     int32_t n_restore_headroom = 8;    // thrash guard: cells per running slot a resume leaves free
     int32_t n_near_finish      = 16;   // a slot with at most this many tokens left is spared as a victim
     int64_t pass_limit_us      = 5 * 1000 * 1000;  // a new request that does not fit may be passed by later ones this long (0: never)
-    // decode width (preempt-width.h): a slot joins the decode only while at least this share of
-    // the tokens it gets is new throughput (0: every generating slot decodes, as upstream)
-    double  width_gain         = 0.5;
+    // decode width (preempt-width.h): the oldest slots decode, the fewest whose throughput is
+    // within this share of the best width's (0: every generating slot decodes, as upstream)
+    double  width_loss         = 0.05;
     int32_t n_width            = 0;    // slots that decode at once, fixed (0: from the measured step cost)
     int64_t max_gap_us         = 3 * 1000 * 1000;  // a paused slot decodes a token at least this often (0: no bound)
 };

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 namespace llama_preempt {
 
@@ -158,37 +159,29 @@ double decode_slot_cost(const step_cost & c, int32_t n_cells, int32_t n_tokens) 
     return c.decode_token_s * t + c.attend_cell_s * attended;
 }
 
-int32_t decode_width(double fixed_s, const std::vector<double> & u, double gain) {
+int32_t decode_width(double fixed_s, const std::vector<double> & u, double loss) {
     const int32_t n = (int32_t) u.size();
     if (n == 0) {
         return 0;
     }
-    if (gain <= 0) {
+    if (loss <= 0) {
         return n;
     }
     const double a = std::max(0.0, fixed_s);
-    double s_prev = std::max(0.0, u[0]);
-    int32_t k = 1;
-    for (int32_t i = 1; i < n; ++i) {
-        const double s_k = s_prev + std::max(0.0, u[i]);
-        const double t_prev = a + s_prev;
-        const double t_k    = a + s_k;
-        if (t_prev <= 0 || t_k <= 0) {
-            k = i + 1;  // free steps: nothing to share
-            s_prev = s_k;
-            continue;
-        }
-        // the share of the k-th slot's tokens that is new throughput:
-        // (thr(k) - thr(k-1)) / (thr(k) / k) = k - (k-1) t(k) / t(k-1)
-        const double kk = i + 1;
-        const double share = kk - (kk - 1) * t_k / t_prev;
-        if (share < gain) {
-            break;
-        }
-        k = i + 1;
-        s_prev = s_k;
+    std::vector<double> thr(n);
+    double t = a;
+    double best = 0;
+    for (int32_t k = 1; k <= n; ++k) {
+        t += std::max(0.0, u[k - 1]);
+        thr[k - 1] = t > 0 ? k / t : std::numeric_limits<double>::infinity();
+        best = std::max(best, thr[k - 1]);
     }
-    return k;
+    for (int32_t k = 1; k <= n; ++k) {
+        if (thr[k - 1] >= (1.0 - loss) * best) {
+            return k;
+        }
+    }
+    return n;
 }
 
 } // namespace llama_preempt

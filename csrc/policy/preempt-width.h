@@ -1,12 +1,13 @@
 // How many slots decode at once: a step's cost, fitted online from the server's own steps, and
 // the width rule that reads it (docs/design.md, "Decode width").
 //
-// On two CPU cores a wider batch buys almost no throughput: every slot beyond the few that pay
-// for themselves only shares the processor, and the longest answers are stretched. On a GPU a
-// wider batch is nearly free. One rule serves both: a slot joins the decode only while at least
-// `width_gain` of the tokens it would get are new throughput rather than taken from the slots
-// already decoding. The slots beyond that width keep their cells and wait (paused), oldest first
-// back in. Pure C++ like the planner, so the server, the Engine and the simulator run it alike.
+// Every slot that decodes beside others stretches their answers; it pays only where the wider
+// batch delivers more tokens a second. On a few CPU cores a wider batch buys little, so every slot
+// beyond the few that pay for themselves only shares the processor and the longest answers are
+// stretched; on a GPU a wider batch is nearly free. One rule serves both: the oldest slots decode,
+// the fewest that deliver within `width_loss` of the throughput the best width would. The slots
+// beyond that width keep their cells and wait (paused), oldest first back in. Pure C++ like the
+// planner, so the server, the Engine and the simulator run it alike.
 #pragma once
 
 #include <cstdint>
@@ -39,14 +40,14 @@ struct step_cost {
 };
 
 // The step cost, fitted online: least squares over the server's (or the simulator's) own steps,
-// the older ones weighing less (a half-life of about 180 steps, so a change of load or of the
+// the older ones weighing less (a half-life of about 350 steps, so a change of load or of the
 // machine shows within seconds), held near `prior` only in the directions the steps have not
 // explored (a weak ridge toward the prior: a server that has only ever decoded one slot at a time
 // still has a split of fixed and per-token cost). No part is ever negative.
 class step_cost_fit {
 public:
     static constexpr int     N_PARAMS     = 4;
-    static constexpr double  FORGET       = 1.0 - 1.0 / 256;  // weight kept by a step per newer step
+    static constexpr double  FORGET       = 1.0 - 1.0 / 512;  // weight kept by a step per newer step
     static constexpr double  PRIOR_WEIGHT = 0.1;              // the ridge: as a tenth of a step per part
     static constexpr int64_t N_READY      = 32;               // steps before the fit is trusted
 
@@ -71,12 +72,12 @@ private:
 };
 
 // Of the generating slots, oldest first (`u` each one's marginal cost: a generated token plus the
-// cells it attends), how many decode this step: the widest k for which the k-th slot's tokens are
-// at least `gain` new throughput, thr(k) - thr(k-1) >= gain * thr(k) / k with thr(k) =
-// k / (fixed + u_1 + ... + u_k). With equal u that is k <= 1 + (fixed / u) * (1 - gain) / gain:
-// at the default gain of one half, one slot plus as many more as one step's fixed cost buys at the
-// per-token price. gain <= 0: every slot (no width control). At least 1 when any slot generates.
-int32_t decode_width(double fixed_s, const std::vector<double> & u, double gain);
+// cells it attends), how many decode this step: the fewest k whose throughput
+// thr(k) = k / (fixed + u_1 + ... + u_k) is within `loss` of the best width's. With equal u,
+// thr(k) = k / (fixed + k u) rises towards 1 / u, steeply where the fixed part dominates (a GPU:
+// a wide k) and hardly at all where the per-token part does (a few CPU cores: a narrow k).
+// loss <= 0: every slot (no width control); at least 1 when any slot generates.
+int32_t decode_width(double fixed_s, const std::vector<double> & u, double loss);
 
 // the marginal cost of one more decoding slot whose sequence holds `n_cells` and whose step
 // carries `n_tokens` (one, or one plus its draft)

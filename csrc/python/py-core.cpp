@@ -113,8 +113,8 @@ PYBIND11_MODULE(_core, m) {
                        "a slot with at most this many tokens left is spared as a victim")
         .def_readwrite("pass_limit_us",      &lp::sched_params::pass_limit_us,
                        "a new request that does not fit may be passed by later ones this long (0: never)")
-        .def_readwrite("width_gain",         &lp::sched_params::width_gain,
-                       "a slot joins the decode while this share of its tokens is new throughput (0: every slot decodes)")
+        .def_readwrite("width_loss",         &lp::sched_params::width_loss,
+                       "the decode width may give up this share of the best width's throughput (0: every slot decodes)")
         .def_readwrite("n_width",            &lp::sched_params::n_width, "slots that decode at once, fixed (0: by the step cost)")
         .def_readwrite("max_gap_us",         &lp::sched_params::max_gap_us,
                        "a paused slot decodes a token at least this often (0: no bound)")
@@ -166,7 +166,7 @@ PYBIND11_MODULE(_core, m) {
         .def_property_readonly("ready", &lp::step_cost_fit::ready);
     m.attr("STEP_COST_N_READY") = lp::step_cost_fit::N_READY;
 
-    m.def("decode_width", &lp::decode_width, py::arg("fixed_s"), py::arg("u"), py::arg("gain"),
+    m.def("decode_width", &lp::decode_width, py::arg("fixed_s"), py::arg("u"), py::arg("loss"),
           "how many of the generating slots (their marginal costs `u`, oldest first) decode at once");
     m.def("decode_slot_cost", &lp::decode_slot_cost, py::arg("cost"), py::arg("n_cells"), py::arg("n_tokens") = 1,
           "the marginal cost of one more decoding slot holding n_cells");

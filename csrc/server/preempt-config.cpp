@@ -30,7 +30,7 @@ sched_params sched_from_flag(const std::string & value) {
     s.n_starved          = f.starved >= 0 ? (int32_t) f.starved : s.n_starved;
     s.age_step_us        = f.age_step_ms >= 0 ? f.age_step_ms * 1000 : s.age_step_us;
     s.pass_limit_us      = f.pass_limit_ms >= 0 ? f.pass_limit_ms * 1000 : s.pass_limit_us;
-    s.width_gain         = f.width_gain >= 0 ? f.width_gain / 100.0 : s.width_gain;
+    s.width_loss         = f.width_loss >= 0 ? f.width_loss / 100.0 : s.width_loss;
     s.n_width            = f.width >= 0 ? (int32_t) f.width : s.n_width;
     s.max_gap_us         = f.max_gap_ms >= 0 ? f.max_gap_ms * 1000 : s.max_gap_us;
     return s;
@@ -177,9 +177,9 @@ void log_preempt_config(const preempt_config & cfg, size_t n_slots, int32_t n_ct
             s.n_restore_headroom, s.n_near_finish, s.n_starved);
     CFG_INF("preemption: decode width (--preempt-sched): %s; a paused slot decodes a token at least every %s\n",
             s.n_width > 0 ? string_format("%d slots decode at once (width=%d)", s.n_width, s.n_width).c_str()
-            : s.width_gain <= 0 ? "every generating slot decodes (width-gain=0)"
-            : string_format("the oldest slots decode, as many as the measured step cost pays for (width-gain=%.0f: a slot "
-                            "joins while %.0f %% of its tokens are new throughput)", s.width_gain * 100, s.width_gain * 100).c_str(),
+            : s.width_loss <= 0 ? "every generating slot decodes (width-loss=0)"
+            : string_format("the oldest slots decode, the fewest whose throughput by the measured step cost is within "
+                            "%.0f %% of the best width's (width-loss=%.0f)", s.width_loss * 100, s.width_loss * 100).c_str(),
             s.max_gap_us > 0 ? string_format("%lld ms (max-gap-ms)", (long long) (s.max_gap_us / 1000)).c_str() : "- (no bound: max-gap-ms=0)");
     CFG_INF("preemption: the copy guard (--preempt-verify) checks %s\n",
             cfg.verify_first < 0 ? "every swap park and restore byte for byte"

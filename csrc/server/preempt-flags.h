@@ -123,7 +123,7 @@ struct preempt_sched_flag {
     long long starved          = -1;  // parks after which a slot is spared as a victim (at least 1)
     long long age_step_ms      = -1;  // aging: one priority level per this much waiting (0: no aging)
     long long pass_limit_ms    = -1;  // a new request that does not fit may be passed this long (0: never)
-    long long width_gain       = -1;  // percent of a decoding slot's tokens that must be new throughput (0: all decode)
+    long long width_loss       = -1;  // percent of the best width's throughput the decode width may give up (0: all decode)
     long long width            = -1;  // slots that decode at once, fixed (0: chosen by the measured step cost)
     long long max_gap_ms       = -1;  // a paused slot decodes a token at least this often (0: no bound)
 };
@@ -131,7 +131,7 @@ struct preempt_sched_flag {
 inline preempt_sched_flag parse_preempt_sched(const std::string & value) {
     static const char * const usage = "--preempt-sched expects KEY=N[,KEY=N...] with KEY one of prompt-budget, "
                                       "restore-headroom, near-finish, starved, age-step-ms, pass-limit-ms, "
-                                      "width-gain, width, max-gap-ms";
+                                      "width-loss, width, max-gap-ms";
     preempt_sched_flag out;
     size_t pos = 0;
     while (pos <= value.size()) {
@@ -149,7 +149,7 @@ inline preempt_sched_flag parse_preempt_sched(const std::string & value) {
                          : key == "starved"          ? &out.starved
                          : key == "age-step-ms"      ? &out.age_step_ms
                          : key == "pass-limit-ms"    ? &out.pass_limit_ms
-                         : key == "width-gain"       ? &out.width_gain
+                         : key == "width-loss"       ? &out.width_loss
                          : key == "width"            ? &out.width
                          : key == "max-gap-ms"       ? &out.max_gap_ms
                          :                             nullptr;
@@ -159,8 +159,8 @@ inline preempt_sched_flag parse_preempt_sched(const std::string & value) {
         if (key == "starved" && v < 1) {
             throw std::invalid_argument("--preempt-sched starved expects at least 1 park, got '" + part + "'");
         }
-        if (key == "width-gain" && v > 100) {
-            throw std::invalid_argument("--preempt-sched width-gain expects a percent from 0 (every slot decodes) to 100, got '" + part + "'");
+        if (key == "width-loss" && v > 100) {
+            throw std::invalid_argument("--preempt-sched width-loss expects a percent from 0 (every slot decodes) to 100, got '" + part + "'");
         }
         *slot = v;
         pos = end + 1;

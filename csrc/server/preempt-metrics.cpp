@@ -50,7 +50,7 @@ std::vector<metric_item> metric_items(const preempt_counters & c, const preempt_
         { "n_prompt_cache_evicted_total", "counter", "Cached prompts that gave way to parked slots in the host budget (least recently used first)", c.n_prompt_cache_evicted_total },
         { "n_paused_total",            "counter", "Times a generating slot was paused: beyond the decode width it kept its cells and waited for a seat", c.n_paused_total },
         { "requests_paused",           "gauge",   "Requests generating but paused now: beyond the decode width, they keep their cells and wait for a seat", (uint64_t) g.n_requests_paused },
-        { "preempt_decode_width",      "gauge",   "Generating slots the last step let decode: as many as the measured step cost pays for (--preempt-sched width-gain)", (uint64_t) g.decode_width },
+        { "preempt_decode_width",      "gauge",   "Generating slots the last step let decode: as many as the measured step cost pays for (--preempt-sched width-loss)", (uint64_t) g.decode_width },
         { "preempt_step_fixed_ns",        "gauge", "Fitted step cost: the fixed part of a step, in ns (fitted from the server's own steps)", (uint64_t) (g.cost.fixed_s * 1e9) },
         { "preempt_step_decode_token_ns", "gauge", "Fitted step cost: per generated token in a step, in ns",           (uint64_t) (g.cost.decode_token_s * 1e9) },
         { "preempt_step_prompt_token_ns", "gauge", "Fitted step cost: per prompt or replayed token in a step, in ns",  (uint64_t) (g.cost.prompt_token_s * 1e9) },

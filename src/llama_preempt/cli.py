@@ -496,7 +496,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="a disk tier of N MiB for parked slots (-1 no limit; default 0: none), priced with the disk rates")
     srv.add_argument("--no-preempt", action="store_true", help="upstream's behaviour: a full pool fails every running request")
     srv.add_argument("--sched", default=None, metavar="KEY=N,...",
-                     help="llama-server's --preempt-sched: the planner's knobs (width-gain=0: every slot decodes at once)")
+                     help="llama-server's --preempt-sched: the planner's knobs (width-loss=0: every slot decodes at once)")
     srv.add_argument("--sweep", action="append", metavar="KEY=V,V,...",
                      help="ctx=1024,2048,... and/or ram=0,256,-1: one row per combination")
     fl = m.add_argument_group("fleet (N identical, independent servers behind a router)")

@@ -225,7 +225,7 @@ def simulate(workload: Workload, *, n_ctx: int, n_parallel: int, n_batch: int = 
              costs: Costs = Costs(), max_steps: int = 50_000_000, sched: Any = None, host_kv_ram_mib: int = -2) -> SimReport:
     """Run the workload through the simulated server; see the module docstring. `preempt_disk_mib`:
     a disk tier of that many MiB (-1: no limit; 0: none), priced with `costs`' disk rates. `sched`:
-    the planner's scheduling knobs: llama-server's --preempt-sched text ("width-gain=0,...") or a
+    the planner's scheduling knobs: llama-server's --preempt-sched text ("width-loss=0,...") or a
     `_core.SchedParams` (None: the server's defaults).
     `host_kv_ram_mib`: the server's --host-kv-ram (-2: not given), which caps what parks may hold."""
     p = sim_params(n_ctx=n_ctx, n_parallel=n_parallel, n_batch=n_batch, preempt=preempt,
@@ -391,9 +391,12 @@ def calibrate(url: str, base: Costs = Costs(), timeout: float = 120.0) -> Costs:
             raise CalibrationError(f"--calibrate {url}: the server answered {r.status_code}: {r.text[:200]}")
         return dict(r.json()["timings"])
 
+    one(" ".join(prompt.split()[:20]), 32)  # prompts of a few sizes alone, so the fit sees steps of each
+    one(" ".join(prompt.split()[:80]), 32)
     solo = one(prompt, 64)
     out: list[dict[str, Any]] = []
-    threads = [threading.Thread(target=lambda i=i: out.append(one(f"{i} {prompt[:200]}", 96))) for i in range(n_par)]
+    threads = [threading.Thread(target=lambda i=i: out.append(one(f"{i} {' '.join(prompt.split()[:40 + 40 * i])}", 96)))
+               for i in range(n_par)]
     for t in threads:
         t.start()
     for t in threads:
