@@ -19,7 +19,7 @@ namespace llama_preempt {
 // waste the most work, and a pool that cannot hold the leader alone is a context overflow, not a
 // scheduling problem. Parking others never changes who leads, so one order serves a whole step.
 std::vector<const slot_view *> victim_order(const std::vector<slot_view> & slots, const plan_params & p,
-                                            const std::vector<int32_t> & skip, const std::vector<uint8_t> * paused) {
+                                            const std::vector<int32_t> & skip, const decode_seats * seats) {
     const slot_view * lead = nullptr;
     for (const auto & s : slots) {
         if (is_running(s) && !contains_id(skip, s.id) &&
@@ -43,10 +43,11 @@ std::vector<const slot_view *> victim_order(const std::vector<slot_view> & slots
         // a slot holding no cells frees nothing but its reservation; one about to finish frees
         // its cells in a few steps anyway, and parking it would only delay its end
         const bool finishing = s->n_gen_left >= 0 && s->n_gen_left <= p.sched.n_near_finish;
-        return s->n_preempt >= p.sched.n_starved || resuming || s->n_cells == 0 || finishing;
+        const bool trickle   = seats && (size_t) s->id < seats->trickle.size() && seats->trickle[s->id];
+        return s->n_preempt >= p.sched.n_starved || resuming || s->n_cells == 0 || finishing || trickle;
     };
     auto is_paused = [&](const slot_view * s) {
-        return paused && s->id >= 0 && (size_t) s->id < paused->size() && (*paused)[s->id];
+        return seats && s->id >= 0 && (size_t) s->id < seats->paused.size() && seats->paused[s->id];
     };
     std::sort(cand.begin(), cand.end(), [&](const slot_view * a, const slot_view * b) {
         if (a->priority != b->priority) {
@@ -173,6 +174,7 @@ decode_seats plan_seats(const std::vector<slot_view> & slots, const plan_params 
     d.order = decode_order(slots, p);
     d.width = (int32_t) d.order.size();
     d.paused.assign(n_ids, 0);
+    d.trickle.assign(n_ids, 0);
     d.due.assign(n_ids, 0);
     d.limited = p.sched.n_width > 0 || (p.cost_ready && p.sched.width_loss > 0);
     if (!d.limited) {
@@ -201,7 +203,8 @@ decode_seats plan_seats(const std::vector<slot_view> & slots, const plan_params 
     };
     for (size_t i = d.width; i < d.order.size(); ++i) {
         const slot_view & s = *by_id[d.order[i]];
-        d.paused[s.id] = overdue(s) ? 0 : 1;
+        d.paused[s.id]  = overdue(s) ? 0 : 1;
+        d.trickle[s.id] = overdue(s) ? 1 : 0;
     }
     // the parked: due when within the width among the resident and the parked, or overdue for a
     // token (it comes back for one, then pauses); one parked mid-prompt is due: it was admitted

@@ -23,14 +23,6 @@ inline bool is_running(const slot_view & s) {
     return is_active(s) && !s.is_new;
 }
 
-// Running slots that may be parked, best victim first (the leader never among them); `skip` lists
-// slots already chosen; `paused` (by slot id, may be null) the generating slots that do not decode
-// this step, which go before those that do. Parking one never changes the order of the rest, so
-// one serves a step.
-std::vector<const slot_view *> victim_order(const std::vector<slot_view> & slots, const plan_params & p,
-                                            const std::vector<int32_t> & skip,
-                                            const std::vector<uint8_t> * paused = nullptr);
-
 // One step's decode seats (plan_step(), step 0). The resident generating slots in decode order:
 // the first `width` decode (the width the measured step cost pays for, or --preempt-sched width),
 // the rest are paused unless overdue for a token (max_gap_us). A slot parked while generating is
@@ -43,8 +35,18 @@ struct decode_seats {
     int32_t width   = 0;
     std::vector<int32_t> order;   // resident generating slots, decode order
     std::vector<uint8_t> paused;  // by slot id
+    std::vector<uint8_t> trickle; // by slot id: beyond the width, decoding one token for the gap bound
     std::vector<uint8_t> due;     // by slot id
 };
+// Running slots that may be parked, best victim first (the leader never among them); `skip` lists
+// slots already chosen; `seats` (may be null) the step's decode seats: the paused go before those
+// that decode, and one decoding a token for the gap bound is spared (parking it would defeat the
+// bound, and it would come back for that token again). Parking one never changes the order of the
+// rest, so one serves a step.
+std::vector<const slot_view *> victim_order(const std::vector<slot_view> & slots, const plan_params & p,
+                                            const std::vector<int32_t> & skip,
+                                            const decode_seats * seats = nullptr);
+
 decode_seats plan_seats(const std::vector<slot_view> & slots, const plan_params & p, size_t n_ids);
 
 // New requests in the order they are admitted: highest (aged) priority first, then first come,

@@ -288,7 +288,7 @@ plan plan_step(const std::vector<slot_view> & slots, const plan_params & p) {
         return fits(extra);
     };
     // victims in one order for the whole step: parking one does not change the order of the rest
-    const auto victims = victim_order(slots, p, {}, &paused);
+    const auto victims = victim_order(slots, p, {}, &seats);
     auto park = [&](const slot_view & s) {
         used -= charged_cells(s);
         need -= need_of(s);
@@ -354,12 +354,45 @@ plan plan_step(const std::vector<slot_view> & slots, const plan_params & p) {
         }
         return false;
     };
+    // with a limited width, a due slot that does not fit takes the room of paused slots that
+    // arrived after it or were served a token after it (the latest arrival first): they wait for a
+    // seat either way, it is due now (its seat, or its token for the gap bound)
+    auto resume_by_parking_later = [&](const slot_view & s) {
+        if (!seats.limited || !p.park_to_admit || !p.park || !make_room(0)) {
+            return false;
+        }
+        const int32_t extra = s.n_restore + p.sched.n_restore_headroom * (n_growing + 1);
+        make_room(extra);
+        std::vector<const slot_view *> take;
+        int32_t freed = 0;
+        for (const slot_view * v : victims) {
+            if (used - freed + need + extra + p.margin <= p.n_pool) {
+                break;
+            }
+            const bool later = v->arrival > s.arrival || v->t_last_token_us > s.t_last_token_us;
+            if (paused[v->id] && !contains_id(pl.park, v->id) && later) {
+                take.push_back(v);
+                freed += charged_cells(*v);
+            }
+        }
+        if (used - freed + need + extra + p.margin > p.n_pool) {
+            return false;
+        }
+        for (const slot_view * v : take) {
+            park(*v);
+        }
+        need += s.n_restore;
+        n_running += 1;
+        n_growing += 1;
+        pl.resume.push_back(s.id);
+        return true;
+    };
     for (int32_t id : restore) {
         const slot_view * s = find[id];
         if (failed[id] || !seats.due[id]) {
             continue;
         }
-        if (!s->can_resume || s->waits_for_unpark || !try_resume(id)) {
+        if (!s->can_resume || s->waits_for_unpark || !(try_resume(id) || resume_by_parking_later(*s))) {
             waiting = true;
         }
     }

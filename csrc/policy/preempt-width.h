@@ -28,11 +28,12 @@ struct step_shape {
 // per cell attended (Vidur's and DistServe's term for the batch's total context, which a step
 // cost of tokens alone lacks).
 struct step_cost {
-    // defaults: SmolLM2-135M Q4_1 on this project's 2-core machine (bench/README.md, "Decode width")
-    double fixed_s        = 0.0040;
-    double decode_token_s = 0.0050;
-    double prompt_token_s = 0.0024;
-    double attend_cell_s  = 2.0e-7;
+    // defaults: SmolLM2-135M Q4_1 on this project's 2-core machine, as the server fits it under the
+    // chat load of bench/mixed.py (bench/README.md, "Overload"); the server's fit starts from them
+    double fixed_s        = 0.0050;
+    double decode_token_s = 0.0085;
+    double prompt_token_s = 0.0048;
+    double attend_cell_s  = 4.5e-6;
 
     double seconds(const step_shape & s) const {
         return fixed_s + decode_token_s * s.n_decode + prompt_token_s * s.n_prompt + attend_cell_s * (double) s.n_attended;

@@ -36,10 +36,10 @@ class Costs:
     server's own fit (`preempt_step_*` in /metrics) for SmolLM2-135M-Instruct Q4_1 on this project's
     2-core machine; `calibrate()` reads a running server's."""
 
-    step_ms: float = 4.0           # fixed cost of a step that decodes anything
-    decode_token_ms: float = 5.0   # per generated token in a step
-    prefill_token_ms: float = 2.4  # per prompt (or replayed) token
-    attend_cell_ns: float = 200.0  # per cell attended, summed over the step's tokens
+    step_ms: float = 5.0           # fixed cost of a step that decodes anything
+    decode_token_ms: float = 8.5   # per generated token in a step
+    prefill_token_ms: float = 4.8  # per prompt (or replayed) token
+    attend_cell_ns: float = 4500.0  # per cell attended, summed over the step's tokens
     bytes_per_cell: float = 23040  # KV bytes per cell (SmolLM2-135M: 30 layers x 2 x 3 x 64 x f16)
     state_overhead_bytes: float = 0  # bytes of a parked state beyond its cells (the serializer's headers)
     swap_out_gbps: float = 9.5     # park copy, GB/s (the bulk copy on this machine, bench/swap_bandwidth.py)
