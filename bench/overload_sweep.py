@@ -32,9 +32,9 @@ from typing import Any
 from llama_preempt.simulator import Costs, Workload, simulate
 from results_io import md_table, write_results
 
-# the step cost the live server fitted (bench/results/overload_chat.md's calibration, SmolLM2-135M
-# Q4_1, 2 cores): see bench/README.md, "Overload"
-COSTS = Costs(step_ms=1.3, decode_token_ms=10.3, prefill_token_ms=3.8, attend_cell_ns=0.0)
+# the step cost the live server fits for SmolLM2-135M Q4_1 on 2 cores under the chat load (the
+# simulator's defaults; bench/README.md, "Overload")
+COSTS = Costs()
 # one H200, a Llama-3.2-1B-shaped model: a step of 5 ms fixed (weights read once, launches) and
 # 0.125 ms a generated token gives 8 / (5 + 8 x 0.125) = 1333 tok/s for 8 chats, the measured 1336;
 # prefill at 30k tokens/s; attention 2 ns a cell
