@@ -301,8 +301,10 @@ def test_the_simulator_agrees_with_the_live_server(stories_model: Path, n_ctx: i
     """Four requests at once on a 4-slot pool that cannot hold them all. Completions and failures
     must be equal. Parks must be within 2 and recomputed tokens within 3 % (+3): the simulator has
     no speculative drafts, counts a step's cost rather than its clock, and the live server's order of
-    restores and its idle caches can move a park by a step."""
-    with Engine(stories_model, ["--preempt-ram", str(ram)], n_ctx=n_ctx, n_parallel=4, n_batch=32,
+    restores and its idle caches can move a park by a step. Every slot decodes at once in both
+    (width-loss=0): the width the cost picks depends on the live step times (tests/test_trace.py
+    compares a fixed width)."""
+    with Engine(stories_model, ["--preempt-ram", str(ram), "--preempt-sched", "width-loss=0"], n_ctx=n_ctx, n_parallel=4, n_batch=32,
                 kv_unified=True, preempt=preempt, n_threads=2) as eng:
         prompts = [long_prompt(6 + i, shift=3 * i) for i in range(4)]
         n_prompt = [len(eng.tokenize(p)) for p in prompts]
@@ -311,7 +313,7 @@ def test_the_simulator_agrees_with_the_live_server(stories_model: Path, n_ctx: i
         ok = sum(1 for r in reqs if _finished(r))
         st = eng.stats()
     rep = simulate(Workload((0.0,) * 4, tuple(n_prompt), (n_gen,) * 4), n_ctx=n_ctx, n_parallel=4, n_batch=32,
-                   preempt=preempt, preempt_ram_mib=ram)
+                   preempt=preempt, preempt_ram_mib=ram, sched="width-loss=0")
     assert (rep.completed, rep.failed) == (ok, 4 - ok)
     assert abs(rep.parks_swap - st.n_preempt_swap_total) <= 2
     assert abs(rep.parks_recompute - st.n_preempt_recompute_total) <= 2

@@ -190,3 +190,37 @@ def test_prompts_share_the_budget_in_arrival_order_not_slot_order() -> None:
     # 256 tokens: slot 2 (200 tokens, first to arrive), then slot 3 (60: it takes the last 56); slot 1,
     # first by slot order, gets none and waits
     assert list(pl.hold) == [1]
+
+
+# --- the simulator, which runs the same planner and the same fit ---
+
+def _sim(costs: object, **kw: object) -> object:
+    from llama_preempt.simulator import Costs, Workload, simulate
+
+    wl = Workload.lognormal(40, rate=kw.pop("rate", 4.0), prompt_median=60, gen_median=80, max_prompt=300,
+                            max_gen=300, seed=3)
+    return simulate(wl, n_ctx=kw.pop("n_ctx", 8192), n_parallel=kw.pop("n_parallel", 16),
+                    costs=Costs(**costs), **kw)
+
+
+def test_the_simulator_chooses_a_narrow_width_on_a_cpu_and_a_wide_one_on_a_gpu() -> None:
+    # every request at about once, so that all 16 slots have something to decode
+    cpu = _sim({"step_ms": 0.3, "decode_token_ms": 10.0, "prefill_token_ms": 4.0, "attend_cell_ns": 0.0}, rate=1000.0)
+    gpu = _sim({"step_ms": 5.0, "decode_token_ms": 0.125, "prefill_token_ms": 0.03, "attend_cell_ns": 2.0}, rate=1000.0)
+    assert cpu.completed == gpu.completed == 40
+    # (until the fit has seen 32 steps every slot decodes: the widest step comes from then)
+    assert cpu.decode_width_mean < 1.5
+    assert gpu.decode_width_mean > 4 and gpu.decode_width_max >= 14  # (the mean counts the tail, with few left)
+
+
+def test_a_paused_slot_in_the_pool_waits_at_most_the_gap_bound_for_its_next_token() -> None:
+    # one slot decodes at a time and the pool holds every request: the others sit paused in it
+    costs = {"step_ms": 0.3, "decode_token_ms": 10.0, "prefill_token_ms": 4.0, "attend_cell_ns": 0.0}
+    bounded = _sim(costs, sched="width=1,max-gap-ms=1000")
+    unbounded = _sim(costs, sched="width=1,max-gap-ms=0")
+    assert bounded.parks == 0 and bounded.completed == 40
+    # the bound, plus the step in flight when it falls due and the step that carries the token:
+    # each at most a 256-token prompt chunk (4 ms a token) and 16 generated tokens (10 ms each)
+    step = 0.0003 + 256 * 0.004 + 16 * 0.010
+    assert bounded.gap_max_s <= 1.0 + 2 * step
+    assert unbounded.gap_max_s > 5.0

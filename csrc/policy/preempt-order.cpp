@@ -11,10 +11,11 @@ namespace llama_preempt {
 
 // Running slots that may be parked, best victim first: lowest priority first; within a priority,
 // the paused before the decoding (a paused slot waits anyway: its park stalls nobody), the latest
-// arrival among them first; of the rest, the fresh before the spared (starved, resuming, holding no cells, or about to finish: taken only
-// when no fresh candidate of that priority exists), then the smallest (its park wastes least: the
-// fewest tokens to recompute, the smallest state to copy), then the latest arrival (first come,
-// first served), then the later id so the order is stable. The leader keeps
+// arrival among them first; of the rest, the fresh before the spared (starved, resuming, holding
+// no cells, about to finish, or decoding a token for the gap bound: taken only when no fresh
+// candidate of that priority exists), then the smallest (its park wastes least: the fewest tokens
+// to recompute, the smallest state to copy), then the latest arrival (first come, first served),
+// then the later id so the order is stable. The leader keeps
 // running: the slot with the most tokens among those of the highest priority. Parking it would
 // waste the most work, and a pool that cannot hold the leader alone is a context overflow, not a
 // scheduling problem. Parking others never changes who leads, so one order serves a whole step.
@@ -210,7 +211,8 @@ decode_seats plan_seats(const std::vector<slot_view> & slots, const plan_params 
     // token (it comes back for one, then pauses); one parked mid-prompt is due: it was admitted
     // before any request still waiting
     const std::vector<int32_t> all = decode_order(slots, p, true);
-    const int32_t width = std::max<int32_t>(1, d.width);
+    // (a fixed width counts the parked too: with width=4 and one slot resident, three parked are due)
+    const int32_t width = std::max<int32_t>(1, p.sched.n_width > 0 ? p.sched.n_width : d.width);
     for (size_t i = 0; i < all.size(); ++i) {
         const slot_view & s = *by_id[all[i]];
         if (s.phase == slot_phase::parked) {

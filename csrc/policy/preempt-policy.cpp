@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
+#include <stdexcept>
 
 namespace llama_preempt {
 
@@ -188,7 +189,15 @@ static int32_t next_back(const std::vector<slot_view> & slots, const plan_params
                 return id;
             }
         }
-        return pl.park.empty() ? -1 : pl.park.front();
+        // else the one parked now that is earliest in the decode order
+        const slot_view * first = nullptr;
+        for (int32_t id : pl.park) {
+            const slot_view * s = find[id];
+            if (!first || s->priority > first->priority || (s->priority == first->priority && s->arrival < first->arrival)) {
+                first = s;
+            }
+        }
+        return first ? first->id : -1;
     }
     const slot_view * next = nullptr;
     auto ahead_of = [](const slot_view & a, int32_t a_preempt, const slot_view * b, int32_t b_preempt) {
@@ -217,6 +226,11 @@ static int32_t next_back(const std::vector<slot_view> & slots, const plan_params
 }
 
 plan plan_step(const std::vector<slot_view> & slots, const plan_params & p) {
+    for (const auto & s : slots) {
+        if (s.id < 0) {
+            throw std::invalid_argument("plan_step: every slot needs an id >= 0");
+        }
+    }
     plan pl;
     const slot_index find(slots);
     std::vector<uint8_t> failed(find.by_id.size(), 0);
@@ -289,6 +303,11 @@ plan plan_step(const std::vector<slot_view> & slots, const plan_params & p) {
     };
     // victims in one order for the whole step: parking one does not change the order of the rest
     const auto victims = victim_order(slots, p, {}, &seats);
+    // a paused slot parked by choice (to admit a prompt, or to bring a due slot back): not one
+    // parked n_starved times already, so no request is swapped in and out without end
+    auto discretionary_victim = [&](const slot_view & v) {
+        return paused[v.id] && !contains_id(pl.park, v.id) && v.n_preempt < p.sched.n_starved;
+    };
     auto park = [&](const slot_view & s) {
         used -= charged_cells(s);
         need -= need_of(s);
@@ -328,7 +347,7 @@ plan plan_step(const std::vector<slot_view> & slots, const plan_params & p) {
     //    not one batch. Thrash guard: a resume leaves n_restore_headroom cells per growing slot
     //    free (their growth over that many steps), so that the slots it joins do not park it, or
     //    another, again at once. With a limited width only the due come back now: one that is not
-    //    would sit paused, so new requests' prompts go first and it takes what room is left (8.)
+    //    would sit paused, so new requests' prompts go first and it takes what room is left (6.)
     bool waiting = false;
     std::vector<int32_t> restore;
     if (seats.limited) {
@@ -370,7 +389,7 @@ plan plan_step(const std::vector<slot_view> & slots, const plan_params & p) {
                 break;
             }
             const bool later = v->arrival > s.arrival || v->t_last_token_us > s.t_last_token_us;
-            if (paused[v->id] && !contains_id(pl.park, v->id) && later) {
+            if (discretionary_victim(*v) && later) {
                 take.push_back(v);
                 freed += charged_cells(*v);
             }
@@ -404,18 +423,27 @@ plan plan_step(const std::vector<slot_view> & slots, const plan_params & p) {
     //    can never fit). With a limited width, a paused slot (the latest arrival first) may be
     //    parked to let a new prompt in: it waits for a seat either way, and the new request's
     //    first token comes now instead of after the answers ahead of it.
-    size_t i_victim = 0;
     auto park_paused_for = [&](int32_t res) {
         if (!seats.limited || !p.park_to_admit || !p.park) {
             return false;
         }
-        for (; i_victim < victims.size() && !fits(res); ++i_victim) {
-            const slot_view & v = *victims[i_victim];
-            if (paused[v.id] && !contains_id(pl.park, v.id)) {
-                park(v);
+        // only where the room it makes is enough: a park that does not let the request in would
+        // come back at once into the room it left (and go again the step after)
+        std::vector<const slot_view *> take;
+        int32_t freed = 0;
+        for (size_t i = 0; i < victims.size() && used - freed + need + res + p.margin > p.n_pool; ++i) {
+            if (discretionary_victim(*victims[i])) {
+                take.push_back(victims[i]);
+                freed += charged_cells(*victims[i]);
             }
         }
-        return fits(res);
+        if (used - freed + need + res + p.margin > p.n_pool) {
+            return false;
+        }
+        for (const slot_view * v : take) {
+            park(*v);
+        }
+        return true;
     };
     bool blocked = waiting;  // a due parked slot waits for room: nothing new goes
     for (const slot_view * s : admission_order(slots, p)) {

@@ -109,7 +109,8 @@ const char * park_reason_name(park_reason r);
 // a short name for /slots' parked_by: planner, forced, last_resort, api
 const char * park_reason_key(park_reason r);
 
-// One step's decisions, applied by the mechanics in this order: purge, fail, park, resume, hold.
+// One step's decisions, applied by the mechanics in this order: purge, fail, park, resume, hold,
+// chunks, pause.
 // Room goes to running slots first, then to parked slots (restore order), then to new requests.
 // Of the generating slots the oldest decode, as many as the decode width; the rest are paused.
 struct plan {

@@ -232,6 +232,7 @@ bool sim_server::step(double t_next) {
         const plan pl = plan_step(views(), pp);
         apply_plan(pl, *this);
         restore_next    = pl.restore_next;
+        prompt_budget   = pl.n_prompt_budget;
         if (pl.n_decode_width > 0) {
             res.n_width_steps++;
             res.sum_decode_width += pl.n_decode_width;
@@ -257,7 +258,10 @@ bool sim_server::step(double t_next) {
         // which the server's prompt hook keeps the same way)
         for (auto & s : slots) {
             const int32_t taken = n_gen_tok + n_prompt_tok;
-            const int32_t limit = caps[s.id] >= 0 ? std::min(p.n_batch, taken + caps[s.id]) : p.n_batch;
+            // a share from the plan, else (resumed in this step) the prompt budget beside the generated tokens
+            const int32_t limit = caps[s.id] >= 0 ? std::min(p.n_batch, taken + caps[s.id])
+                                : n_gen_tok > 0 && prompt_budget > 0 ? std::min(p.n_batch, n_gen_tok + prompt_budget)
+                                : p.n_batch;
             if (s.phase != slot_phase::prompt || held[s.id] || taken >= limit) {
                 continue;
             }

@@ -153,6 +153,7 @@ struct sim_server final : plan_executor {
     int32_t restore_next = -1; // the last plan's: it keeps a written disk park's host copy
     std::vector<uint8_t> held; // per slot: a prompt kept waiting this step
     std::vector<uint8_t> paused; // per slot: a generating slot beyond the decode width this step
+    int32_t prompt_budget = 0; // the last plan's: prompt tokens a step adds while slots generate
     std::vector<int32_t> caps;   // per slot: the plan's share of the step's prompt tokens (-1: up to n_batch)
     step_cost_fit fit;         // the step cost as the planner knows it: fitted from the simulated steps, as the server's
     bool   stopped = false;  // gave up: the step limit, or held requests that nothing can unblock

@@ -121,7 +121,9 @@ PYBIND11_MODULE(_core, m) {
         .def("__repr__", [](const lp::sched_params & s) {
             return "SchedParams(n_starved=" + std::to_string(s.n_starved) + ", age_step_us=" + std::to_string(s.age_step_us) +
                    ", n_prompt_budget=" + std::to_string(s.n_prompt_budget) + ", n_restore_headroom=" +
-                   std::to_string(s.n_restore_headroom) + ", n_near_finish=" + std::to_string(s.n_near_finish) + ")";
+                   std::to_string(s.n_restore_headroom) + ", n_near_finish=" + std::to_string(s.n_near_finish) +
+                   ", pass_limit_us=" + std::to_string(s.pass_limit_us) + ", width_loss=" + std::to_string(s.width_loss) +
+                   ", n_width=" + std::to_string(s.n_width) + ", max_gap_us=" + std::to_string(s.max_gap_us) + ")";
         });
 
     py::class_<lp::step_shape>(m, "StepShape", "one step's batch as its cost depends on it")

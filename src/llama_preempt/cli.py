@@ -47,7 +47,7 @@ def _chat_table(label: str, chats: list[Any], n_tokens: int) -> Any:
     t.add_column("tokens", justify="right")
     t.add_column("state")
     t.add_column("parks")
-    style = {"done": "green", "lost": "red", "parked": "yellow", "generating": "cyan"}
+    style = {"done": "green", "lost": "red", "parked": "yellow", "paused": "blue", "generating": "cyan"}
     for c in chats:
         state = c.state if c.state != "parked" else f"parked ({c.parked_mode})"
         parks = ", ".join(c.modes) if c.modes else ""
@@ -71,6 +71,7 @@ def _summary_table(runs: list[Any]) -> Any:
         ("wall time", lambda r: f"{r.wall_s:.1f} s"),
         ("parks by swap", lambda r: str(r.parks_swap)),
         ("parks by recompute", lambda r: str(r.parks_recompute)),
+        ("pauses (decode width)", lambda r: str(r.pauses)),
         ("recomputed tokens", lambda r: str(r.recomputed_tokens)),
         ("peak host RAM held", lambda r: f"{r.peak_ram_bytes / 2**20:.1f} MiB"),
     ]
@@ -139,7 +140,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
     out.print(_summary_table(runs))
     stock, ours = runs
     out.print(f"upstream lost [bold red]{stock.lost} of {stock.chats}[/] chats; llama-preempt completed "
-              f"[bold green]{ours.completed} of {ours.chats}[/] ({ours.parks_swap + ours.parks_recompute} parks).")
+              f"[bold green]{ours.completed} of {ours.chats}[/] ({ours.parks_swap + ours.parks_recompute} parks, "
+              f"{ours.pauses} pauses).")
     if identical is not None:
         style = "bold green" if identical == ours.chats else "bold red"
         out.print(f"--deterministic: [{style}]{identical} of {ours.chats}[/] answers are identical to the same chats "
@@ -241,8 +243,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
                                    ("disk_write_gbps", args.disk_write_gbps), ("disk_read_gbps", args.disk_read_gbps))
                  if v is not None}
     for k, v in overrides.items():
-        if v <= 0 and k not in ("step_ms", "attend_cell_ns"):
-            raise CLIError(f"--{k.replace('_', '-')} must be positive, got {v}")
+        if (v < 0 if k in ("step_ms", "attend_cell_ns") else v <= 0):
+            raise CLIError(f"--{k.replace('_', '-')} must be {'>= 0' if k in ('step_ms', 'attend_cell_ns') else 'positive'}, got {v}")
     costs = replace(costs, **overrides)
     if args.servers < 1:
         raise CLIError(f"--servers must be at least 1, got {args.servers}")

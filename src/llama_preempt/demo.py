@@ -51,7 +51,7 @@ class ChatState:
     index: int
     topic: str
     tokens: int = 0
-    state: str = "waiting"        # waiting, prompt, generating, parked, done, lost
+    state: str = "waiting"        # waiting, prompt, generating, paused, parked, done, lost
     slot: int | None = None
     parks: int = 0
     parked_mode: str | None = None  # while parked: swap or recompute
@@ -77,6 +77,7 @@ class RunSummary:
     resumes: int
     recomputed_tokens: int
     peak_ram_bytes: int
+    pauses: int = 0               # times a chat was paused (beyond the decode width: it kept its cells)
     errors: list[str] = field(default_factory=list)
     answers: list[str] = field(default_factory=list, repr=False)  # each chat's text, in order
 
@@ -135,7 +136,9 @@ def _slot_states(chats: list[ChatState], slots: list[Any]) -> None:
             c.parks = s.n_preempt
         if s.is_preempted:
             c.state, c.parked_mode = "parked", s.preempt_mode
-        elif c.state == "parked":
+        elif s.is_paused:
+            c.state, c.parked_mode = "paused", None
+        elif c.state in ("parked", "paused"):
             c.state, c.parked_mode = "generating", None
 
 
@@ -158,7 +161,8 @@ def _summary(cfg: DemoConfig, preempt: bool, label: str, chats: list[ChatState],
         tokens=tokens, wall_s=round(wall, 3), tok_s=round(tokens / wall, 1) if wall > 0 else 0.0,
         parks_swap=int(counters["n_preempt_swap_total"]), parks_recompute=int(counters["n_preempt_recompute_total"]),
         resumes=int(counters["n_resume_total"]), recomputed_tokens=int(counters["n_recompute_tokens_total"]),
-        peak_ram_bytes=int(peak_ram), errors=sorted({c.error for c in chats if c.error}),
+        peak_ram_bytes=int(peak_ram), pauses=int(counters.get("n_paused_total") or 0),
+        errors=sorted({c.error for c in chats if c.error}),
         answers=[c.text for c in chats])
 
 
@@ -242,7 +246,7 @@ def _run_engine(cfg: DemoConfig, preempt: bool, label: str, chats: list[ChatStat
         update(label, chats)
         st = eng.stats()
         counters = {k: getattr(st, k) for k in ("n_preempt_swap_total", "n_preempt_recompute_total",
-                                                  "n_resume_total", "n_recompute_tokens_total")}
+                                                  "n_resume_total", "n_recompute_tokens_total", "n_paused_total")}
         return _summary(cfg, preempt, label, chats, wall, counters, peak_ram)
 
 
@@ -311,6 +315,6 @@ def _run_server(cfg: DemoConfig, preempt: bool, label: str, chats: list[ChatStat
         m = srv.metrics()
         update(label, chats)
         counters = {k: m.get(k) for k in ("n_preempt_swap_total", "n_preempt_recompute_total",
-                                          "n_resume_total", "n_recompute_tokens_total")}
+                                          "n_resume_total", "n_recompute_tokens_total", "n_paused_total")}
         # parks per chat are not visible over HTTP once a request ended; the counters are exact
         return _summary(cfg, preempt, label, chats, wall, counters, peak_ram)

@@ -97,6 +97,11 @@ def to_json(snap: Snapshot, r: dict[str, float] | None) -> dict[str, Any]:
         "counters": {n: getattr(st, n) for n in COUNTERS},
         "rates_per_s": r,
         "requests_preempted": st.requests_preempted,
+        # the decode width (--preempt-sched width-loss): who decodes now, and the step cost it is chosen by
+        "decode": {"width": st.preempt_decode_width, "paused": st.requests_paused,
+                   "step_fixed_ns": st.preempt_step_fixed_ns, "step_decode_token_ns": st.preempt_step_decode_token_ns,
+                   "step_prompt_token_ns": st.preempt_step_prompt_token_ns,
+                   "step_attend_kcell_ns": st.preempt_step_attend_kcell_ns, "samples": st.preempt_step_cost_samples},
         "ram": {"held_bytes": st.preempt_ram_bytes, "budget_bytes": _budget_bytes(snap.budget_mib)},
         # --host-kv-ram: parked slots and upstream's prompt cache under one budget (0: no limit)
         "host": {"budget_bytes": st.preempt_host_budget_bytes, "parked_bytes": st.preempt_ram_bytes,
@@ -138,7 +143,7 @@ def render(snap: Snapshot, r: dict[str, float] | None) -> Group:
     for col in ("slot", "state", "held", "mode", "parks", "recomp", "RAM/disk", "parked"):
         slots.add_column(col, justify="right" if col not in ("state", "mode") else "left", no_wrap=True)
     for s in st.slots:
-        state = {"preempted": "[yellow]parked[/]", "generating": "[green]generating[/]",
+        state = {"preempted": "[yellow]parked[/]", "generating": "[green]generating[/]", "paused": "[blue]paused[/]",
                  "processing_prompt": "[cyan]prompt[/]", "started": "[cyan]started[/]"}.get(s.state, s.state)
         held = " + ".join(x for x in (_mib(s.preempt_ram_bytes) if s.preempt_ram_bytes else "",
                                       f"{_mib(s.preempt_disk_bytes)} disk" if s.preempt_disk_bytes else "") if x)
@@ -157,6 +162,12 @@ def render(snap: Snapshot, r: dict[str, float] | None) -> Group:
               "recompute only" if snap.budget_mib == 0 else
               f"{snap.budget_mib} MiB" if snap.budget_mib is not None else "unknown")
     counters.add_row("requests parked now", str(st.requests_preempted), "")
+    # the decode width: the oldest generating slots decode, the rest pause (--preempt-sched width-loss)
+    counters.add_row("decoding / paused now", f"{st.preempt_decode_width} / {st.requests_paused}", "")
+    if st.preempt_step_cost_samples:
+        counters.add_row("step cost (fitted)", f"{st.preempt_step_fixed_ns / 1e6:.1f} ms + "
+                         f"{st.preempt_step_decode_token_ns / 1e6:.1f} ms/tok + "
+                         f"{st.preempt_step_attend_kcell_ns / 1e6:.1f} us/cell", "")
     counters.add_row("host RAM held / budget", f"{_mib(st.preempt_ram_bytes)} / {budget}", "")
     host = _mib(st.preempt_host_budget_bytes) if st.preempt_host_budget_bytes else "no limit"
     # the host budget (--host-kv-ram) by kind: parked slots come first, cached prompts give way
