@@ -165,9 +165,10 @@ def render(snap: Snapshot, r: dict[str, float] | None) -> Group:
     # the decode width: the oldest generating slots decode, the rest pause (--preempt-sched width-loss)
     counters.add_row("decoding / paused now", f"{st.preempt_decode_width} / {st.requests_paused}", "")
     if st.preempt_step_cost_samples:
+        # two rows, so that the table still reads whole at 80 columns
         counters.add_row("step cost (fitted)", f"{st.preempt_step_fixed_ns / 1e6:.1f} ms + "
-                         f"{st.preempt_step_decode_token_ns / 1e6:.1f} ms/tok + "
-                         f"{st.preempt_step_attend_kcell_ns / 1e6:.1f} us/cell", "")
+                         f"{st.preempt_step_decode_token_ns / 1e6:.1f} ms/token", "")
+        counters.add_row("  + per cell attended", f"{st.preempt_step_attend_kcell_ns / 1e6:.1f} us", "")
     counters.add_row("host RAM held / budget", f"{_mib(st.preempt_ram_bytes)} / {budget}", "")
     host = _mib(st.preempt_host_budget_bytes) if st.preempt_host_budget_bytes else "no limit"
     # the host budget (--host-kv-ram) by kind: parked slots come first, cached prompts give way
