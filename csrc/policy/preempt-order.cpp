@@ -123,6 +123,15 @@ static std::vector<const slot_view *> by_aged_priority(std::vector<const slot_vi
     return cand;
 }
 
+static std::vector<int32_t> ids_of(const std::vector<const slot_view *> & order) {
+    std::vector<int32_t> ids;
+    ids.reserve(order.size());
+    for (const slot_view * s : order) {
+        ids.push_back(s->id);
+    }
+    return ids;
+}
+
 std::vector<int32_t> restore_order(const std::vector<slot_view> & slots, const plan_params & p) {
     std::vector<const slot_view *> parked;
     for (const auto & s : slots) {
@@ -140,12 +149,7 @@ std::vector<int32_t> restore_order(const std::vector<slot_view> & slots, const p
         }
         return a.id < b.id;
     });
-    std::vector<int32_t> ids;
-    ids.reserve(order.size());
-    for (const slot_view * s : order) {
-        ids.push_back(s->id);
-    }
-    return ids;
+    return ids_of(order);
 }
 
 std::vector<int32_t> decode_order(const std::vector<slot_view> & slots, const plan_params & p, bool parked) {
@@ -162,12 +166,7 @@ std::vector<int32_t> decode_order(const std::vector<slot_view> & slots, const pl
         }
         return a.id < b.id;
     });
-    std::vector<int32_t> ids;
-    ids.reserve(order.size());
-    for (const slot_view * s : order) {
-        ids.push_back(s->id);
-    }
-    return ids;
+    return ids_of(order);
 }
 
 decode_seats plan_seats(const std::vector<slot_view> & slots, const plan_params & p, size_t n_ids) {

@@ -31,6 +31,7 @@ namespace lp = llama_preempt;
 void register_engine(py::module_ & m);  // py-engine.cpp: the in-process server
 void register_events(py::module_ & m);  // py-events.cpp: step events and the exported names
 void register_sim(py::module_ & m);     // py-sim.cpp: the simulator, its results and the policy's enums
+void register_memory(py::module_ & m);  // py-memory.cpp: the memory half's choices (prompt files, the copy guard)
 
 namespace {
 
@@ -42,6 +43,7 @@ PYBIND11_MODULE(_core, m) {
     register_events(m);
     register_engine(m);
     register_sim(m);
+    register_memory(m);
 
     m.def("version", &lp::version, "llama-preempt version compiled into this module");
     m.def("version_line", &lp::version_line, "the identity line llama-server prints at start");

@@ -170,26 +170,13 @@ bool prompt_disk::spill(std::vector<llama_token> tokens, std::vector<uint8_t> &&
     return true;
 }
 
-static size_t common_prefix(const std::vector<llama_token> & a, const std::vector<llama_token> & b) {
-    const size_t n = std::min(a.size(), b.size());
-    size_t i = 0;
-    while (i < n && a[i] == b[i]) {
-        ++i;
+std::vector<prompt_file_view> prompt_disk::views() const {
+    std::vector<prompt_file_view> v;
+    v.reserve(files_.size());
+    for (const auto & e : files_) {
+        v.push_back({ e.tokens.data(), e.tokens.size(), e.file->total(), e.written });
     }
-    return i;
-}
-
-int32_t prompt_disk::best(const std::vector<llama_token> & tokens, size_t & n_common) const {
-    int32_t best = -1;
-    n_common = 0;
-    for (size_t i = 0; i < files_.size(); ++i) {
-        const size_t n = common_prefix(files_[i].tokens, tokens);
-        if (n * 4 >= files_[i].tokens.size() && n > n_common) {
-            best     = (int32_t) i;
-            n_common = n;
-        }
-    }
-    return best;
+    return v;
 }
 
 bool prompt_disk::read_ahead(int32_t i) {
@@ -302,9 +289,9 @@ int32_t prompt_disk::step() {
     return n_failed;
 }
 
-size_t prompt_disk::make_room(size_t n) {
+size_t prompt_disk::drop_oldest(size_t n) {
     size_t freed = 0;
-    while (!files_.empty() && store_->room() < n) {
+    for (; n > 0 && !files_.empty(); --n) {
         freed += files_.front().file->total();
         drop(0);
     }

@@ -2,12 +2,14 @@
 // gave way to a park, or the cache's own least-recently-used limit) is written to the disk tier's
 // store (preempt-disk.h: the same I/O thread, checksums, private files in the hardened directory)
 // instead of being dropped, and read back into the RAM cache when a request's prefix matches it
-// better than anything in RAM. Parked slots come first on disk too: make_room() drops the oldest
-// prompt files for a park. No server types: the server hands it tokens and bytes
+// better than anything in RAM. Parked slots come first on disk too: drop_oldest() drops the oldest
+// prompt files for a park. Which file matches, whether it comes back or is read ahead and how many
+// give way are the policy's choices (policy/preempt-memory.h) over views(). No server types: the server hands it tokens and bytes
 // (csrc/server/preempt-prompt-disk.inc).
 #pragma once
 
 #include "preempt-disk.h"
+#include "preempt-memory.h"
 
 #include "llama.h"
 
@@ -42,11 +44,9 @@ public:
     bool spill(std::vector<llama_token> tokens, std::vector<uint8_t> && tgt, std::vector<uint8_t> && dft,
                std::vector<uint8_t> && tail, std::string & why);
 
-    // the file whose tokens share the longest prefix with `tokens`, at least a quarter of its own
-    // (upstream's rule for its RAM cache: a long prompt is not trashed for a short match); -1: none
-    int32_t best(const std::vector<llama_token> & tokens, size_t & n_common) const;
-    size_t  bytes(int32_t i) const { return files_[i].file->total(); }
-    bool    written(int32_t i) const { return files_[i].written; }
+    // the files as the policy's choices see them (oldest first; valid until the next call that adds
+    // or drops a file): which matches a request, whether to read it back or ahead, which give way
+    std::vector<prompt_file_view> views() const;
     // a file's handle, and its index again after calls that may drop or add files (-1: gone)
     std::shared_ptr<disk_file> handle(int32_t i) const { return files_[i].file; }
     int32_t find(const std::shared_ptr<disk_file> & f) const;
@@ -67,9 +67,9 @@ public:
     // once per step: finished writes free their bytes; failed ones are dropped (returned: how many)
     int32_t step();
 
-    // Parks first: the oldest prompt files go until the store has room for `n` more bytes (or no
-    // prompt file is left). Returns the bytes removed.
-    size_t make_room(size_t n);
+    // Parks first: the `n` oldest prompt files go (prompt_files_to_drop() says how many). Returns
+    // the bytes removed.
+    size_t drop_oldest(size_t n);
 
     size_t  bytes_held() const;  // bytes of prompt files now
     int32_t n_files() const { return (int32_t) files_.size(); }

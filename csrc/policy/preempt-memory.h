@@ -1,0 +1,81 @@
+// The memory half's choices: the prompt cache's disk side (which file matches a request, whether it
+// is read back or its tokens prefilled, whose file is read ahead, which files give way to a park)
+// and the copy guard's reaction to a wrong copy. Pure C++ over snapshots, like the planner
+// (preempt-policy.h): the server's mechanics and the simulator hand it sizes and tokens and carry
+// its answer out (csrc/server/preempt-prompt-disk.inc, store/preempt-prompt-disk.cpp,
+// server/preempt-executor.inc).
+#pragma once
+
+#include "preempt-choice.h"
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+namespace llama_preempt {
+
+// one cached prompt's file on the disk tier, as the choices see it (oldest first in a list)
+struct prompt_file_view {
+    const int32_t * tokens   = nullptr;  // its tokens (the store's own, read only for the call)
+    size_t          n_tokens = 0;
+    size_t          n_bytes  = 0;  // its file's bytes: what reading it back brings into host RAM
+    bool            written  = false;  // its write finished (a file still being written cannot be read ahead)
+};
+
+// The file whose tokens share the longest prefix with `tokens`, at least a quarter of its own
+// (upstream's rule for its RAM cache: a long prompt is not trashed for a short match).
+struct prompt_match {
+    int32_t file     = -1;  // -1: none
+    size_t  n_common = 0;
+};
+prompt_match match_prompt_file(const std::vector<prompt_file_view> & files, const std::vector<int32_t> & tokens);
+
+// why a request's cached prompt is read back from disk or its tokens prefilled
+enum class prompt_read_why {
+    no_match,         // no file shares enough of its prefix
+    ram_as_good,      // the RAM cache already holds as long a prefix
+    prefill_cheaper,  // reading the file would take longer than prefilling what it saves (measured rates)
+    no_room,          // its bytes do not fit what parked slots leave of the host budget
+    read_back,        // read it back
+};
+const char * prompt_read_why_name(prompt_read_why w);
+
+struct prompt_read_choice {
+    prompt_read_why why  = prompt_read_why::no_match;
+    int32_t         file = -1;  // the matching file (also when it is not read back)
+    size_t          n_common = 0;
+
+    bool read() const { return why == prompt_read_why::read_back; }
+};
+
+// For a request's tokens: read back the best matching file when it saves more than the RAM cache's
+// best prefix (`n_ram_common` tokens), costs less than the prefill it saves by the measured rates,
+// and fits `host_room` (the bytes the host budget leaves cached prompts).
+prompt_read_choice choose_prompt_read(const std::vector<prompt_file_view> & files, const std::vector<int32_t> & tokens,
+                                      size_t n_ram_common, size_t host_room, const cost_rates & rates);
+
+// What to read ahead this step, for the oldest request waiting for a slot (whose choice is `next`;
+// a default choice when none waits): at most one file's bytes in host memory at a time.
+struct read_ahead_action {
+    int32_t want   = -1;     // the file to hold read ahead after this step (-1: none)
+    bool    forget = false;  // let the file read ahead now go (the waiting request wants another, or none)
+    bool    start  = false;  // start reading `want`
+};
+read_ahead_action choose_read_ahead(const std::vector<prompt_file_view> & files, const prompt_read_choice & next,
+                                    int32_t held);
+
+// Parks first on disk: how many of the oldest prompt files give way so that a park's `n_bytes`
+// fit the `room` the disk tier has now (all of them when even that is not enough).
+size_t prompt_files_to_drop(const std::vector<prompt_file_view> & files, size_t room, size_t n_bytes);
+
+// The copy guard (--preempt-verify), on a copy that differs from upstream's for one device: move that
+// device to the proven route (single slices), or, when that was its route already, turn SWAP off.
+// The request itself recomputes either way.
+enum class guard_reaction {
+    per_slice,  // copy that device slice by slice from now on (checked again for its next copies)
+    swap_off,   // every park recomputes from now on
+};
+const char * guard_reaction_name(guard_reaction r);
+guard_reaction react_to_wrong_copy(bool per_slice_already, bool used_faster_route);
+
+} // namespace llama_preempt
