@@ -42,10 +42,10 @@ victim_state sim_server::victim(int32_t id, park_reason reason) {
 parked_state sim_server::parked(int32_t id) const {
     const auto & s = slots[id];
     parked_state st;
-    if (s.phase == slot_phase::parked && s.swapped) {
-        st.tier   = s.on_disk ? park_tier::disk : park_tier::ram;
+    if (s.phase == slot_phase::parked && s.tier != park_tier::recompute) {
+        st.tier   = s.tier;
         st.bytes  = (size_t) s.bytes;
-        st.in_ram = s.on_disk && s.ram > 0;
+        st.in_ram = s.tier == park_tier::disk && s.ram > 0;
     }
     return st;
 }
@@ -98,13 +98,11 @@ void sim_server::park(const park_order & o) {
     s.n_restore = o.shape.n_restore;
     s.reading   = false;
     if (o.how.copies()) {
-        s.swapped = true;
-        s.on_disk = o.tier() == park_tier::disk;
-        res.n_park_disk += s.on_disk;
+        s.tier = o.tier();
+        res.n_park_disk += s.tier == park_tier::disk;
         res.n_park_swap++;
     } else {
-        s.swapped = false;
-        s.on_disk = false;
+        s.tier    = park_tier::recompute;
         s.bytes   = 0;
         s.ram     = 0;
         if (s.from_gen && !o.in.replaying) {
@@ -129,7 +127,7 @@ void sim_server::park(const park_order & o) {
 void sim_server::settle_disk() {
     const size_t left = ram_left(ram_budget(), (size_t) parked_bytes);
     for (auto & s : slots) {
-        if (s.phase != slot_phase::parked || !s.on_disk || s.ram == 0 || t < s.t_io_done) {
+        if (s.phase != slot_phase::parked || s.tier != park_tier::disk || s.ram == 0 || t < s.t_io_done) {
             continue;
         }
         const disk_keep k = disk_hold(s.id, restore_next, (size_t) s.bytes, left);
@@ -142,7 +140,7 @@ void sim_server::settle_disk() {
 
 void sim_server::read_ahead(int32_t id) {
     auto & s = slots[id];
-    if (!s.on_disk) {
+    if (s.tier != park_tier::disk) {
         return;  // a RAM park: an upload ahead costs the simulated step nothing
     }
     t_io_free   = std::max(t_io_free, t) + s.bytes / p.disk_read_bps;
@@ -154,7 +152,7 @@ void sim_server::read_ahead(int32_t id) {
 move_result sim_server::copy_in(int32_t id) {
     auto & s = slots[id];
     s.t_restore0 = t;  // as the server's, the parked time ends where the restore begins
-    if (s.on_disk) {
+    if (s.tier == park_tier::disk) {
         if (s.reading) {
             t = std::max(t, s.t_io_done);  // the read ahead lands
         } else if (s.ram == 0) {
@@ -171,15 +169,14 @@ move_result sim_server::copy_in(int32_t id) {
 void sim_server::resume(int32_t id, park_tier from, bool fallback) {
     (void) fallback;  // a simulated copy never fails
     auto & s = slots[id];
-    res.requests[s.req].t_parked_s += (s.swapped ? s.t_restore0 : t) - s.t_parked;
+    res.requests[s.req].t_parked_s += (s.tier != park_tier::recompute ? s.t_restore0 : t) - s.t_parked;
     res.n_resume++;
     if (from != park_tier::recompute) {
         s.cells   = s.held;
         s.bytes   = 0;
         s.ram     = 0;
-        s.on_disk = false;
+        s.tier    = park_tier::recompute;
         s.reading = false;
-        s.swapped = false;
         s.phase   = s.from_gen ? slot_phase::generating : slot_phase::prompt;
         return;
     }

@@ -121,7 +121,7 @@ void sim_server::finish(sim_slot & s, sim_outcome outcome) {
     r.t_done  = t;
     if (s.phase == slot_phase::parked) {
         free_ram(s);
-        disk_bytes   -= s.on_disk ? s.bytes : 0;
+        disk_bytes   -= s.tier == park_tier::disk ? s.bytes : 0;
     }
     if (outcome == sim_outcome::failed) {
         s.cells = 0;  // upstream clears a failed slot's cells

@@ -113,15 +113,14 @@ struct sim_slot {
     double     t_arrival   = -1;    // when its request reached the slot (the planner ages its wait from there)
 
     // parked, or resuming after a park
-    bool    swapped      = false;  // parked by SWAP (else RECOMPUTE)
+    park_tier tier       = park_tier::recompute;  // where its state waits (recompute: nowhere, its tokens re-prefill)
     bool    from_gen     = false;  // parked while generating (else mid-prompt)
     int32_t held         = 0;      // cells it held when parked
     int32_t n_restore    = 0;      // cells it needs to be back where it was
     double  t_parked     = 0;
     double  t_restore0   = 0;      // when its restore began (copy_in): the parked time ends there
     double  bytes        = 0;      // its swapped state
-    bool    on_disk      = false;  // a disk park: its state in a file (and in RAM until t_io_done)
-    double  ram          = 0;      // host RAM it holds now (a RAM park, a disk write in flight, a read ahead)
+    double  ram          = 0;      // host RAM it holds now (a RAM park, a disk park's write in flight, a read ahead)
     double  t_io_done    = 0;      // its disk write (or read ahead) is done then
     bool    reading      = false;  // its file is being read back ahead
     int32_t replay_total = 0;      // recompute: prompt + generated + sampled

@@ -8,9 +8,6 @@
 #include <type_traits>
 
 #include <fcntl.h>
-#if defined(__GLIBC__)
-#include <malloc.h>
-#endif
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -141,15 +138,17 @@ void prompt_disk::drop(size_t i) {
     files_.erase(files_.begin() + (std::ptrdiff_t) i);
 }
 
-bool prompt_disk::spill(std::vector<llama_token> tokens, std::vector<uint8_t> && tgt, std::vector<uint8_t> && dft,
-                        std::vector<uint8_t> && tail, std::string & why) {
-    // the write before this one finishes first: one prompt's bytes at most wait outside the RAM cache
+prompt_disk::step_result prompt_disk::finish_writes() {
     for (auto & w : files_) {
         if (!w.written) {
             store_->settle(w.file);
         }
     }
-    step();
+    return step();
+}
+
+bool prompt_disk::spill(std::vector<llama_token> tokens, std::vector<uint8_t> && tgt, std::vector<uint8_t> && dft,
+                        std::vector<uint8_t> && tail, std::string & why) {
     entry e;
     e.tokens = std::move(tokens);
     e.tgt    = std::move(tgt);
@@ -230,9 +229,6 @@ bool prompt_disk::forget_ahead() {
         e.ahead = {};
         e.reading_ahead = false;
     }
-#if defined(__GLIBC__)
-    malloc_trim(0);
-#endif
     return failed;
 }
 
@@ -262,31 +258,25 @@ bool prompt_disk::take(int32_t i, prompt_read & out, std::string & why, disk_err
     return ok;
 }
 
-int32_t prompt_disk::step() {
-    int32_t n_failed = 0;
-    bool trimmed = false;
+prompt_disk::step_result prompt_disk::step() {
+    step_result r;
     for (size_t i = 0; i < files_.size();) {
         auto & e = files_[i];
         if (!e.written && store_->is_settled(e.file)) {
             if (store_->settle(e.file) != disk_file::status::written) {
                 drop(i);
-                ++n_failed;
+                ++r.n_failed;
                 continue;
             }
             e.written = true;
             // on disk now: the host copy goes (swapped out: `v = {}` would keep the vector's capacity)
             std::vector<uint8_t>().swap(e.tgt);
             std::vector<uint8_t>().swap(e.dft);
-            trimmed = true;
+            ++r.n_freed;
         }
         ++i;
     }
-#if defined(__GLIBC__)
-    if (trimmed) {
-        malloc_trim(0);  // a freed host copy goes back to the system, not to the allocator's free lists
-    }
-#endif
-    return n_failed;
+    return r;
 }
 
 size_t prompt_disk::drop_oldest(size_t n) {

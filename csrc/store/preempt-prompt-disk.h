@@ -38,8 +38,8 @@ public:
     prompt_disk & operator=(const prompt_disk &) = delete;
 
     // A prompt leaving RAM: its file is written in the background (the bytes are kept until it is).
-    // One at a time: a spill first waits for the write before it, so the host bytes outside the RAM
-    // cache are at most one prompt's. `tail` (opaque, may be empty) goes in the file after `dft` and
+    // One at a time: the caller first waits for the write before it (finish_writes()), so the host
+    // bytes outside the RAM cache are at most one prompt's. `tail` (opaque, may be empty) goes in the file after `dft` and
     // comes back as prompt_read::tail. False, with `why`, when the store has no room for it.
     bool spill(std::vector<llama_token> tokens, std::vector<uint8_t> && tgt, std::vector<uint8_t> && dft,
                std::vector<uint8_t> && tail, std::string & why);
@@ -57,15 +57,22 @@ public:
 
     // Start reading file i into host memory in the background, for a request that waits for a slot:
     // take() then finds its bytes read (or waits only for the rest). One file at a time; false when
-    // file i is not written yet. forget_ahead() lets its host copy go (the request went another way);
-    // a file whose read failed is dropped then (true: count it as a failure).
+    // file i is not written yet. forget_ahead() lets its host copy go (the request went another way;
+    // the caller gives the pages back); a file whose read failed is dropped then (true: count it as a failure).
     bool    read_ahead(int32_t i);
     int32_t ahead() const;  // the file read ahead (-1: none)
     size_t  bytes_ahead() const;
     bool    forget_ahead();
 
-    // once per step: finished writes free their bytes; failed ones are dropped (returned: how many)
-    int32_t step();
+    // once per step: finished writes free their host copies (n_freed: how many; the caller gives the
+    // pages back, host_ram::pages_freed()); failed ones are dropped (n_failed)
+    struct step_result {
+        int32_t n_freed  = 0;
+        int32_t n_failed = 0;
+    };
+    step_result step();
+    // every write still running finishes, then step()
+    step_result finish_writes();
 
     // Parks first: the `n` oldest prompt files go (prompt_files_to_drop() says how many). Returns
     // the bytes removed.

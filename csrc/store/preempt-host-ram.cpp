@@ -1,0 +1,63 @@
+// The one host budget as the object that makes room in host RAM (preempt-host-ram.h).
+#include "preempt-host-ram.h"
+
+#if defined(__GLIBC__)
+#include <malloc.h>  // malloc_trim()
+#endif
+
+namespace llama_preempt {
+
+const char * host_use_name(host_use u) {
+    switch (u) {
+        case host_use::park:         return "park";
+        case host_use::transit:      return "transit";
+        case host_use::prompt_read:  return "prompt_read";
+        case host_use::prompt_ahead: return "prompt_ahead";
+    }
+    return "?";
+}
+
+bool host_ram::reserve(const host_held & held, size_t bytes, host_use use) {
+    fit(held, bytes);  // cached prompts give way to what comes in, whatever it is
+    switch (use) {
+        case host_use::park:
+            return bytes <= ram_left(limits_.parks(), held.parked);
+        case host_use::transit:
+            return true;
+        case host_use::prompt_read:
+        case host_use::prompt_ahead:
+            return bytes <= limits_.cache_room(held.parked);
+    }
+    return false;
+}
+
+void host_ram::settle(const host_held & held) {
+    fit(held, 0);
+    if (trim_due_) {
+        trim();
+    }
+}
+
+void host_ram::open_cache_for_exit() {
+    if (cache_) {
+        cache_->cap(SIZE_MAX);
+    }
+}
+
+void host_ram::fit(const host_held & held, size_t extra) {
+    if (!cache_) {
+        return;
+    }
+    if (cache_->cap(cache_room(held, extra))) {
+        trim();  // the prompts that gave way go back to the system, not to the allocator's free lists
+    }
+}
+
+void host_ram::trim() {
+    trim_due_ = false;
+#if defined(__GLIBC__)
+    malloc_trim(0);
+#endif
+}
+
+} // namespace llama_preempt
