@@ -34,6 +34,19 @@ void resume_parked(plan_executor & ex, int32_t id) {
     ex.record({ decision_kind::resume, id, from, park_reason::pool_full, park_choice::no_state, fallback });
 }
 
+policy_step_result policy_step(plan_executor & ex) {
+    ex.settle();
+    policy_step_result r;
+    plan_params pp = ex.params();
+    const tier_state ts = ex.tiers();
+    pp.park_to_admit = ts.mode != preempt_mode::recompute && (ram_left(ts.ram_budget, ts.ram_held) > 0 || ts.disk_left > 0);
+    r.views = ex.views();
+    r.pl    = plan_step(r.views, pp);
+    ex.planned(r.pl);
+    apply_plan(r.pl, ex);
+    return r;
+}
+
 void apply_plan(const plan & pl, plan_executor & ex) {
     for (int32_t id : pl.purge) {
         ex.purge(id);

@@ -48,7 +48,11 @@ struct decision {
 struct plan_executor {
     virtual ~plan_executor() = default;
 
+    // the step's start: the tiers catch up (copies that landed, files written, the host budget)
+    // and the slots are ready to be seen (the server: a pending context shift, its test knobs)
+    virtual void settle() = 0;
     // what the policy reads
+    virtual plan_params params() = 0;  // the pool, the batch, the clock, the knobs, the step cost (after settle())
     virtual std::vector<slot_view> views() const = 0;
     virtual tier_state tiers() const = 0;
     virtual victim_state victim(int32_t id, park_reason reason) = 0;  // begins its park: sizes its state
@@ -67,6 +71,8 @@ struct plan_executor {
     virtual void read_ahead(int32_t id) = 0;  // the next slot back: its file read (or its buffer uploaded) now
 
     virtual void record(const decision & d) { (void) d; }
+    // the plan, before it is carried out (the server keeps what the step's hooks need from it)
+    virtual void planned(const plan & pl) { (void) pl; }
 };
 
 // One victim parked: the policy decides its tier and shape, the executor copies, a failed copy
@@ -79,5 +85,15 @@ void resume_parked(plan_executor & ex, int32_t id);
 // A plan carried out, in the order every executor shares: purge, fail, park, resume, hold, chunks,
 // pause, read ahead.
 void apply_plan(const plan & pl, plan_executor & ex);
+
+// One step of the policy, the same for the server and the simulator: the executor settles, the
+// planner plans over what it shows (a paused slot may make room for a new prompt only where the
+// tiers can keep its state), and the plan is carried out. Returns the views it planned over, and
+// the plan.
+struct policy_step_result {
+    std::vector<slot_view> views;
+    plan                   pl;
+};
+policy_step_result policy_step(plan_executor & ex);
 
 } // namespace llama_preempt

@@ -106,6 +106,15 @@ slot_view sim_server::view(const sim_slot & s) const {
     return v;
 }
 
+// the planner's knobs at this step: the clock and the step cost fitted so far (kept: the last
+// resort's victim is chosen with them too)
+plan_params sim_server::params() {
+    pp.t_now_us   = (int64_t) (t * 1e6);
+    pp.cost       = fit.cost();
+    pp.cost_ready = fit.ready();
+    return pp;
+}
+
 std::vector<slot_view> sim_server::views() const {
     std::vector<slot_view> v;
     v.reserve(slots.size());
@@ -223,14 +232,7 @@ bool sim_server::step(double t_next) {
     paused.assign(slots.size(), 0);
     caps.assign(slots.size(), -1);
     if (p.preempt) {
-        settle_disk();
-        pp.t_now_us   = (int64_t) (t * 1e6);
-        pp.cost       = fit.cost();
-        pp.cost_ready = fit.ready();
-        const tier_state ts = tiers();
-        pp.park_to_admit = ts.mode != preempt_mode::recompute && (ram_left(ts.ram_budget, ts.ram_held) > 0 || ts.disk_left > 0);
-        const plan pl = plan_step(views(), pp);
-        apply_plan(pl, *this);
+        const plan pl = policy_step(*this).pl;
         restore_next    = pl.restore_next;
         prompt_budget   = pl.n_prompt_budget;
         if (pl.n_decode_width > 0) {

@@ -190,6 +190,8 @@ struct sim_server final : plan_executor {
     int32_t cells_used() const;
 
     // the executor (preempt-executor.h), in simulated time (preempt-sim-park.cpp)
+    void         settle() override { settle_disk(); }
+    plan_params  params() override;
     std::vector<slot_view> views() const override;
     tier_state   tiers() const override;
     victim_state victim(int32_t id, park_reason reason) override;

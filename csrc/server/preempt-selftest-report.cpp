@@ -31,10 +31,10 @@ std::string result_of(const selftest_row & r) {
     if (!r.tried) {
         return "not tried: " + r.why_not;
     }
-    if (r.verified == 0) {
+    if (r.verified == copy_check::wrong) {
         return "MISMATCH at " + r.mismatch;
     }
-    std::string s = r.verified == 1 ? "verified" : "nothing to check byte for byte";
+    std::string s = r.verified == copy_check::right ? "verified" : "nothing to check byte for byte";
     if (r.same_answer) {
         s += ", same answer as unparked";
     } else if (r.answer_must_match) {
@@ -154,7 +154,7 @@ std::string selftest_json(const selftest_input & in, const selftest_result & res
         o += "{\"route\": " + json_str(r.route) + string_format(", \"tried\": %s", r.tried ? "true" : "false");
         o += ", \"why_not\": " + json_str(r.why_not);
         o += string_format(", \"n_bytes\": %zu, \"park_gbps\": %.4f, \"restore_gbps\": %.4f, \"verified\": %d", r.n_bytes, r.park_gbps,
-                           r.restore_gbps, r.verified);
+                           r.restore_gbps, copy_check_number(r.verified));
         o += ", \"mismatch\": " + json_str(r.mismatch);
         o += string_format(", \"same_answer\": %s, \"first_diff\": %d, \"answer_must_match\": %s, \"ok\": %s", r.same_answer ? "true" : "false",
                            r.first_diff, r.answer_must_match ? "true" : "false", r.ok() ? "true" : "false");

@@ -159,7 +159,7 @@ selftest_row run_case(const selftest_input & in, const bench_seq & bs, const rou
         all.insert(all.end(), answer.begin(), answer.end() - 1);  // the last one is decoded by generate()
         const int64_t t0 = ggml_time_us();
         if (!decode(bs.ctx, SEQ, all, 0, all.size(), 0, true)) {
-            row.verified = 0, row.mismatch = "the re-prefill failed";
+            row.verified = copy_check::wrong, row.mismatch = "the re-prefill failed";
             return row;
         }
         row.note = string_format("%zu tokens prefilled again in %.1f ms", all.size(), (ggml_time_us() - t0) / 1000.0);
@@ -173,16 +173,16 @@ selftest_row run_case(const selftest_input & in, const bench_seq & bs, const rou
         row.n_bytes   = n.total();
         row.park_gbps = out.t_us > 0 ? n.total() / (out.t_us * 1e3) : 0;
         settle_copy(st, *host.copier);  // a device's transfer landed: its check decided (st.verified)
-        if (!out.ok || st.verified == 0) {
+        if (!out.ok || st.verified == copy_check::wrong) {
             const auto & m = out.ok ? st.mismatch : out.mismatch;
-            row.mismatch = out.verified == 0 || st.verified == 0 ? "park: " + m.describe() : std::string("park failed: ") + out.why;
-            row.verified = 0;
+            row.mismatch = out.verified == copy_check::wrong || st.verified == copy_check::wrong ? "park: " + m.describe() : std::string("park failed: ") + out.why;
+            row.verified = copy_check::wrong;
             return row;
         }
         if (rc.disk) {
             const auto dr = disk_park(st, host, false, std::move(out.ref));
-            if (!dr.ok) {
-                row.verified = 0, row.mismatch = "disk write failed: " + dr.why;
+            if (!dr.ok()) {
+                row.verified = copy_check::wrong, row.mismatch = "disk write failed: " + dr.why;
                 return row;
             }
         }
@@ -193,9 +193,9 @@ selftest_row run_case(const selftest_input & in, const bench_seq & bs, const rou
         }
         if (rc.disk) {
             const auto dr = disk_read_back(st, host);
-            if (!dr.ok || dr.verified == 0) {
-                row.verified = 0;
-                row.mismatch = dr.ok ? "disk: the bytes read back differ from upstream's at the park" : "disk read back failed: " + dr.why;
+            if (!dr.ok() || dr.verified == copy_check::wrong) {
+                row.verified = copy_check::wrong;
+                row.mismatch = dr.ok() ? "disk: the bytes read back differ from upstream's at the park" : "disk read back failed: " + dr.why;
                 return row;
             }
         }
@@ -213,17 +213,17 @@ selftest_row run_case(const selftest_input & in, const bench_seq & bs, const rou
         note_devices(row, back.report);
         row.restore_gbps = back.t_us > 0 ? st.bytes() / (back.t_us * 1e3) : 0;
         if (!back.ok) {
-            row.verified = 0;
-            row.mismatch = back.verified == 0 ? "restore: " + back.mismatch.describe() : std::string("restore failed: ") + back.why;
+            row.verified = copy_check::wrong;
+            row.mismatch = back.verified == copy_check::wrong ? "restore: " + back.mismatch.describe() : std::string("restore failed: ") + back.why;
             return row;
         }
         if (rc.ahead && !back.report.prefetched) {
             row.note = "the restore did not find its bytes uploaded ahead";
         }
-        row.verified = 1;
+        row.verified = copy_check::right;
     }
     if (!generate(bs, answer, bs.n_gen)) {
-        row.verified = 0, row.mismatch = "decoding after the resume failed";
+        row.verified = copy_check::wrong, row.mismatch = "decoding after the resume failed";
         return row;
     }
     row.same_answer = answer == want;

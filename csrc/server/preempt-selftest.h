@@ -53,14 +53,14 @@ struct selftest_row {
     size_t      n_bytes     = 0;       // the state parked
     double      park_gbps   = 0;
     double      restore_gbps = 0;
-    int         verified    = -1;      // 1 every copy checked equal, 0 a mismatch, -1 nothing to check (recompute)
+    copy_check  verified    = copy_check::none;  // right: every copy checked equal; none: nothing to check (recompute)
     std::string mismatch;              // where, and on which copy
     bool        same_answer = false;
     int32_t     first_diff  = -1;      // the first generated token that differs from the unparked answer
     bool        answer_must_match = true;  // false for recompute (it may differ on some models)
     std::string note;
 
-    bool ok() const { return !tried || (verified != 0 && (same_answer || !answer_must_match)); }
+    bool ok() const { return !tried || (verified != copy_check::wrong && (same_answer || !answer_must_match)); }
 };
 
 struct selftest_result {

@@ -12,21 +12,21 @@ static bool alloc_buffers(swap_state & st, swap_host & host) {
 }
 
 // a park the copy guard checked: what came back equals upstream's serialization at the park, byte for byte
-static int verify(const swap_state & st) {
+static copy_check verify(const swap_state & st) {
     const auto & ref = st.disk.ref;
     if (ref.empty()) {
-        return -1;  // not verifying
+        return copy_check::none;  // not verifying
     }
     return ref.size() == st.bytes() && for_each_part(st, [&](int, const host_buffer & buf, size_t at) {
         return memcmp(ref.data() + at, buf.data, buf.size) == 0;
-    }) ? 1 : 0;
+    }) ? copy_check::right : copy_check::wrong;
 }
 
 // a checked park's state back in RAM: bytes that differ from upstream's at the park are never restored
 static disk_result & checked(swap_state & st, disk_result & r) {
     r.verified = verify(st);
-    if (r.verified == 0) {
-        r.ok  = false;
+    if (r.verified == copy_check::wrong) {
+        r.outcome = disk_outcome::lost;
         r.why = "the bytes read back differ from upstream's serialization at the park";
         st.free();
     }
@@ -37,6 +37,7 @@ static disk_result & checked(swap_state & st, disk_result & r) {
 // copy stays until free_host_copy()
 static void note_write(swap_state & st, swap_host & host, disk_result & r) {
     st.disk.stage = disk_stage::written_in_ram;
+    r.outcome = disk_outcome::written;
     r.bytes = st.disk.total();
     r.t_us  = st.disk.file->t_us;
     host.rates.observe_disk_write(r.bytes, r.t_us);
@@ -53,13 +54,13 @@ static void free_host_copy(swap_state & st) {
 // slot stays parked in RAM (a RAM park from now on)
 static void keep_in_ram(swap_state & st, disk_result & r) {
     st.disk.reset();
-    r.kept_in_ram = true;
+    r.outcome = disk_outcome::kept_in_ram;
 }
 
 static void fail_from(const disk_file & f, disk_result & r) {
-    r.ok    = false;
-    r.error = f.error;
-    r.why   = f.why;
+    r.outcome = disk_outcome::lost;
+    r.error   = f.error;
+    r.why     = f.why;
 }
 
 disk_result disk_park(swap_state & st, swap_host & host, bool background, std::vector<uint8_t> && ref) {
@@ -78,10 +79,10 @@ disk_result disk_park(swap_state & st, swap_host & host, bool background, std::v
     d.stage = held ? disk_stage::write_held : disk_stage::writing;
     d.file  = host.disk->write(st.tgt.data, st.tgt.size, st.dft.data, st.dft.size, held, r.why, r.error);
     if (!d.file) {
-        r.ok = false;
         if (background) {
             keep_in_ram(st, r);
         } else {
+            r.outcome = disk_outcome::lost;
             st.free();
         }
         return r;
@@ -100,9 +101,8 @@ disk_result disk_park(swap_state & st, swap_host & host, bool background, std::v
     return r;
 }
 
-disk_result disk_step(swap_state & st, swap_host & host, bool keep, bool keep_read, bool & written) {
+disk_result disk_step(swap_state & st, swap_host & host, bool keep, bool keep_read) {
     disk_result r;
-    written = false;
     auto & d = st.disk;
     if (!d.on() || !d.file) {
         return r;
@@ -123,7 +123,7 @@ disk_result disk_step(swap_state & st, swap_host & host, bool keep, bool keep_re
         // others meanwhile
         if (status == disk_file::status::read && !keep_read && d.store->unread(d.file)) {
             free_host_copy(st);
-            r.dropped = true;
+            r.outcome = disk_outcome::dropped;
         }
         return r;  // a read that failed is reported by the resume
     }
@@ -134,7 +134,6 @@ disk_result disk_step(swap_state & st, swap_host & host, bool keep, bool keep_re
     }
     if (d.stage == disk_stage::writing) {
         note_write(st, host, r);
-        written = true;
     }
     if (!keep) {
         free_host_copy(st);
@@ -169,30 +168,30 @@ disk_result disk_read_back(swap_state & st, swap_host & host) {
         }
         d.store->remove(d.file);
         d.file.reset();
-        d.stage       = disk_stage::read_back;
-        r.from_memory = true;
+        d.stage   = disk_stage::read_back;
+        r.outcome = disk_outcome::from_memory;
         return checked(st, r);
     }
     if (!d.reading()) {
         if (!alloc_buffers(st, host)) {
-            r.ok  = false;
-            r.why = "cannot allocate host RAM to read its file back";
+            r.outcome = disk_outcome::lost;
+            r.why     = "cannot allocate host RAM to read its file back";
             st.free();
             return r;
         }
         if (!d.store->read(d.file, st.tgt.data, st.dft.data)) {
-            r.ok  = false;
-            r.why = "its file is not readable (not written)";
+            r.outcome = disk_outcome::lost;
+            r.why     = "its file is not readable (not written)";
             st.free();
             return r;
         }
         d.stage = disk_stage::reading;
     }
-    r.read_ahead = d.stage == disk_stage::reading_ahead;
+    r.outcome = d.stage == disk_stage::reading_ahead ? disk_outcome::read_ahead : disk_outcome::read;
     const auto status = d.store->settle(d.file);
     if (status != disk_file::status::read) {
-        r.ok    = false;
-        r.error = d.file->error;
+        r.outcome = disk_outcome::lost;
+        r.error   = d.file->error;
         r.why   = d.file->why;
         st.free();
         return r;

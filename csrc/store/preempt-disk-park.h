@@ -25,24 +25,35 @@
 
 namespace llama_preempt {
 
+// what a disk park's write, step or read back came to
+enum class disk_outcome {
+    none,         // nothing to report: a write queued or still running, nothing due this step
+    written,      // its file was written (bytes, t_us: the write)
+    kept_in_ram,  // its file could not be had, but the host copy holds the state: a RAM park from now on
+    lost,         // it failed and the state is gone (or must not be restored): the slot recomputes
+    dropped,      // a read ahead was let go (the slot is no longer the next back)
+    read,         // read back from its file at the resume (bytes, t_us: the read)
+    read_ahead,   // read back, from a read queued ahead of the resume
+    from_memory,  // read back: the host copy was used (its write still running, or kept)
+};
+
 // what a disk step or read did, for the mechanics to log and count
 struct disk_result {
-    bool        ok    = true;
-    disk_error  error = disk_error::none;  // a failure, by kind (/metrics label)
-    std::string why;                       // what failed, for the log
-    size_t      bytes = 0;                 // bytes written or read
-    int64_t     t_us  = 0;                 // the I/O thread's time for them
-    bool        kept_in_ram = false;       // the file failed but the host copy holds the state: a RAM park now
-    bool        dropped     = false;       // a read ahead was let go (the slot is no longer the next back)
-    bool        from_memory = false;       // read back: the host copy was used (its write still running, or kept)
-    bool        read_ahead  = false;       // read back: its read had been queued ahead of the resume
-    int         verified    = -1;          // LLAMA_SERVER_PREEMPT_VERIFY: 1 the bytes equal upstream's, 0 they differ
+    disk_outcome outcome = disk_outcome::none;
+    disk_error   error = disk_error::none;  // a failure, by kind (/metrics label); also a background
+                                            // write that failed before a resume from memory
+    std::string  why;                       // what failed, for the log
+    size_t       bytes = 0;                 // bytes written or read
+    int64_t      t_us  = 0;                 // the I/O thread's time for them
+    copy_check   verified = copy_check::none;  // LLAMA_SERVER_PREEMPT_VERIFY: the bytes read back against upstream's
+
+    bool ok() const { return outcome != disk_outcome::kept_in_ram && outcome != disk_outcome::lost; }
 };
 
 // Right after a successful swap_out(): the state goes to a file. In the background when
-// `background` (the host copy fits what is left of the RAM budget), else before this returns.
-// Not ok: nothing is on disk; in the background the host copy is kept (kept_in_ram: a RAM park),
-// else it is freed (the caller recomputes instead).
+// `background` (the host copy fits what is left of the RAM budget: none, the write queued), else
+// before this returns (written). Not ok: nothing is on disk; in the background the host copy is
+// kept (kept_in_ram: a RAM park), else it is freed (lost: the caller recomputes instead).
 // `ref`: upstream's bytes of the state when LLAMA_SERVER_PREEMPT_VERIFY compared the park
 // (swap_result::ref; empty otherwise), kept to compare the read back with.
 disk_result disk_park(swap_state & st, swap_host & host, bool background, std::vector<uint8_t> && ref);
@@ -50,9 +61,10 @@ disk_result disk_park(swap_state & st, swap_host & host, bool background, std::v
 // Once per step, for a disk-parked slot: start a write whose transfer has settled, and see to a
 // write that finished: its host copy is freed, unless `keep` (the slot is the next one back: its
 // file would only be read back at once). A finished read ahead is let go unless `keep_read` (the
-// slot is the next one back, or RAM is not short). `written`: a write finished this step. Not ok:
-// the write failed; the host copy is kept and the slot is a RAM park from now on (kept_in_ram).
-disk_result disk_step(swap_state & st, swap_host & host, bool keep, bool keep_read, bool & written);
+// slot is the next one back, or RAM is not short: dropped otherwise). written: a write finished
+// this step. kept_in_ram: the write failed; the host copy is kept and the slot is a RAM park from
+// now on.
+disk_result disk_step(swap_state & st, swap_host & host, bool keep, bool keep_read);
 
 // Read the slot's file into new host buffers ahead of its resume. False when there is nothing to
 // read (still in RAM, already reading) or its buffers cannot be had.

@@ -189,7 +189,7 @@ swap_result swap_out(swap_state & st, const seq_contexts & sc, const state_sizes
     } else {
         r.mismatch = compare_park(st, r.ref, layouts);
     }
-    r.verified = r.mismatch.found ? 0 : 1;
+    r.verified = r.mismatch.found ? copy_check::wrong : copy_check::right;
     if (r.mismatch.found) {
         st.free();
         r.ref.clear();
@@ -202,7 +202,7 @@ swap_result swap_out(swap_state & st, const seq_contexts & sc, const state_sizes
 swap_result swap_in(swap_state & st, const seq_contexts & sc, swap_host & host, bool verify) {
     swap_result r;
     settle_copy(st, *host.copier);
-    if (st.verified == 0) {
+    if (st.verified == copy_check::wrong) {
         r.why = "its park's copy differed from upstream's serializer";
         return r;
     }
@@ -230,7 +230,7 @@ swap_result swap_in(swap_state & st, const seq_contexts & sc, swap_host & host, 
         for (int i = 0; i < 2 && !r.mismatch.found; ++i) {
             r.mismatch = check_restored(layouts[i], bufs[i]->data, part_names[i]);
         }
-        r.verified = r.mismatch.found ? 0 : 1;
+        r.verified = r.mismatch.found ? copy_check::wrong : copy_check::right;
         if (r.mismatch.found) {
             drop();  // never resume on cells that differ from what was parked
             r.why = "the restored cells differ from the parked bytes";
@@ -250,7 +250,7 @@ void settle_copy(swap_state & st, seq_copier & copier) {
     if (st.check.pending) {
         copier.wait();  // the knob's hold may have settled it before its transfer did
         st.mismatch    = compare_park(st, st.check.ref, st.check.layouts);
-        st.verified    = st.mismatch.found ? 0 : 1;
+        st.verified    = st.mismatch.found ? copy_check::wrong : copy_check::right;
         st.verdict_new = true;
         st.check.pending = false;
         st.check.ref.clear();

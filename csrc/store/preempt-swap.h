@@ -103,7 +103,7 @@ struct swap_state {
         copy_layout          layouts[2];
         copy_report          report;           // the devices the park moved
     } check;
-    int           verified    = -1;     // the park's check: 1 right, 0 wrong (swap_in refuses it), -1 none
+    copy_check    verified    = copy_check::none;  // the park's check (a wrong one swap_in refuses)
     copy_mismatch mismatch;             //   where it went wrong
     bool          verdict_new = false;  // a verdict settle_copy() reached that the server has not counted yet
 
@@ -142,7 +142,7 @@ struct swap_state {
         dft.reset();
         copy_in_flight = false;
         check       = {};
-        verified    = -1;
+        verified    = copy_check::none;
         mismatch    = {};
         verdict_new = false;
     }
@@ -173,7 +173,7 @@ struct swap_result {
     bool         check_pending = false;  // a checked park whose verdict comes when its transfer lands
     copy_report  report;
     int64_t      t_us     = 0;
-    int          verified = -1;  // checked (preempt-verify.h): 1 the copy is right, 0 it differs (then not ok), -1 not checked
+    copy_check   verified = copy_check::none;  // checked (preempt-verify.h): a wrong copy is not ok
     copy_mismatch mismatch;      //   where it first differs
     std::vector<uint8_t> ref;    //   a checked park: upstream's bytes, both parts in order (a disk park's read back is held to them)
 };

@@ -21,6 +21,15 @@
 
 namespace llama_preempt {
 
+// a copy checked against upstream's own bytes (--preempt-verify, the doctor)
+enum class copy_check {
+    none,   // not checked
+    right,  // the bytes equal upstream's
+    wrong,  // they differ (the copy is refused: its request recomputes)
+};
+// the doctor's JSON and older reports: 1 right, 0 wrong, -1 not checked
+inline int copy_check_number(copy_check c) { return c == copy_check::right ? 1 : c == copy_check::wrong ? 0 : -1; }
+
 // a copy's slices as the serializer handed them over: where each byte of the buffer came from
 struct copy_layout {
     std::vector<llama_state_seq_slice> slices;
