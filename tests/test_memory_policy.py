@@ -103,3 +103,66 @@ def test_the_copy_guard_moves_a_device_to_single_slices_then_turns_swap_off() ->
     assert _core.react_to_wrong_copy(per_slice_already=False, used_faster_route=True) == "per_slice"
     assert _core.react_to_wrong_copy(per_slice_already=True, used_faster_route=True) == "swap_off"
     assert _core.react_to_wrong_copy(per_slice_already=False, used_faster_route=False) == "swap_off"
+
+
+class Cache(_core.HostCache):
+    """A prompt cache of equal entries, least recently used first: what the budget caps."""
+
+    def __init__(self, entries: int, entry_bytes: int) -> None:
+        super().__init__()
+        self.entries, self.entry_bytes = entries, entry_bytes
+        self.limits: list[int] = []
+
+    def cap(self, limit: int) -> bool:
+        self.limits.append(limit)
+        if self.entries * self.entry_bytes <= limit:
+            return False
+        self.entries = limit // self.entry_bytes
+        return True
+
+
+
+def test_a_park_makes_cached_prompts_give_way_and_the_freed_pages_go_back() -> None:
+    cache = Cache(entries=6, entry_bytes=10 * MIB)  # 60 MiB cached
+    ram = _core.HostRam(host_kv_ram_mib=64, preempt_ram_mib=-1, cache_ram_mib=-1, cache=cache)
+    assert ram.reserve(parked=0, ahead=0, bytes=30 * MIB, use=_core.HostUse.PARK)
+    assert cache.limits[-1] == 34 * MIB and cache.entries == 3  # parks first: the cache keeps what is left
+    assert ram.n_trims == 1
+    # the park is held now: released, the cache's limit follows what is held, no more trims
+    ram.release(parked=30 * MIB, ahead=0)
+    assert cache.limits[-1] == 34 * MIB and ram.n_trims == 1
+
+
+def test_a_park_beyond_the_parks_cap_is_refused_and_a_disk_parks_bytes_always_pass() -> None:
+    ram = _core.HostRam(host_kv_ram_mib=64, preempt_ram_mib=16, cache_ram_mib=-1, cache=Cache(0, MIB))
+    assert ram.reserve(parked=10 * MIB, ahead=0, bytes=6 * MIB, use=_core.HostUse.PARK)
+    assert not ram.reserve(parked=10 * MIB, ahead=0, bytes=7 * MIB, use=_core.HostUse.PARK)
+    assert ram.reserve(parked=10 * MIB, ahead=0, bytes=200 * MIB, use=_core.HostUse.TRANSIT)
+
+
+def test_a_prompt_file_comes_back_only_within_what_parks_leave() -> None:
+    cache = Cache(entries=2, entry_bytes=8 * MIB)
+    ram = _core.HostRam(host_kv_ram_mib=64, preempt_ram_mib=-1, cache_ram_mib=32, cache=cache)
+    assert ram.cache_room(parked=40 * MIB, ahead=0) == 24 * MIB
+    assert ram.reserve(parked=40 * MIB, ahead=0, bytes=20 * MIB, use=_core.HostUse.PROMPT_READ)
+    assert cache.entries == 0  # 16 MiB cached gave way to the 20 coming in (4 MiB left of 24)
+    assert not ram.reserve(parked=40 * MIB, ahead=0, bytes=25 * MIB, use=_core.HostUse.PROMPT_AHEAD)
+
+
+def test_the_cache_grows_back_as_parked_slots_resume() -> None:
+    cache = Cache(entries=0, entry_bytes=MIB)
+    ram = _core.HostRam(host_kv_ram_mib=64, preempt_ram_mib=-1, cache_ram_mib=48, cache=cache)
+    ram.settle(parked=60 * MIB, ahead=0)
+    assert cache.limits[-1] == 4 * MIB
+    ram.settle(parked=0, ahead=2 * MIB)  # a read ahead counts with the cache's bytes
+    assert cache.limits[-1] == 48 * MIB and ram.n_trims == 0
+
+
+def test_without_a_limit_or_a_cache_the_budget_says_yes() -> None:
+    cache = Cache(entries=3, entry_bytes=MIB)
+    ram = _core.HostRam(host_kv_ram_mib=-1, preempt_ram_mib=-1, cache_ram_mib=-1, cache=cache)
+    assert ram.reserve(parked=2**40, ahead=0, bytes=2**40, use=_core.HostUse.PARK)
+    assert cache.limits[-1] > 2**63 and cache.entries == 3  # a budget of no limit leaves the cache none either
+    lone = _core.HostRam(host_kv_ram_mib=64, preempt_ram_mib=-1, cache_ram_mib=0)
+    assert lone.reserve(parked=0, ahead=0, bytes=32 * MIB, use=_core.HostUse.PARK)
+    assert not lone.reserve(parked=0, ahead=0, bytes=1, use=_core.HostUse.PROMPT_READ)  # no prompt cache: no room

@@ -5,6 +5,7 @@
 
 #include <tuple>
 
+#include "preempt-host-ram.h"
 #include "preempt-memory.h"
 
 namespace py = pybind11;
@@ -24,9 +25,60 @@ std::vector<lp::prompt_file_view> file_views(const std::vector<py_file> & files)
     return v;
 }
 
+// a cache that gives way, written in Python (tests: the budget's reservations without a server)
+class py_host_cache : public lp::host_cache {
+public:
+    bool cap(size_t limit) override { PYBIND11_OVERRIDE_PURE(bool, lp::host_cache, cap, limit); }
+};
+
+// the budget with the Python cache it caps kept alive beside it
+struct py_host_ram {
+    py::object    cache;  // a HostCache, or None
+    lp::host_ram  ram;
+};
+
+lp::host_held held_of(size_t parked, size_t ahead) {
+    return { parked, ahead };
+}
+
 } // namespace
 
 void register_memory(py::module_ & m) {
+    py::class_<lp::host_cache, py_host_cache>(m, "HostCache",
+                                              "what gives way to the host budget: cap(limit) caps the cache at limit "
+                                              "bytes (2**64-1: no limit) and says whether it had to shrink")
+        .def(py::init<>())
+        .def("cap", &lp::host_cache::cap, py::arg("limit"));
+    py::enum_<lp::host_use>(m, "HostUse", "why bytes come into host RAM")
+        .value("PARK",         lp::host_use::park)
+        .value("TRANSIT",      lp::host_use::transit)
+        .value("PROMPT_READ",  lp::host_use::prompt_read)
+        .value("PROMPT_AHEAD", lp::host_use::prompt_ahead);
+    py::class_<py_host_ram>(m, "HostRam", "the one host budget as the server keeps it (store/preempt-host-ram.h)")
+        .def(py::init([](int64_t host_mib, int64_t park_mib, int64_t cache_mib, py::object cache) {
+                 auto r = std::make_unique<py_host_ram>();
+                 r->cache = cache;
+                 lp::host_cache * c = cache.is_none() ? nullptr : cache.cast<lp::host_cache *>();
+                 r->ram = lp::host_ram(lp::host_budget_from_mib(host_mib, park_mib, cache_mib), c);
+                 return r;
+             }),
+             py::arg("host_kv_ram_mib"), py::arg("preempt_ram_mib"), py::arg("cache_ram_mib"), py::arg("cache") = py::none(),
+             "the flags in MiB (-1 no limit; host -2: not given) and the cache that gives way (None: no prompt cache)")
+        .def("reserve", [](py_host_ram & r, size_t parked, size_t ahead, size_t bytes, lp::host_use use) {
+                 return r.ram.reserve(held_of(parked, ahead), bytes, use);
+             }, py::arg("parked"), py::arg("ahead"), py::arg("bytes"), py::arg("use"),
+             "room for `bytes` more of `use` beside `parked` and `ahead` bytes held: the cache gives way; "
+             "whether they are within that use's share")
+        .def("release", [](py_host_ram & r, size_t parked, size_t ahead) { r.ram.release(held_of(parked, ahead)); },
+             py::arg("parked"), py::arg("ahead"))
+        .def("settle", [](py_host_ram & r, size_t parked, size_t ahead) { r.ram.settle(held_of(parked, ahead)); },
+             py::arg("parked"), py::arg("ahead"))
+        .def("cache_room", [](const py_host_ram & r, size_t parked, size_t ahead, size_t extra) {
+                 return r.ram.cache_room(held_of(parked, ahead), extra);
+             }, py::arg("parked"), py::arg("ahead"), py::arg("extra") = 0)
+        .def_property_readonly("n_trims", [](const py_host_ram & r) { return r.ram.n_trims(); },
+                               "how many times the budget gave freed pages back to the system");
+
     py::enum_<lp::prompt_read_why>(m, "PromptReadWhy", "why a cached prompt's file is read back or its tokens prefilled")
         .value("NO_MATCH",        lp::prompt_read_why::no_match)
         .value("RAM_AS_GOOD",     lp::prompt_read_why::ram_as_good)

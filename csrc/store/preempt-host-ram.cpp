@@ -55,6 +55,7 @@ void host_ram::fit(const host_held & held, size_t extra) {
 
 void host_ram::trim() {
     trim_due_ = false;
+    n_trims_++;
 #if defined(__GLIBC__)
     malloc_trim(0);
 #endif

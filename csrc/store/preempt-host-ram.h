@@ -67,6 +67,7 @@ public:
     void open_cache_for_exit();
 
     const host_budget & limits() const { return limits_; }
+    uint64_t n_trims() const { return n_trims_; }  // times freed pages went back to the system
 
 private:
     void fit(const host_held & held, size_t extra);
@@ -75,6 +76,7 @@ private:
     host_budget  limits_;
     host_cache * cache_    = nullptr;  // null: no prompt cache (--cache-ram 0)
     bool         trim_due_ = false;
+    uint64_t     n_trims_  = 0;
 };
 
 } // namespace llama_preempt
