@@ -80,6 +80,28 @@ std::vector<const slot_view *> victim_order(const std::vector<slot_view> & slots
     return cand;
 }
 
+// which slot may be parked at all (the victim order below, the slot API and the mechanics ask)
+park_block park_blocker(const slot_view & s) {
+    return s.in_family     ? park_block::family
+         : s.is_multimodal ? park_block::multimodal
+         : !s.can_park     ? park_block::not_replayable
+         :                   park_block::none;
+}
+
+bool may_park(const slot_view & s) {
+    return park_blocker(s) == park_block::none;
+}
+
+const char * park_block_reason(park_block b) {
+    switch (b) {
+        case park_block::none:           return "";
+        case park_block::family:         return "it serves an n_cmpl request, whose slots share their prompt cells";
+        case park_block::multimodal:     return "its prompt holds media, which a replay cannot re-encode";
+        case park_block::not_replayable: return "its request cannot be replayed (embedding input or an aLoRA adapter)";
+    }
+    return "?";
+}
+
 int32_t select_victim(const std::vector<slot_view> & slots, const plan_params & p,
                       const std::vector<int32_t> & skip) {
     const auto order = victim_order(slots, p, skip);
@@ -235,6 +257,49 @@ std::vector<const slot_view *> admission_order(const std::vector<slot_view> & sl
     }
     return by_aged_priority(fresh, p, [](const slot_view & s) { return s.t_arrival_us; },
                             [](const slot_view & a, const slot_view & b) { return a.arrival < b.arrival; });
+}
+
+// plan_step(), step 8: the step's prompt and replay tokens, shared in order: replays first (they
+// ran before any prompt still waiting), then prompts, highest priority first, then first come,
+// first served. Each takes what it has left, up to what remains of the budget (while a slot
+// decodes; else n_batch). A prompt that gets none waits (`hold`); the others get their share
+// (`chunks`), which the loop keeps to, so the prompts are served in this order and not in the
+// loop's slot order.
+void share_prompt_budget(const std::vector<slot_view> & slots, const plan_params & p, plan & pl) {
+    int32_t n_decoding = 0;
+    for (const auto & s : slots) {
+        if (s.phase == slot_phase::generating && !contains_id(pl.park, s.id) && !contains_id(pl.pause, s.id)) {
+            n_decoding += 1 + std::max(0, s.n_draft);
+        }
+    }
+    int32_t left = std::max(0, p.n_batch - n_decoding);
+    if (n_decoding > 0 && pl.n_prompt_budget > 0) {
+        left = std::min(left, pl.n_prompt_budget);
+    }
+    std::vector<const slot_view *> prompts;
+    for (const auto & s : slots) {
+        if (s.phase == slot_phase::prompt && !contains_id(pl.park, s.id) && !contains_id(pl.hold, s.id)) {
+            prompts.push_back(&s);
+        }
+    }
+    std::stable_sort(prompts.begin(), prompts.end(), [](const slot_view * a, const slot_view * b) {
+        if ((a->n_replay_left > 0) != (b->n_replay_left > 0)) {
+            return a->n_replay_left > 0;
+        }
+        if (a->priority != b->priority) {
+            return a->priority > b->priority;
+        }
+        return a->arrival < b->arrival;
+    });
+    for (const slot_view * s : prompts) {
+        const int32_t n = std::min(left, std::max(1, s->n_prompt_left));
+        if (n <= 0) {
+            pl.hold.push_back(s->id);
+            continue;
+        }
+        pl.chunks.emplace_back(s->id, n);
+        left -= n;
+    }
 }
 
 } // namespace llama_preempt

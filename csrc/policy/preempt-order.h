@@ -1,6 +1,7 @@
 // Who goes first when the pool is short: the orders the planner (plan_step(), preempt-policy.cpp)
 // walks to choose victims, resumes and admissions (docs/design.md, "Overload: who goes first").
-// select_victim() and restore_order(), the public ones, are declared in preempt-policy.h.
+// select_victim(), restore_order(), decode_order() and park_blocker(), the public ones, are
+// declared in preempt-policy.h.
 #pragma once
 
 #include "preempt-policy.h"
@@ -52,5 +53,9 @@ decode_seats plan_seats(const std::vector<slot_view> & slots, const plan_params 
 // New requests in the order they are admitted: highest (aged) priority first, then first come,
 // first served.
 std::vector<const slot_view *> admission_order(const std::vector<slot_view> & slots, const plan_params & p);
+
+// plan_step(), step 8: the step's prompt and replay tokens shared in order (replays, then prompts
+// by priority, then arrival): each gets its chunk in `pl.chunks`, or waits in `pl.hold`
+void share_prompt_budget(const std::vector<slot_view> & slots, const plan_params & p, plan & pl);
 
 } // namespace llama_preempt

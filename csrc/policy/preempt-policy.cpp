@@ -1,5 +1,6 @@
 // The preemption policy, read top to bottom: plan_step() is the whole of it. The orders it walks
-// (victims, resumes, admissions) are preempt-order.cpp; how a victim is parked (RAM, disk or
+// (victims, resumes, admissions, the prompt budget's share) are preempt-order.cpp; a victim's
+// park shape is preempt-park.cpp; how a victim is parked (RAM, disk or
 // RECOMPUTE, by measured cost) is preempt-choice.cpp.
 #include "preempt-policy.h"
 #include "preempt-order.h"
@@ -10,87 +11,6 @@
 #include <stdexcept>
 
 namespace llama_preempt {
-
-const char * park_reason_name(park_reason r) {
-    switch (r) {
-        case park_reason::pool_full:   return "pool full";
-        case park_reason::forced:      return "forced (LLAMA_SERVER_PREEMPT_EVERY)";
-        case park_reason::last_resort: return "last resort (decode failed at n_batch 1)";
-        case park_reason::api:         return "api (POST /slots/{id}?action=park)";
-    }
-    return "?";
-}
-
-const char * park_reason_key(park_reason r) {
-    switch (r) {
-        case park_reason::pool_full:   return "planner";
-        case park_reason::forced:      return "forced";
-        case park_reason::last_resort: return "last_resort";
-        case park_reason::api:         return "api";
-    }
-    return "?";
-}
-
-park_block park_blocker(const slot_view & s) {
-    return s.in_family     ? park_block::family
-         : s.is_multimodal ? park_block::multimodal
-         : !s.can_park     ? park_block::not_replayable
-         :                   park_block::none;
-}
-
-bool may_park(const slot_view & s) {
-    return park_blocker(s) == park_block::none;
-}
-
-const char * park_block_reason(park_block b) {
-    switch (b) {
-        case park_block::none:           return "";
-        case park_block::family:         return "it serves an n_cmpl request, whose slots share their prompt cells";
-        case park_block::multimodal:     return "its prompt holds media, which a replay cannot re-encode";
-        case park_block::not_replayable: return "its request cannot be replayed (embedding input or an aLoRA adapter)";
-    }
-    return "?";
-}
-
-bool has_swap_state(const park_input & in) {
-    return in.n_held > 0 && !in.replaying && (in.at == parked_from::prompt || in.at == parked_from::generating);
-}
-
-park_shape shape_park(const park_input & in, bool swap, int32_t n_batch) {
-    park_shape out;
-    if (swap) {
-        // back in place plus its next step: one token, or its next prompt chunk
-        out.from      = in.at;
-        out.n_restore = in.n_held + (in.at == parked_from::generating ? 1 : std::min(n_batch, in.n_prompt - in.n_held));
-        return out;
-    }
-    switch (in.at) {
-        case parked_from::generating:
-            // replays what it held plus the token it had sampled and not decoded yet
-            out.from      = parked_from::generating;
-            out.n_restore = in.n_held + 1;
-            break;
-        case parked_from::prompt:
-            if (in.replaying) {
-                // parked again mid-replay: the replay list is still whole
-                out.from      = parked_from::generating;
-                out.n_restore = in.n_replay;
-            } else {
-                // mid-prompt: it starts its prompt over, up to where it was plus one chunk
-                out.from      = parked_from::prompt;
-                out.n_redo    = in.n_held;
-                out.n_restore = std::min(in.n_prompt, in.n_held + n_batch);
-            }
-            break;
-        case parked_from::started:
-            out.from      = parked_from::started;
-            out.n_restore = std::min(in.n_prompt, n_batch);
-            break;
-        case parked_from::none:
-            break;
-    }
-    return out;
-}
 
 int32_t reservation(const slot_view & s, const plan_params & p) {
     switch (s.phase) {
@@ -135,53 +55,9 @@ struct slot_index {
     }
 };
 
-// plan_step(), step 8: the step's prompt and replay tokens, shared in order: replays first (they
-// ran before any prompt still waiting), then prompts, highest priority first, then first come,
-// first served. Each takes what it has left, up to what remains of the budget (while a slot
-// decodes; else n_batch). A prompt that gets none waits (`hold`); the others get their share
-// (`chunks`), which the loop keeps to, so the prompts are served in this order and not in the
-// loop's slot order.
-static void share_prompt_budget(const std::vector<slot_view> & slots, const plan_params & p, plan & pl) {
-    int32_t n_decoding = 0;
-    for (const auto & s : slots) {
-        if (s.phase == slot_phase::generating && !contains_id(pl.park, s.id) && !contains_id(pl.pause, s.id)) {
-            n_decoding += 1 + std::max(0, s.n_draft);
-        }
-    }
-    int32_t left = std::max(0, p.n_batch - n_decoding);
-    if (n_decoding > 0 && pl.n_prompt_budget > 0) {
-        left = std::min(left, pl.n_prompt_budget);
-    }
-    std::vector<const slot_view *> prompts;
-    for (const auto & s : slots) {
-        if (s.phase == slot_phase::prompt && !contains_id(pl.park, s.id) && !contains_id(pl.hold, s.id)) {
-            prompts.push_back(&s);
-        }
-    }
-    std::stable_sort(prompts.begin(), prompts.end(), [](const slot_view * a, const slot_view * b) {
-        if ((a->n_replay_left > 0) != (b->n_replay_left > 0)) {
-            return a->n_replay_left > 0;
-        }
-        if (a->priority != b->priority) {
-            return a->priority > b->priority;
-        }
-        return a->arrival < b->arrival;
-    });
-    for (const slot_view * s : prompts) {
-        const int32_t n = std::min(left, std::max(1, s->n_prompt_left));
-        if (n <= 0) {
-            pl.hold.push_back(s->id);
-            continue;
-        }
-        pl.chunks.emplace_back(s->id, n);
-        left -= n;
-    }
-}
-
 // plan_step(), step 7: the parked slot that comes back next (-1: none)
-static int32_t next_back(const std::vector<slot_view> & slots, const plan_params & p, const plan & pl,
-                         const std::vector<int32_t> & restore, const std::vector<uint8_t> & failed, bool by_decode_order) {
-    (void) p;
+static int32_t next_back(const std::vector<slot_view> & slots, const plan & pl, const std::vector<int32_t> & restore,
+                         const std::vector<uint8_t> & failed, bool by_decode_order) {
     const slot_index find(slots);
     if (by_decode_order) {
         for (int32_t id : restore) {
@@ -495,7 +371,7 @@ plan plan_step(const std::vector<slot_view> & slots, const plan_params & p) {
     //    travel to the device ahead of time. A slot parked in this step counts too, ranked as it
     //    will be (one more park, parked last); a slot parked through the API waits for unpark.
     //    With a limited width: the first in the decode order still parked.
-    pl.restore_next = next_back(slots, p, pl, restore, failed, seats.limited);
+    pl.restore_next = next_back(slots, pl, restore, failed, seats.limited);
 
     // 8. the batch's prompt budget: while slots generate, a long prompt (or replay) is spread over
     //    steps instead of stalling their decode for a whole n_batch chunk. Replays, then prompts in

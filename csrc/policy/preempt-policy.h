@@ -6,6 +6,7 @@
 #pragma once
 
 #include "preempt-choice.h"  // how each victim is parked: RAM, disk or RECOMPUTE, by measured cost
+#include "preempt-park.h"    // why a slot is parked, and where its resume re-enters
 #include "preempt-width.h"   // how many slots decode at once, by the measured step cost
 
 #include <algorithm>
@@ -98,17 +99,6 @@ struct plan_params {
                                       // state can be copied out: not RECOMPUTE only, host RAM or disk left)
 };
 
-enum class park_reason {
-    pool_full,  // the planner saw the next step overflow the pool
-    forced,     // LLAMA_SERVER_PREEMPT_EVERY test knob
-    last_resort, // the decode failed at n_batch 1 and a victim existed
-    api,         // POST /slots/{id}?action=park: stays parked until unparked
-};
-
-const char * park_reason_name(park_reason r);
-// a short name for /slots' parked_by: planner, forced, last_resort, api
-const char * park_reason_key(park_reason r);
-
 // One step's decisions, applied by the mechanics in this order: purge, fail, park, resume, hold,
 // chunks, pause.
 // Room goes to running slots first, then to parked slots (restore order), then to new requests.
@@ -149,37 +139,6 @@ enum class park_block {
 park_block park_blocker(const slot_view & s);
 bool may_park(const slot_view & s);
 const char * park_block_reason(park_block b);  // the API's words: "its prompt holds media, ..."
-
-// what a slot was doing when it was parked, so its resume knows where to re-enter
-enum class parked_from {
-    none,        // not parked
-    started,     // a new request that had not started its prompt
-    prompt,      // mid-prompt: starts its prompt over
-    generating,  // generating (or replaying after an earlier park): replays, then carries on sampling
-};
-
-// a victim at the moment it is parked
-struct park_input {
-    parked_from at        = parked_from::none;  // what it is doing: started, prompt or generating
-    bool        replaying = false;  // prompt: re-prefilling the replay list of an earlier park
-    int32_t     n_held    = 0;      // cells it holds
-    int32_t     n_prompt  = 0;      // its request's prompt tokens
-    int32_t     n_replay  = 0;      // replaying: the whole replay list
-};
-
-// where the resume re-enters and what it needs
-struct park_shape {
-    parked_from from      = parked_from::none;
-    int32_t     n_restore = 0;  // cells to be back where it was, plus its next step (the planner's fit)
-    int32_t     n_redo    = 0;  // RECOMPUTE mid-prompt: prompt tokens it processes again
-};
-
-// Whether the victim has state worth copying: cells of a prompt or a generation. A slot mid-replay
-// has a whole replay list (recompute it again) and a new request holds only a cache.
-bool has_swap_state(const park_input & in);
-
-// The park of a victim by SWAP (`swap`) or RECOMPUTE, with prompt chunks of n_batch.
-park_shape shape_park(const park_input & in, bool swap, int32_t n_batch);
 
 // Cells the slot's next step adds to the pool (0 for idle, waiting and parked slots).
 //  - generating: one token plus its draft;

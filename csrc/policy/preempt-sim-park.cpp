@@ -1,5 +1,6 @@
-// The simulator as an executor (preempt-executor.h): what the server's mechanics do to a slot, to
-// host RAM, to the disk and to the clock, in simulated time. Every choice is the policy's
+// The simulator as an executor (preempt-executor.h): what the policy sees of its slots and tiers,
+// and what the server's mechanics do to a slot, to host RAM, to the disk and to the clock, in
+// simulated time. Every choice is the policy's
 // (apply_plan(), park_victim(), disk_hold()); this file only carries it out.
 #include "preempt-sim.h"
 
@@ -9,6 +10,62 @@
 #include <cstdint>
 
 namespace llama_preempt {
+
+// what plan_step() sees, built as the server's preempt_view() builds it
+slot_view sim_server::view(const sim_slot & s) const {
+    slot_view v;
+    v.id        = s.id;
+    v.phase     = s.phase;
+    v.n_cells   = s.phase == slot_phase::parked ? 0 : s.cells;
+    v.n_preempt = s.n_preempt;
+    v.is_new    = s.is_new;
+    v.arrival   = s.req;
+    if (s.req >= 0) {
+        v.t_arrival_us = (int64_t) (s.t_arrival * 1e6);
+        v.n_gen_left   = reqs[s.req].n_gen - s.gen_done;
+    }
+    if ((s.phase == slot_phase::generating || s.phase == slot_phase::parked) && s.t_last_token >= 0) {
+        v.t_last_token_us = (int64_t) (s.t_last_token * 1e6);
+    }
+    if (s.phase == slot_phase::prompt) {
+        v.n_replay_left = s.replay_left;
+        v.n_prompt_left = s.replay_left > 0 ? s.replay_left : reqs[s.req].n_prompt - s.prompt_done;
+    }
+    if (s.phase == slot_phase::parked) {
+        v.was_generating = s.from_gen;
+        v.n_restore   = s.n_restore;
+        v.t_parked_us = (int64_t) (s.t_parked * 1e6);
+    }
+    return v;
+}
+
+// the planner's knobs at this step: the clock and the step cost fitted so far (kept: the last
+// resort's victim is chosen with them too)
+plan_params sim_server::params() {
+    pp.t_now_us   = (int64_t) (t * 1e6);
+    pp.cost       = fit.cost();
+    pp.cost_ready = fit.ready();
+    return pp;
+}
+
+std::vector<slot_view> sim_server::views() const {
+    std::vector<slot_view> v;
+    v.reserve(slots.size());
+    for (const auto & s : slots) {
+        v.push_back(view(s));
+    }
+    return v;
+}
+
+// the flags' MiB as the server reads them (preempt-config.cpp)
+size_t sim_server::ram_budget() const {
+    // the host budget's share for parks (the simulator has no prompt cache: its cap is 0)
+    return host_budget_from_mib(p.host_kv_ram_mib, p.preempt_ram_mib, 0).parks();
+}
+
+size_t sim_server::disk_budget() const {
+    return p.preempt_disk_mib == 0 ? 0 : ram_budget_from_mib(p.preempt_disk_mib);
+}
 
 tier_state sim_server::tiers() const {
     tier_state t;
