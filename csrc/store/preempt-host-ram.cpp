@@ -7,16 +7,6 @@
 
 namespace llama_preempt {
 
-const char * host_use_name(host_use u) {
-    switch (u) {
-        case host_use::park:         return "park";
-        case host_use::transit:      return "transit";
-        case host_use::prompt_read:  return "prompt_read";
-        case host_use::prompt_ahead: return "prompt_ahead";
-    }
-    return "?";
-}
-
 bool host_ram::reserve(const host_held & held, size_t bytes, host_use use) {
     fit(held, bytes);  // cached prompts give way to what comes in, whatever it is
     switch (use) {

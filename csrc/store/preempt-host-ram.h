@@ -28,7 +28,6 @@ enum class host_use {
     prompt_read,   // a cached prompt's file read back into the RAM cache: within what parks leave
     prompt_ahead,  // a cached prompt's file read ahead for a waiting request: within what parks leave
 };
-const char * host_use_name(host_use u);
 
 // What gives way: upstream's prompt cache, adapted by the server (its types stay there).
 class host_cache {
