@@ -23,6 +23,7 @@ parked come back depend on the planner alone, and the traces agree on those too.
 """
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -119,3 +120,94 @@ def test_the_simulator_makes_the_servers_decisions(stories_model: Path, tmp_path
     tiers = {t for _, _, t, _ in server_trace(reports, tasks)}
     if disk:  # the disk tier took part (and, with a RAM budget, so did RAM)
         assert tiers == ({"disk"} if ram_mib == 0 else {"ram", "disk"})
+
+
+# --- the prompt cache: a multi-turn chat, turn after turn ---
+
+def chat_turns(eng: Engine, users: int, turns: int) -> tuple[list[list[int]], int]:
+    """Each user's first prompt (0.6-0.7 MiB of f32 cells: one fits a 1 MiB cache, two do not): a
+    system prompt every user shares, then the user's own story (its first word differs from every
+    other user's, so two users share the system prompt exactly).
+    Returns the first prompts' tokens and the tokens they all share."""
+    system = eng.tokenize(long_prompt(150, shift=1))
+    first = [system + eng.tokenize(f" {WORD_OF[u]} " + long_prompt(130 + 10 * u, shift=7 * u + 2), add_special=False)
+             for u in range(users)]
+    shared = {len(os.path.commonprefix([a, b])) for i, a in enumerate(first) for b in first[i + 1:]}
+    assert len(shared) == 1, f"the users' prompts must share exactly the system prompt, got {shared}"
+    return first, shared.pop()
+
+
+WORD_OF = ("zebra", "castle", "pirate", "rocket", "dragon", "wizard")
+
+
+def state_size(model: Path, n_ctx: int) -> tuple[float, float]:
+    """A cached state's bytes as (per cell, header), from the server's own RAM cache: two prompts
+    of different lengths saved to it, one after the other, by a third request."""
+    with Engine(model, ["-ctk", "f32", "-ctv", "f32", "--cache-ram", "64"], n_ctx=n_ctx, n_parallel=1, n_batch=64,
+                kv_unified=True, n_threads=2) as eng:
+        points = []
+        for i, n_words in enumerate((40, 160, 10)):
+            r = eng.submit(f"{WORD_OF[i]} " + long_prompt(n_words), n_predict=1, temperature=0, cache_prompt=True)
+            eng.run([r], timeout=60)
+            points.append((r.completion().n_prompt, eng.metrics()["prompt_cache_bytes"]))
+    (n0, _), (n1, b1), (_, b2) = points  # after the second the cache holds the first; after the third both
+    per_cell = (b2 - 2 * b1) / (n1 - n0)
+    return per_cell, b1 - per_cell * n0
+
+
+@pytest.mark.parametrize("cache_mib, disk", [
+    (1, False),   # one conversation fits the RAM cache: a returning turn keeps the system prompt only
+    (1, True),    # the same, with the disk tier: each conversation's prompt comes back from its file
+    (16, False),  # every conversation fits: each comes back from RAM
+])
+def test_the_simulator_makes_the_servers_prompt_cache_choices(stories_model: Path, tmp_path: Path, cache_mib: int,
+                                                              disk: bool) -> None:
+    """A multi-turn chat, one request at a time (each turn resends the conversation, its answer and a
+    new question), through the live server and through the simulator: the same prompt tokens reused
+    by every request, and the same prompts spilled to disk and read back. What is compared is the
+    prompt cache's choices: which slot a request takes (upstream's similarity rule), what the RAM
+    cache keeps within its limit, what leaves for disk, which file is read back (the policy's
+    choose_prompt_read) and how much of the prompt is then computed."""
+    users, turns, n_gen, n_ctx = 4, 3, 16, 4096
+    args = ["-ctk", "f32", "-ctv", "f32", "--cache-ram", str(cache_mib), "--host-kv-ram", str(cache_mib)]
+    if disk:
+        args += ["--preempt-disk", str(tmp_path)]
+    per_cell, overhead = state_size(stories_model, n_ctx)
+    cached: list[int] = []
+    n_prompt: list[int] = []
+    conversation: list[int] = []
+    with Engine(stories_model, args, n_ctx=n_ctx, n_parallel=2, n_batch=64, kv_unified=True, n_threads=2) as eng:
+        convo, n_shared = chat_turns(eng, users, turns)
+        for t in range(turns):
+            for u in range(users):
+                convo[u] = convo[u] + eng.tokenize(f" then {WORD_OF[u]} asked question {t} ?", add_special=False)
+                r = eng.submit(convo[u], n_predict=n_gen, temperature=0, ignore_eos=True, cache_prompt=True,
+                               return_tokens=True)
+                eng.run([r], timeout=120)
+                c = r.completion()
+                assert c.n_generated == n_gen
+                n_prompt.append(len(convo[u]))
+                cached.append(int(c.timings["cache_n"]))
+                conversation.append(u)
+                convo[u] = convo[u] + list(c.response["tokens"])
+        m = eng.metrics()
+        st = eng.stats()
+    costs = Costs(bytes_per_cell=per_cell, state_overhead_bytes=overhead,
+                  disk_write_gbps=st.preempt_disk_write_bytes_per_second / 1e9 or Costs().disk_write_gbps,
+                  disk_read_gbps=st.preempt_disk_read_bytes_per_second / 1e9 or Costs().disk_read_gbps)
+    p = sim_params(n_ctx=n_ctx, n_parallel=2, n_batch=64, preempt=True, preempt_ram_mib=8192, preempt_mode="auto",
+                   preempt_disk_mib=-1 if disk else 0, costs=costs, max_steps=100_000)
+    p.cache_ram_mib = p.host_kv_ram_mib = cache_mib
+    n = len(n_prompt)
+    sim = _core.simulate([0.0] * n, n_prompt, [n_gen] * n, p, conversation=conversation, n_shared=[n_shared] * n,
+                         after=list(range(-1, n - 1)))
+    assert [q.outcome for q in sim.requests] == [_core.SimOutcome.COMPLETED] * n
+    assert [q.n_prompt_cached for q in sim.requests] == cached
+    assert (sim.n_prompt_cache_spilled, sim.n_prompt_cache_disk_hits) == \
+        (int(m["n_prompt_cache_spilled_total"]), int(m["n_prompt_cache_disk_hits_total"]))
+    returning = cached[users:]
+    if cache_mib == 1 and not disk:
+        assert returning == [n_shared] * len(returning), "only the system prompt comes back when RAM holds one chat"
+    else:
+        assert all(c > n_shared for c in returning), "each conversation's prompt comes back (from RAM or from disk)"
+        assert sim.n_prompt_cache_disk_hits == (len(returning) if disk else 0)

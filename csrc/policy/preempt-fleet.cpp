@@ -7,7 +7,7 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <numeric>
+#include <set>
 #include <utility>
 
 namespace llama_preempt {
@@ -56,30 +56,84 @@ sim_fleet_result simulate_fleet(const std::vector<sim_request> & requests, const
     const size_t n     = requests.size();
     const size_t n_srv = (size_t) std::max(1, n_servers);
 
-    // arrivals in time order (equal times keep the caller's order), results in the caller's order
-    std::vector<size_t> order(n);
-    std::iota(order.begin(), order.end(), 0);
-    std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
-        return requests[a].t_arrival < requests[b].t_arrival;
-    });
-
-    std::vector<sim_server> servers(n_srv, sim_server(p));
+    std::vector<sim_server> servers;
+    servers.reserve(n_srv);
+    for (size_t j = 0; j < n_srv; ++j) {
+        servers.emplace_back(p);
+    }
     sim_fleet_result out;
-    out.server_of.resize(n);
+    out.server_of.assign(n, -1);
     out.parked_seen.resize(n * n_srv);
     std::vector<size_t> local(n);  // a request's number on its server
-    for (size_t k = 0; k < n; ++k) {
-        const size_t i = order[k];
+
+    // arrivals in time order (equal times keep the caller's order); a turn that follows another is
+    // released when that one is done (its pause after it), so a chat's next turn waits for its answer
+    std::set<std::pair<double, size_t>> ready;
+    std::vector<std::vector<size_t>> followers(n);
+    for (size_t i = 0; i < n; ++i) {
+        const int32_t a = requests[i].after;
+        if (a >= 0 && (size_t) a < i) {
+            followers[a].push_back(i);
+        } else {
+            ready.insert({ requests[i].t_arrival, i });
+        }
+    }
+    std::vector<size_t> watched;  // arrived requests with followers not yet released
+    size_t k = 0;  // arrivals so far
+    while (true) {
+        const double t_next = ready.empty() ? SIM_NEVER : ready.begin()->first;
+        if (!watched.empty()) {
+            // turns follow others: the server furthest behind moves one step at a time, so a
+            // follower is released at its leader's end, before any server runs past it
+            sim_server * behind = nullptr;
+            for (auto & s : servers) {
+                if (!s.stopped && s.t < t_next && s.has_work() && (!behind || s.t < behind->t)) {
+                    behind = &s;
+                }
+            }
+            if (behind) {
+                const double t0 = behind->t;
+                const int64_t n0 = behind->res.n_steps;
+                behind->advance(t_next);
+                if (behind->t == t0 && behind->res.n_steps == n0 && !behind->stopped) {
+                    behind->stopped = true;  // it cannot move (nothing will unblock it)
+                }
+                for (size_t w = 0; w < watched.size();) {
+                    const size_t i = watched[w];
+                    const auto & r = servers[out.server_of[i]].res.requests[local[i]];
+                    if (r.outcome == sim_outcome::pending) {
+                        ++w;
+                        continue;
+                    }
+                    for (size_t f : followers[i]) {
+                        ready.insert({ r.t_done + requests[f].t_arrival, f });
+                    }
+                    watched[w] = watched.back();
+                    watched.pop_back();
+                }
+                continue;
+            }
+        }
+        if (ready.empty()) {
+            break;
+        }
+        const size_t i = ready.begin()->second;
+        ready.erase(ready.begin());
         for (auto & s : servers) {
-            s.run_until(requests[i].t_arrival);
+            s.run_until(t_next);
         }
         for (size_t j = 0; j < n_srv; ++j) {
             out.parked_seen[i * n_srv + j] = servers[j].n_parked();
         }
-        const size_t j = pick_server(servers, route, k);
+        const size_t j = pick_server(servers, route, k++);
         out.server_of[i] = (int32_t) j;
         local[i] = servers[j].reqs.size();
-        servers[j].arrive(requests[i]);
+        sim_request rq = requests[i];
+        rq.t_arrival = t_next;
+        servers[j].arrive(rq);
+        if (!followers[i].empty()) {
+            watched.push_back(i);
+        }
     }
 
     out.servers.resize(n_srv);
@@ -91,6 +145,9 @@ sim_fleet_result simulate_fleet(const std::vector<sim_request> & requests, const
     }
     out.requests.resize(n);
     for (size_t i = 0; i < n; ++i) {
+        if (out.server_of[i] < 0) {
+            continue;  // never arrived: the turn it follows never ended
+        }
         const sim_request_result & r = servers[out.server_of[i]].res.requests[local[i]];
         out.requests[i] = r;
         out.servers[out.server_of[i]].requests.push_back(r);

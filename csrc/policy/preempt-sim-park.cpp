@@ -59,8 +59,7 @@ std::vector<slot_view> sim_server::views() const {
 
 // the flags' MiB as the server reads them (preempt-config.cpp)
 size_t sim_server::ram_budget() const {
-    // the host budget's share for parks (the simulator has no prompt cache: its cap is 0)
-    return host_budget_from_mib(p.host_kv_ram_mib, p.preempt_ram_mib, 0).parks();
+    return host.limits().parks();  // the host budget's share for parks
 }
 
 size_t sim_server::disk_budget() const {
@@ -72,7 +71,7 @@ tier_state sim_server::tiers() const {
     t.mode       = effective_mode(p.mode, ram_budget(), disk_budget());
     t.ram_budget = ram_budget();
     t.ram_held   = (size_t) parked_bytes;
-    t.disk_left  = ram_left(disk_budget(), (size_t) disk_bytes);
+    t.disk_left  = ram_left(disk_budget(), (size_t) disk_bytes) + prompt_files.bytes();  // prompt files give way to parks
     t.rates.park_bps       = p.swap_out_bps;
     t.rates.restore_bps    = p.swap_in_bps;
     t.rates.prefill_tps    = p.cost.prompt_token_s > 0 ? 1.0 / p.cost.prompt_token_s : 1e9;
@@ -120,7 +119,7 @@ void sim_server::free_ram(sim_slot & s) {
 }
 
 void sim_server::purge(int32_t id) {
-    slots[id].cells = 0;
+    clear_idle(slots[id]);
 }
 
 void sim_server::fail(int32_t id) {
@@ -129,10 +128,19 @@ void sim_server::fail(int32_t id) {
 
 move_result sim_server::copy_out(const park_order & o) {
     auto & s = slots[o.id];
+    // the host budget: cached prompts give way to this park first (a disk park's bytes only pass through)
+    const bool ok = host.reserve(host_held_now(), o.bytes, o.tier() == park_tier::disk ? host_use::transit : host_use::park);
+    if (cache) {
+        spill_evicted();
+    }
+    if (!ok) {
+        return { move_failure::copy_out, false };
+    }
     const double bytes = (double) o.bytes;
     s.bytes = bytes;
     t += bytes / p.swap_out_bps;
     if (o.tier() == park_tier::disk) {
+        drop_prompt_files(o.bytes);  // parks first on disk
         disk_bytes += bytes;
         res.peak_disk_bytes = std::max(res.peak_disk_bytes, disk_bytes);
         // one I/O thread: the write queues behind what it is doing
@@ -179,6 +187,17 @@ void sim_server::park(const park_order & o) {
     res.requests[s.req].n_preempt += 1;
 }
 
+// the step's start, in the server's order (preempt_settle()): the host budget (the cache grows
+// into the room resumed parks left), the prompt files (one read ahead), then the parks' files
+void sim_server::settle() {
+    host.settle(host_held_now());
+    if (cache) {
+        spill_evicted();
+        read_ahead_prompt();
+    }
+    settle_disk();
+}
+
 // at the start of a step, as the server's disk step: a written file frees its host copy unless the
 // slot is the next back, a read ahead is let go when RAM is short and the slot is no longer next
 void sim_server::settle_disk() {
@@ -210,6 +229,10 @@ move_result sim_server::copy_in(int32_t id) {
     auto & s = slots[id];
     s.t_restore0 = t;  // as the server's, the parked time ends where the restore begins
     if (s.tier == park_tier::disk) {
+        host.reserve(host_held_now(), (size_t) s.bytes, host_use::transit);  // its bytes come back into host RAM
+        if (cache) {
+            spill_evicted();
+        }
         if (s.reading) {
             t = std::max(t, s.t_io_done);  // the read ahead lands
         } else if (s.ram == 0) {
@@ -220,6 +243,7 @@ move_result sim_server::copy_in(int32_t id) {
     }
     t += s.bytes / p.swap_in_bps;
     free_ram(s);
+    host.release(host_held_now());
     return {};
 }
 

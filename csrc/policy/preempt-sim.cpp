@@ -17,11 +17,17 @@ sim_server::sim_server(const sim_params & p) : p(p) {
     for (size_t i = 0; i < slots.size(); ++i) {
         slots[i].id = (int32_t) i;
     }
+    if (p.cache_ram_mib != 0) {
+        // upstream's limits: --cache-ram (-1: none) and the context's tokens
+        cache = std::make_unique<sim_prompt_cache>(p.cache_ram_mib < 0 ? 0 : (size_t) p.cache_ram_mib << 20, (size_t) p.n_pool);
+    }
+    host = host_ram(host_budget_from_mib(p.host_kv_ram_mib, p.preempt_ram_mib, p.cache_ram_mib), cache.get(), false);
 }
 
 void sim_server::arrive(const sim_request & rq) {
     reqs.push_back(rq);
     res.requests.emplace_back();
+    res.requests.back().t_arrival = rq.t_arrival;
     if (stopped) {
         return;  // it stays pending, as the requests after a lone server's step limit do
     }
@@ -32,18 +38,25 @@ void sim_server::arrive(const sim_request & rq) {
 }
 
 void sim_server::run_until(double t_until) {
-    while (!stopped && t < t_until && has_work()) {
-        if (!step(t_until)) {
-            // all done (a request too large for the pool failed at admission), or held requests
-            // that nothing will unblock (the step flags the step limit for those)
-            stopped = res.hit_step_limit;
-            break;
-        }
-        if (res.n_steps >= p.max_steps) {
-            res.hit_step_limit = true;
-            stopped = true;
-        }
+    while (advance(t_until)) {
     }
+}
+
+bool sim_server::advance(double t_until) {
+    if (stopped || t >= t_until || !has_work()) {
+        return false;
+    }
+    if (!step(t_until)) {
+        // all done (a request too large for the pool failed at admission), or held requests
+        // that nothing will unblock (the step flags the step limit for those)
+        stopped = res.hit_step_limit;
+        return false;
+    }
+    if (res.n_steps >= p.max_steps) {
+        res.hit_step_limit = true;
+        stopped = true;
+    }
+    return !stopped;
 }
 
 bool sim_server::has_work() const {
@@ -89,7 +102,10 @@ void sim_server::finish(sim_slot & s, sim_outcome outcome) {
     if (outcome == sim_outcome::failed) {
         s.cells = 0;  // upstream clears a failed slot's cells
     }
+    sim_tokens kept = tokens_of(s.req);
+    kept.n = s.cells;  // its prompt and its answer (the chat's next tokens), but the last token sampled
     s = sim_slot{ s.id, -1, slot_phase::idle, false, s.cells };
+    s.tokens      = kept;
     s.t_last_used = t;
 }
 
@@ -108,31 +124,70 @@ void sim_server::token(sim_slot & s) {
     res.n_tokens_generated++;
 }
 
-// the waiting requests take idle slots
+// the waiting requests take idle slots, as upstream launches its queued tasks
 void sim_server::admit() {
     while (!waiting.empty()) {
-        // upstream takes the least recently used idle slot when no cached prefix matches
-        sim_slot * best = nullptr;
-        for (auto & s : slots) {
-            if (s.phase == slot_phase::idle && (!best || s.t_last_used < best->t_last_used)) {
-                best = &s;
-            }
-        }
-        if (!best) {
+        const int32_t id = waiting.front();
+        const sim_tokens tokens = tokens_of(id);
+        bool update_cache = false;
+        sim_slot * slot = pick_slot(tokens, update_cache);
+        if (!slot) {
             return;
         }
-        const int32_t id = waiting.front();
         waiting.pop_front();
         const auto & rq = reqs[id];
-        best->req = id;
-        best->t_arrival = t;
+        auto & s = *slot;
+        s.from = sim_prompt_source::slot;
+        if (update_cache) {
+            // the slot's prompt to the RAM cache, and the entry (or prompt file) that serves this one better into the slot
+            save_prompt(s);
+            load_prompt(s, tokens);
+            cache->update();
+            spill_evicted();
+        }
+        s.req = id;
+        s.t_arrival = t;
         if (rq.n_prompt + rq.n_gen + 1 > p.n_pool) {
-            finish(*best, sim_outcome::failed);  // larger than a slot's context: upstream's size check
+            finish(s, sim_outcome::failed);  // larger than a slot's context: upstream's size check
             continue;
         }
-        best->phase  = slot_phase::prompt;
-        best->is_new = true;
+        s.phase  = slot_phase::prompt;
+        s.is_new = true;
+        if (cache) {
+            // --cache-idle-slots (upstream's default with a cache): the other idle slots' prompts go
+            // to the cache and, the pool being unified, their cells are freed
+            for (auto & o : slots) {
+                if (o.phase == slot_phase::idle) {
+                    clear_idle(o);
+                }
+            }
+        }
     }
+}
+
+void sim_server::clear_idle(sim_slot & s) {
+    if (cache && s.tokens.n > 0) {
+        save_prompt(s);
+        cache->update();
+        spill_evicted();
+    }
+    s.cells  = 0;
+    s.tokens = {};
+}
+
+// the first chunk of a new slot's prompt: the cells it holds that its prompt starts with are kept
+// (at least its last token is computed, for its logits)
+void sim_server::start_prompt(sim_slot & s) {
+    s.started = true;
+    const sim_tokens tokens = tokens_of(s.req);
+    const int32_t n_past = std::min((int32_t) s.tokens.common_prefix(tokens), tokens.n - 1);
+    s.cells       = std::max(0, n_past);
+    s.prompt_done = s.cells;
+    s.tokens      = {};
+    auto & r = res.requests[s.req];
+    r.n_prompt_cached = s.cells;
+    r.cached_from     = s.cells > 0 ? s.from : sim_prompt_source::none;
+    res.n_prompt_tokens_computed += tokens.n - s.cells;
 }
 
 // a step that does not fit the pool at all: upstream fails every running request; with
@@ -211,8 +266,8 @@ bool sim_server::step(double t_next) {
             if (s.phase != slot_phase::prompt || held[s.id] || taken >= limit) {
                 continue;
             }
-            if (s.is_new) {
-                s.cells = 0;  // the prompt starts: nothing of the cached cells is reused
+            if (s.is_new && !s.started) {
+                start_prompt(s);  // the prompt starts: the cells it shares with the slot's cached prompt stay
             }
             const int32_t left = s.replay_left > 0 ? s.replay_left : reqs[s.req].n_prompt - s.prompt_done;
             chunk[s.id] = std::min(left, limit - taken);
@@ -222,10 +277,10 @@ bool sim_server::step(double t_next) {
         if (used + n_gen_tok + n_prompt_tok <= p.n_pool) {
             break;
         }
-        // upstream clears idle caches on a failed decode, then halves the batch
+        // upstream clears idle caches on a failed decode (to the RAM cache first), then halves the batch
         for (auto & s : slots) {
             if (s.phase == slot_phase::idle) {
-                s.cells = 0;
+                clear_idle(s);
             }
         }
         used = cells_used();

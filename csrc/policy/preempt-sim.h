@@ -14,19 +14,28 @@
 
 #include "preempt-executor.h"
 #include "preempt-policy.h"
+#include "preempt-sim-cache.h"
 
 #include <cstdint>
 #include <deque>
 #include <limits>
+#include <memory>
 #include <string>
 #include <vector>
 
 namespace llama_preempt {
 
 struct sim_request {
-    double  t_arrival = 0.0;  // seconds since the start
+    double  t_arrival = 0.0;  // seconds since the start (with `after`: since that request was done)
     int32_t n_prompt  = 1;    // prompt tokens
     int32_t n_gen     = 1;    // tokens to generate (ignore_eos)
+    // a multi-turn chat: the conversation it continues (-1: none; its prompt begins with that chat's
+    // earlier prompts and answers), the leading prompt tokens every request shares (a common system
+    // prompt), and the request it follows (-1: none; the caller's index of an earlier request): it
+    // arrives t_arrival seconds after that one's answer, as a user's next turn does
+    int32_t conversation = -1;
+    int32_t n_shared     = 0;
+    int32_t after        = -1;
 };
 
 struct sim_params {
@@ -36,6 +45,8 @@ struct sim_params {
     bool    preempt = true;   // false: upstream's behaviour (a full pool fails every running request)
     int64_t preempt_ram_mib = 8192;  // --preempt-ram (MiB): -1 no limit, 0 recompute only (ram_budget_from_mib())
     int64_t host_kv_ram_mib = -2;    // --host-kv-ram (MiB): the host budget parks share with the prompt cache (-2: not given)
+    int64_t cache_ram_mib   = 0;     // --cache-ram (MiB): upstream's RAM prompt cache (0: none, as here by default; the server's is 8192)
+    float   slot_prompt_similarity = 0.1f;  // --slot-prompt-similarity: a request takes the idle slot whose prompt it shares this much of
     preempt_mode mode = preempt_mode::automatic;   // --preempt-mode: the server's choose_park() with the rates below
     sched_params sched;                            // how the planner shares an overloaded pool (the server's flags)
 
@@ -56,6 +67,15 @@ struct sim_params {
 
 enum class sim_outcome : int32_t { pending = 0, completed = 1, failed = 2 };
 
+// where the prompt tokens a request did not compute came from
+enum class sim_prompt_source : int32_t {
+    none,  // it computed its whole prompt
+    slot,  // the cells its slot still held (upstream's cache_prompt)
+    ram,   // the RAM prompt cache
+    disk,  // a prompt file read back from the disk tier into the RAM cache
+};
+const char * sim_prompt_source_name(sim_prompt_source s);
+
 struct sim_request_result {
     sim_outcome outcome     = sim_outcome::pending;
     double      t_start     = -1;  // admitted into a slot
@@ -65,6 +85,9 @@ struct sim_request_result {
     double      t_parked_s  = 0;   // time spent parked
     double      t_second    = -1;  // second token (the first one decoded after the prompt)
     double      max_gap_s   = 0;   // the longest wait between two of its tokens
+    double      t_arrival   = -1;  // when it arrived (a turn that follows another: that one's end and its pause)
+    int32_t     n_prompt_cached = 0;  // prompt tokens it did not compute (the server's tokens_cached; prompt_n is the rest)
+    sim_prompt_source cached_from = sim_prompt_source::none;
 };
 
 // one decision of the simulated server's policy, as the server's step events report it
@@ -98,6 +121,15 @@ struct sim_result {
     int64_t n_width_steps        = 0;  // steps with a slot generating: the planner chose a decode width in each
     int64_t sum_decode_width     = 0;  //   the widths summed (their mean: sum / steps)
     int32_t max_decode_width     = 0;
+    // the prompt cache (sim_params::cache_ram_mib), as the server's /metrics count it
+    int64_t n_prompt_tokens_computed = 0;  // prompt tokens prefilled (prompt_n summed; replays not counted)
+    int64_t n_prompt_cache_ram_hits  = 0;  // a request's prefix restored from the RAM cache
+    int64_t n_prompt_cache_disk_hits = 0;  // prompt files read back (n_prompt_cache_disk_hits_total)
+    int64_t n_prompt_cache_spilled   = 0;  // cached prompts written to the disk tier (n_prompt_cache_spilled_total)
+    int64_t n_prompt_cache_evicted   = 0;  // cached prompts the host budget made leave RAM (n_prompt_cache_evicted_total)
+    int64_t n_prompt_cache_read_ahead = 0; // prompt files read ahead for a waiting request
+    int64_t n_prompt_cache_disk_skipped = 0;  // cached prompts dropped for want of disk room
+    double  peak_cache_bytes         = 0;  // the RAM cache's bytes
 };
 
 // one slot of a simulated server
@@ -107,6 +139,9 @@ struct sim_slot {
     slot_phase phase = slot_phase::idle;
     bool       is_new = false;  // admitted, has not processed a prompt chunk yet
     int32_t    cells  = 0;      // cells held (an idle or new slot's are a reclaimable cache)
+    sim_tokens tokens;          // an idle or new slot's: the prompt its cells hold (tokens.n == cells)
+    sim_prompt_source from = sim_prompt_source::none;  // a new slot's: where its cells came from
+    bool       started = false;  // its prompt's first chunk was taken (what its cells share with it kept)
     int32_t    prompt_done = 0;
     int32_t    gen_done    = 0;
     double     t_last_used = 0;
@@ -157,6 +192,13 @@ struct sim_server final : plan_executor {
     step_cost_fit fit;         // the step cost as the planner knows it: fitted from the simulated steps, as the server's
     bool   stopped = false;  // gave up: the step limit, or held requests that nothing can unblock
 
+    // the prompt cache (p.cache_ram_mib != 0; preempt-sim-cache.cpp): upstream's RAM cache, its
+    // disk side, and the one host budget they and the parks share
+    std::unique_ptr<sim_prompt_cache> cache;  // on the heap: the host budget points at it
+    sim_prompt_files prompt_files;
+    host_ram host;
+    double t_prompt_write = 0;  // the last prompt file's write is done then (one at a time)
+
     explicit sim_server(const sim_params & p);
 
     // a request arrives (at rq.t_arrival, which is not before any earlier arrival's); an idle
@@ -166,6 +208,8 @@ struct sim_server final : plan_executor {
     // every step that starts before t_until, the next arrival anywhere (SIM_NEVER: run out);
     // the caller brings the arrivals at t_until afterwards
     void run_until(double t_until);
+    // at most one step, before t_until (the fleet's loop when turns follow others); false: none was due
+    bool advance(double t_until);
 
     bool has_work() const;
     int32_t n_parked() const;  // requests parked now
@@ -188,9 +232,24 @@ struct sim_server final : plan_executor {
     size_t disk_budget() const;  // 0: no disk tier
     bool last_resort();
     int32_t cells_used() const;
+    void clear_idle(sim_slot & s);  // an idle slot's cells go (to the RAM cache first, where there is one)
+    void start_prompt(sim_slot & s);  // its first chunk: what its cells share with the prompt is kept
+
+    // the prompt cache, as upstream's get_available_slot() and the server's preempt-prompt-disk.inc
+    sim_tokens tokens_of(int32_t req) const;
+    size_t state_bytes(int32_t n_tokens) const;
+    host_held host_held_now() const;
+    sim_slot * pick_slot(const sim_tokens & tokens, bool & update_cache);  // an idle slot for them (nullptr: none)
+    void save_prompt(const sim_slot & s);  // prompt_save(): its copy to RAM takes the loop's time
+    void load_prompt(sim_slot & s, const sim_tokens & tokens);  // prompt_load(), after the disk lookup
+    void spill_evicted();  // what left the RAM cache goes to disk (or is dropped)
+    prompt_read_choice prompt_to_read(const sim_tokens & tokens, const std::vector<prompt_file_view> & files) const;
+    void lookup_prompt(const sim_tokens & tokens);  // a file that matches better comes back into RAM
+    void read_ahead_prompt();  // once a step, for the oldest waiting request
+    void drop_prompt_files(size_t n_bytes);  // parks first on disk
 
     // the executor (preempt-executor.h), in simulated time (preempt-sim-park.cpp)
-    void         settle() override { settle_disk(); }
+    void         settle() override;
     plan_params  params() override;
     std::vector<slot_view> views() const override;
     tier_state   tiers() const override;

@@ -54,7 +54,7 @@ void register_memory(py::module_ & m) {
         .value("TRANSIT",      lp::host_use::transit)
         .value("PROMPT_READ",  lp::host_use::prompt_read)
         .value("PROMPT_AHEAD", lp::host_use::prompt_ahead);
-    py::class_<py_host_ram>(m, "HostRam", "the one host budget as the server keeps it (store/preempt-host-ram.h)")
+    py::class_<py_host_ram>(m, "HostRam", "the one host budget as the server keeps it (policy/preempt-host-ram.h)")
         .def(py::init([](int64_t host_mib, int64_t park_mib, int64_t cache_mib, py::object cache) {
                  auto r = std::make_unique<py_host_ram>();
                  r->cache = cache;

@@ -16,18 +16,40 @@ namespace lp = llama_preempt;
 
 namespace {
 
-// the simulator's requests from the three columns Python passes
+// the simulator's requests from the columns Python passes (the chat columns may be empty: no chats)
 std::vector<lp::sim_request> sim_requests(const std::vector<double> & t_arrival, const std::vector<int32_t> & n_prompt,
-                                          const std::vector<int32_t> & n_gen) {
-    if (t_arrival.size() != n_prompt.size() || t_arrival.size() != n_gen.size()) {
+                                          const std::vector<int32_t> & n_gen, const std::vector<int32_t> & conversation = {},
+                                          const std::vector<int32_t> & n_shared = {}, const std::vector<int32_t> & after = {}) {
+    const size_t n = t_arrival.size();
+    if (n_prompt.size() != n || n_gen.size() != n) {
         throw py::value_error("t_arrival, n_prompt and n_gen must have the same length");
     }
-    std::vector<lp::sim_request> reqs(t_arrival.size());
-    for (size_t i = 0; i < reqs.size(); ++i) {
+    for (const auto * col : { &conversation, &n_shared, &after }) {
+        if (!col->empty() && col->size() != n) {
+            throw py::value_error("conversation, n_shared and after must be empty or as long as t_arrival");
+        }
+    }
+    std::vector<lp::sim_request> reqs(n);
+    for (size_t i = 0; i < n; ++i) {
         if (n_prompt[i] < 1 || n_gen[i] < 1) {
             throw py::value_error("every request needs at least one prompt token and one generated token");
         }
         reqs[i] = { t_arrival[i], n_prompt[i], n_gen[i] };
+        if (!conversation.empty()) {
+            reqs[i].conversation = conversation[i];
+        }
+        if (!n_shared.empty()) {
+            if (n_shared[i] < 0) {
+                throw py::value_error("n_shared must be >= 0 (request " + std::to_string(i) + ")");
+            }
+            reqs[i].n_shared = n_shared[i];
+        }
+        if (!after.empty()) {
+            if (after[i] >= (int32_t) i) {
+                throw py::value_error("after must name an earlier request, or be -1 (request " + std::to_string(i) + ")");
+            }
+            reqs[i].after = after[i];
+        }
     }
     return reqs;
 }
@@ -43,7 +65,13 @@ void register_sim(py::module_ & m) {
         .def_readonly("n_preempt",  &lp::sim_request_result::n_preempt)
         .def_readonly("t_parked_s", &lp::sim_request_result::t_parked_s)
         .def_readonly("t_second",   &lp::sim_request_result::t_second, "second token (-1: never)")
-        .def_readonly("max_gap_s",  &lp::sim_request_result::max_gap_s, "the longest wait between two of its tokens");
+        .def_readonly("max_gap_s",  &lp::sim_request_result::max_gap_s, "the longest wait between two of its tokens")
+        .def_readonly("t_arrival",  &lp::sim_request_result::t_arrival, "when it arrived (a follower: its leader's end and pause)")
+        .def_readonly("n_prompt_cached", &lp::sim_request_result::n_prompt_cached,
+                      "prompt tokens it did not compute (the server's tokens_cached)")
+        .def_property_readonly("cached_from", [](const lp::sim_request_result & r) {
+            return std::string(lp::sim_prompt_source_name(r.cached_from));
+        }, "where those came from: none, slot, ram or disk");
 
     py::class_<lp::sim_decision>(m, "SimDecision", "one decision of the simulated server's policy")
         .def_readonly("step",    &lp::sim_decision::step)
@@ -69,6 +97,8 @@ void register_sim(py::module_ & m) {
         .def_readwrite("preempt",          &lp::sim_params::preempt)
         .def_readwrite("preempt_ram_mib", &lp::sim_params::preempt_ram_mib)
         .def_readwrite("host_kv_ram_mib", &lp::sim_params::host_kv_ram_mib)
+        .def_readwrite("cache_ram_mib",   &lp::sim_params::cache_ram_mib, "--cache-ram: upstream's RAM prompt cache (0: none)")
+        .def_readwrite("slot_prompt_similarity", &lp::sim_params::slot_prompt_similarity)
         .def_readwrite("mode",             &lp::sim_params::mode, "--preempt-mode: a PreemptMode or its name (auto, swap, recompute)")
         .def_readwrite("sched",            &lp::sim_params::sched, "how the planner shares an overloaded pool (SchedParams)")
         .def_readwrite("cost",             &lp::sim_params::cost, "what a simulated step costs (StepCost)")
@@ -105,6 +135,14 @@ void register_sim(py::module_ & m) {
             return r.n_width_steps ? (double) r.sum_decode_width / r.n_width_steps : 0.0;
         }, "the decode width the planner chose, averaged over the steps where a slot generated")
         .def_readonly("max_decode_width",   &lp::sim_result::max_decode_width)
+        .def_readonly("n_prompt_tokens_computed", &lp::sim_result::n_prompt_tokens_computed)
+        .def_readonly("n_prompt_cache_ram_hits",  &lp::sim_result::n_prompt_cache_ram_hits)
+        .def_readonly("n_prompt_cache_disk_hits", &lp::sim_result::n_prompt_cache_disk_hits)
+        .def_readonly("n_prompt_cache_spilled",   &lp::sim_result::n_prompt_cache_spilled)
+        .def_readonly("n_prompt_cache_evicted",   &lp::sim_result::n_prompt_cache_evicted)
+        .def_readonly("n_prompt_cache_read_ahead", &lp::sim_result::n_prompt_cache_read_ahead)
+        .def_readonly("n_prompt_cache_disk_skipped", &lp::sim_result::n_prompt_cache_disk_skipped)
+        .def_readonly("peak_cache_bytes",         &lp::sim_result::peak_cache_bytes)
         .def_readonly("requests",           &lp::sim_result::requests, "a SimRequestResult per request, in the order they arrived")
         .def_readonly("trace",              &lp::sim_result::trace,
                       "every park, resume and failure of a parked request, in order: the decision trace");
@@ -124,13 +162,18 @@ void register_sim(py::module_ & m) {
         }, "per request: each server's parked requests when the router placed it");
 
     m.def("simulate", [](const std::vector<double> & t_arrival, const std::vector<int32_t> & n_prompt,
-                         const std::vector<int32_t> & n_gen, const lp::sim_params & params) {
-              const auto reqs = sim_requests(t_arrival, n_prompt, n_gen);
+                         const std::vector<int32_t> & n_gen, const lp::sim_params & params,
+                         const std::vector<int32_t> & conversation, const std::vector<int32_t> & n_shared,
+                         const std::vector<int32_t> & after) {
+              const auto reqs = sim_requests(t_arrival, n_prompt, n_gen, conversation, n_shared, after);
               py::gil_scoped_release nogil;
               return lp::simulate(reqs, params);
           },
           py::arg("t_arrival"), py::arg("n_prompt"), py::arg("n_gen"), py::arg("params"),
-          "run the server loop in simulation with the server's own planner");
+          py::arg("conversation") = std::vector<int32_t>{}, py::arg("n_shared") = std::vector<int32_t>{},
+          py::arg("after") = std::vector<int32_t>{},
+          "run the server loop in simulation with the server's own planner; a multi-turn chat's requests name "
+          "their conversation, the tokens every prompt shares, and the request each follows (-1: none)");
 
     m.def("simulate_fleet", [](const std::vector<double> & t_arrival, const std::vector<int32_t> & n_prompt,
                                const std::vector<int32_t> & n_gen, const lp::sim_params & params, int32_t n_servers,

@@ -41,7 +41,8 @@ public:
 class host_ram {
 public:
     host_ram() = default;
-    host_ram(const host_budget & limits, host_cache * cache) : limits_(limits), cache_(cache) {}
+    // `real`: the bytes are real host memory, whose freed pages go back to the system (the simulator's are not)
+    host_ram(const host_budget & limits, host_cache * cache, bool real = true) : limits_(limits), cache_(cache), real_(real) {}
 
     // Room for `bytes` more of `use` beside what is `held`: cached prompts give way first. True when
     // the bytes are within the budget's share for that use (see host_use); false: they are not,
@@ -74,6 +75,7 @@ private:
 
     host_budget  limits_;
     host_cache * cache_    = nullptr;  // null: no prompt cache (--cache-ram 0)
+    bool         real_     = true;
     bool         trim_due_ = false;
     uint64_t     n_trims_  = 0;
 };

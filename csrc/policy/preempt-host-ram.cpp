@@ -47,7 +47,9 @@ void host_ram::trim() {
     trim_due_ = false;
     n_trims_++;
 #if defined(__GLIBC__)
-    malloc_trim(0);
+    if (real_) {
+        malloc_trim(0);
+    }
 #endif
 }
 
