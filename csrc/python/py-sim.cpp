@@ -177,8 +177,9 @@ void register_sim(py::module_ & m) {
 
     m.def("simulate_fleet", [](const std::vector<double> & t_arrival, const std::vector<int32_t> & n_prompt,
                                const std::vector<int32_t> & n_gen, const lp::sim_params & params, int32_t n_servers,
-                               const std::string & route) {
-              const auto reqs = sim_requests(t_arrival, n_prompt, n_gen);
+                               const std::string & route, const std::vector<int32_t> & conversation,
+                               const std::vector<int32_t> & n_shared, const std::vector<int32_t> & after) {
+              const auto reqs = sim_requests(t_arrival, n_prompt, n_gen, conversation, n_shared, after);
               if (n_servers < 1) {
                   throw py::value_error("n_servers must be at least 1");
               }
@@ -190,6 +191,7 @@ void register_sim(py::module_ & m) {
               return lp::simulate_fleet(reqs, params, n_servers, how);
           },
           py::arg("t_arrival"), py::arg("n_prompt"), py::arg("n_gen"), py::arg("params"), py::arg("n_servers"),
-          py::arg("route") = "round-robin",
+          py::arg("route") = "round-robin", py::arg("conversation") = std::vector<int32_t>{},
+          py::arg("n_shared") = std::vector<int32_t>{}, py::arg("after") = std::vector<int32_t>{},
           "run the workload through n_servers simulated servers, each arrival placed by the route");
 }

@@ -220,8 +220,11 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 
     if args.workload is not None:
         wl = Workload.from_jsonl(args.workload)
+    elif args.chat is not None:
+        wl = _chat_workload(args)
     else:
-        wl = Workload.synthetic(args.requests, rate=args.rate, prompt=args.prompt_len, gen=args.gen_len, seed=args.seed)
+        wl = Workload.synthetic(args.requests, rate=args.rate, prompt=args.prompt_len or "100-400",
+                                gen=args.gen_len or "100-400", seed=args.seed)
     costs = Costs()
     pool_from = ""
     if args.calibrate:
@@ -255,7 +258,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     reports = sweep(wl, ctxs=swept.get("ctx", [args.ctx]), budgets=swept.get("ram", [args.preempt_ram]),
                     n_parallel=args.parallel, n_batch=args.batch, preempt=not args.no_preempt,
                     preempt_mode=args.preempt_mode, preempt_disk_mib=args.preempt_disk_mib, costs=costs,
-                    sched=args.sched)
+                    sched=args.sched, host_kv_ram_mib=args.host_kv_ram, cache_ram_mib=args.cache_ram)
     elapsed = time.perf_counter() - t0
     if args.json:
         print(_sim_json(args, wl, costs, elapsed, results=[r.to_json() for r in reports]))
@@ -277,6 +280,11 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     elif not args.no_preempt:
         cols.append(("parks", lambda r: f"{r.parks_swap}/{r.parks_recompute}"))
         legend = "parks: by SWAP / by RECOMPUTE"
+    if wl.has_chats:
+        # what the prompt cache saved: the prompt tokens computed of all sent, and the files read back
+        cols.append(("prompt computed", lambda r: f"{r.prompt_tokens_computed}/{sum(wl.n_prompt)}"))
+        if args.preempt_disk_mib != 0:
+            cols.append(("from disk", lambda r: str(r.prompt_cache_disk_hits)))
     cols += [("TTFT p99", lambda r: _secs(r.ttft_p99_s)), ("makespan", lambda r: f"{r.makespan_s:.1f} s")]
     if args.wide:
         cols[-1:-1] = [("recomputed tok", lambda r: str(r.recomputed_tokens)),
@@ -303,6 +311,29 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _chat_workload(args: argparse.Namespace) -> Any:
+    """simulate --chat USERS: a multi-turn chat workload from the flags."""
+    from .simulator import Workload
+
+    def count(flag: str, value: str, least: int) -> int:
+        try:
+            n = int(value)
+        except ValueError:
+            raise CLIError(f"{flag}: with --chat, a number of tokens, got {value!r}") from None
+        if n < least:
+            raise CLIError(f"{flag} must be at least {least}, got {n}")
+        return n
+
+    if args.chat < 1 or args.turns < 1:
+        raise CLIError(f"--chat and --turns must be at least 1, got {args.chat} and {args.turns}")
+    if args.think < 0 or args.rate < 0:
+        raise CLIError("--think and --rate must be >= 0")
+    return Workload.chat(args.chat, args.turns, system=count("--system-len", args.system_len, 0),
+                         first=count("--prompt-len", args.prompt_len or "300", 0), turn=count("--turn-len", args.turn_len, 1),
+                         gen=count("--gen-len", args.gen_len or "24", 1), think_s=args.think, rate=args.rate,
+                         one_client=args.one_client, seed=args.seed)
+
+
 def _simulate_fleet(args: argparse.Namespace, wl: Any, costs: Any) -> int:
     from .fleet import ROUTES, simulate_fleet
 
@@ -315,7 +346,7 @@ def _simulate_fleet(args: argparse.Namespace, wl: Any, costs: Any) -> int:
     fleets = [simulate_fleet(wl, n_servers=args.servers, route=route, n_ctx=args.ctx, n_parallel=args.parallel,
                              n_batch=args.batch, preempt=not args.no_preempt, preempt_ram_mib=args.preempt_ram,
                              preempt_mode=args.preempt_mode, preempt_disk_mib=args.preempt_disk_mib, costs=costs,
-                             sched=args.sched)
+                             sched=args.sched, host_kv_ram_mib=args.host_kv_ram, cache_ram_mib=args.cache_ram)
               for route in routes]
     elapsed = time.perf_counter() - t0
     if args.json:
@@ -481,9 +512,20 @@ def build_parser() -> argparse.ArgumentParser:
                      help='JSONL: {"t": seconds, "prompt_tokens": N, "max_tokens": M} per line')
     src.add_argument("--requests", type=int, default=100, help="synthetic: number of requests (default 100)")
     src.add_argument("--rate", type=float, default=2.0, help="synthetic: arrivals per second, 0 = all at once (default 2)")
-    src.add_argument("--prompt-len", default="100-400", help="synthetic: prompt tokens, N or LO-HI (default 100-400)")
-    src.add_argument("--gen-len", default="100-400", help="synthetic: generated tokens, N or LO-HI (default 100-400)")
+    src.add_argument("--prompt-len", default=None,
+                     help="synthetic: prompt tokens, N or LO-HI (default 100-400); --chat: a user's own first tokens (default 300)")
+    src.add_argument("--gen-len", default=None,
+                     help="synthetic: generated tokens, N or LO-HI (default 100-400); --chat: each answer's (default 24)")
     src.add_argument("--seed", type=int, default=0)
+    src.add_argument("--chat", type=int, default=None, metavar="USERS",
+                     help="a multi-turn chat instead: USERS conversations, each turn resending the conversation "
+                          "(--prompt-len: a user's own tokens in its first turn, --gen-len: each answer)")
+    src.add_argument("--turns", type=int, default=4, help="--chat: turns per user (default 4)")
+    src.add_argument("--system-len", default="300", help="--chat: the system prompt every user shares, tokens (default 300)")
+    src.add_argument("--turn-len", default="20", help="--chat: each later turn's new tokens (default 20)")
+    src.add_argument("--think", type=float, default=0.0, help="--chat: seconds from an answer to the user's next turn")
+    src.add_argument("--one-client", action="store_true",
+                     help="--chat: one client asks for every user in turn, one request at a time (bench/prompt_cache.py)")
     srv = m.add_argument_group("server")
     srv.add_argument("--ctx", type=int, default=None,
                      help=f"cells in the unified pool (-c; default: the --calibrate server's, else {DEFAULT_SIM_CTX}: "
@@ -496,6 +538,11 @@ def build_parser() -> argparse.ArgumentParser:
                      help="SWAP or RECOMPUTE per victim: auto (the cheapest by the costs), swap, recompute (default auto)")
     srv.add_argument("--preempt-disk-mib", type=int, default=0,
                      help="a disk tier of N MiB for parked slots (-1 no limit; default 0: none), priced with the disk rates")
+    srv.add_argument("--cache-ram", type=int, default=None,
+                     help="upstream's RAM prompt cache, MiB (-1 no limit, 0 none; default: the server's 8192 for "
+                          "--chat or a workload with conversations, else none)")
+    srv.add_argument("--host-kv-ram", type=int, default=-2,
+                     help="llama-server's --host-kv-ram: the one host budget parks and the prompt cache share (MiB)")
     srv.add_argument("--no-preempt", action="store_true", help="upstream's behaviour: a full pool fails every running request")
     srv.add_argument("--sched", default=None, metavar="KEY=N,...",
                      help="llama-server's --preempt-sched: the planner's knobs (width-loss=0: every slot decodes at once)")

@@ -16,7 +16,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from . import _core
-from .simulator import Costs, SimReport, Workload, WorkloadError, _pct, latencies, sim_params, sim_report
+from .simulator import (Costs, SimReport, Workload, WorkloadError, _pct, default_cache_ram, latencies, sim_params,
+                        sim_report)
 
 ROUTES = ("round-robin", "least-parked")
 
@@ -58,22 +59,25 @@ class FleetReport:
 def simulate_fleet(workload: Workload, *, n_servers: int = 2, route: str = "round-robin", n_ctx: int,
                    n_parallel: int, n_batch: int = 512, preempt: bool = True, preempt_ram_mib: int = 8192,
                    preempt_mode: str = "auto", preempt_disk_mib: int = 0, costs: Costs = Costs(),
-                   max_steps: int = 50_000_000, sched: Any = None) -> FleetReport:
+                   max_steps: int = 50_000_000, sched: Any = None, host_kv_ram_mib: int = -2,
+                   cache_ram_mib: int | None = None) -> FleetReport:
     """Run the workload through `n_servers` identical simulated servers, each configured as
-    simulate() configures its one, behind the `route` router; see the module docstring."""
+    simulate() configures its one, behind the `route` router; see the module docstring. Each
+    server has its own prompt cache: a chat's next turn finds its prompt only where it went before."""
     if n_servers < 1:
         raise WorkloadError(f"--servers must be at least 1, got {n_servers}")
     if route not in ROUTES:
         raise WorkloadError(f"--route expects {' or '.join(ROUTES)}, got {route!r}")
     p = sim_params(n_ctx=n_ctx, n_parallel=n_parallel, n_batch=n_batch, preempt=preempt,
                    preempt_ram_mib=preempt_ram_mib, preempt_mode=preempt_mode, preempt_disk_mib=preempt_disk_mib,
-                   costs=costs, max_steps=max_steps, sched=sched)
+                   costs=costs, max_steps=max_steps, sched=sched, host_kv_ram_mib=host_kv_ram_mib,
+                   cache_ram_mib=default_cache_ram(workload, cache_ram_mib))
     r = _core.simulate_fleet(list(workload.t_arrival), list(workload.n_prompt), list(workload.n_gen), p,
-                             n_servers, route)
+                             n_servers, route, list(workload.conversation), list(workload.n_shared), list(workload.after))
     server_of = list(r.server_of)
     servers = [sim_report(res, [t for t, j in zip(workload.t_arrival, server_of) if j == k], n_ctx=n_ctx,
                           n_parallel=n_parallel, preempt=preempt, preempt_ram_mib=preempt_ram_mib,
-                          preempt_mode=preempt_mode, preempt_disk_mib=preempt_disk_mib)
+                          preempt_mode=preempt_mode, preempt_disk_mib=preempt_disk_mib, cache_ram_mib=p.cache_ram_mib)
                for k, res in enumerate(r.servers)]
     ttft, queue = latencies(q for s in servers for q in s.per_request)
     return FleetReport(

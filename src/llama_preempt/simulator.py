@@ -80,14 +80,76 @@ def _parse_len(spec: str | int, what: str) -> tuple[int, int]:
 
 @dataclass(frozen=True)
 class Workload:
-    """Requests by arrival time (seconds), prompt tokens and tokens to generate."""
+    """Requests by arrival time (seconds), prompt tokens and tokens to generate. A multi-turn chat
+    also says, per request, the conversation it continues (-1: none; its prompt starts with that
+    conversation's earlier prompt and answer), the leading prompt tokens every request shares (a
+    common system prompt), and the request it follows (-1: none; an earlier index): it arrives
+    `t_arrival` seconds after that one's answer, as a user's next turn does. Empty: no chats."""
 
     t_arrival: tuple[float, ...]
     n_prompt: tuple[int, ...]
     n_gen: tuple[int, ...]
+    conversation: tuple[int, ...] = ()
+    n_shared: tuple[int, ...] = ()
+    after: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        n = len(self.t_arrival)
+        if len(self.n_prompt) != n or len(self.n_gen) != n:
+            raise WorkloadError("a workload needs as many prompt and answer lengths as arrival times")
+        for name in ("conversation", "n_shared", "after"):
+            col = getattr(self, name)
+            if col and len(col) != n:
+                raise WorkloadError(f"a workload's {name} must be empty or one per request")
+        if any(a >= i for i, a in enumerate(self.after)):
+            raise WorkloadError("a request can only follow an earlier one (after: an earlier index, or -1)")
 
     def __len__(self) -> int:
         return len(self.t_arrival)
+
+    @property
+    def has_chats(self) -> bool:
+        """Prompts that share prefixes (conversations or a common system prompt): a prompt cache helps."""
+        return any(c >= 0 for c in self.conversation) or any(self.n_shared)
+
+    @classmethod
+    def chat(cls, users: int, turns: int, *, system: int = 300, first: int = 300, turn: int = 20, gen: int = 24,
+             think_s: float = 0.0, rate: float = 0.0, one_client: bool = False, seed: int = 0) -> "Workload":
+        """`users` conversations of `turns` turns. Each prompt is the whole conversation: a `system`
+        prompt every user shares, the user's own `first` tokens in its first turn, then per turn its
+        `turn` new tokens after the answers so far (`gen` tokens each). A user's next turn comes
+        `think_s` seconds after its answer; users start at `rate` a second (0: all at once).
+        `one_client`: one client asks for every user in turn, each request after the answer before
+        it (user 1 turn 1, user 2 turn 1, ..., user 1 turn 2, ...), as bench/prompt_cache.py does."""
+        if users < 1 or turns < 1 or system < 0 or first < 0 or turn < 1 or gen < 1 or think_s < 0 or rate < 0:
+            raise WorkloadError("chat: needs users >= 1, turns >= 1, turn and gen >= 1, system, first, think and rate >= 0")
+        rng = random.Random(seed)
+        start, t = [], 0.0
+        for _ in range(users):
+            start.append(t)
+            if rate > 0:
+                t += rng.expovariate(rate)
+        ts: list[float] = []
+        ps: list[int] = []
+        cv: list[int] = []
+        af: list[int] = []
+        length = [system + first] * users
+        last = [-1] * users
+        for k in range(turns):
+            for u in range(users):
+                length[u] += turn
+                if one_client:
+                    af.append(len(ts) - 1)
+                    ts.append(think_s if ts else 0.0)
+                else:
+                    af.append(last[u])
+                    ts.append(start[u] if k == 0 else think_s)
+                last[u] = len(ps)
+                ps.append(length[u])
+                cv.append(u)
+                length[u] += gen
+        n = len(ps)
+        return cls(tuple(ts), tuple(ps), (gen,) * n, tuple(cv), (system,) * n, tuple(af))
 
     @classmethod
     def synthetic(cls, n_requests: int, *, rate: float = 0.0, prompt: str | int = "100-400",
@@ -130,14 +192,25 @@ class Workload:
 
     def to_jsonl(self, path: Path) -> None:
         """The workload in from_jsonl()'s format (`llama-preempt simulate --workload FILE` reads it)."""
-        Path(path).write_text("".join(json.dumps({"t": round(t, 4), "prompt_tokens": p, "max_tokens": g}) + "\n"
-                                      for t, p, g in zip(self.t_arrival, self.n_prompt, self.n_gen)))
+        lines = []
+        for i, (t, p, g) in enumerate(zip(self.t_arrival, self.n_prompt, self.n_gen)):
+            d: dict[str, Any] = {"t": round(t, 4), "prompt_tokens": p, "max_tokens": g}
+            for key, col in (("conversation", self.conversation), ("shared_tokens", self.n_shared), ("after", self.after)):
+                if col:
+                    d[key] = col[i]
+            lines.append(json.dumps(d) + "\n")
+        Path(path).write_text("".join(lines))
 
     @classmethod
     def from_jsonl(cls, path: Path) -> "Workload":
         """One request a line: {"t": seconds (default 0), "prompt_tokens": N, "max_tokens": M}
-        (also accepted: "arrival", "n_prompt", "n_predict", "n_gen")."""
+        (also accepted: "arrival", "n_prompt", "n_predict", "n_gen"); a chat's requests may add
+        "conversation", "shared_tokens" and "after" (a 0-based line index among the requests, and
+        then "t" is the pause after that request's answer)."""
         ts, ps, gs = [], [], []
+        cv: list[int] = []
+        sh: list[int] = []
+        af: list[int] = []
         try:
             lines = Path(path).read_text().splitlines()
         except OSError as e:
@@ -150,17 +223,25 @@ class Workload:
                 t = float(d.get("t", d.get("arrival", 0.0)))
                 p = int(d.get("prompt_tokens", d.get("n_prompt")))
                 g = int(d.get("max_tokens", d.get("n_predict", d.get("n_gen"))))
+                c, n_sh, a = int(d.get("conversation", -1)), int(d.get("shared_tokens", 0)), int(d.get("after", -1))
             except (ValueError, TypeError, AttributeError):
                 raise WorkloadError(f"--workload {path}:{i}: expected a JSON object with prompt_tokens and "
                                     f"max_tokens (and optionally t), got {line[:80]!r}") from None
             if p < 1 or g < 1 or t < 0:
                 raise WorkloadError(f"--workload {path}:{i}: tokens must be >= 1 and t >= 0")
+            if n_sh < 0 or not -1 <= a < len(ts):
+                raise WorkloadError(f"--workload {path}:{i}: shared_tokens must be >= 0 and after an earlier request "
+                                    f"(0 to {len(ts) - 1}) or -1")
             ts.append(t)
             ps.append(p)
             gs.append(g)
+            cv.append(c)
+            sh.append(n_sh)
+            af.append(a)
         if not ts:
             raise WorkloadError(f"--workload {path}: no requests in the file")
-        return cls(tuple(ts), tuple(ps), tuple(gs))
+        chats = any(c >= 0 for c in cv) or any(sh) or any(a >= 0 for a in af)
+        return cls(tuple(ts), tuple(ps), tuple(gs), *((tuple(cv), tuple(sh), tuple(af)) if chats else ()))
 
 
 def _pct(values: Sequence[float], q: float) -> float:
@@ -207,6 +288,13 @@ class SimReport:
     tok_s: float = float("nan")       # tokens generated over the makespan
     decode_width_mean: float = 0.0    # the decode width the planner chose, over the steps where a slot generated
     decode_width_max: int = 0
+    cache_ram_mib: int = 0            # the RAM prompt cache (0: none)
+    prompt_tokens_computed: int = 0   # prompt tokens prefilled (what the prompt cache did not save)
+    prompt_tokens_cached: int = 0     # prompt tokens reused (the slot's cells, the RAM cache, a file read back)
+    prompt_cache_ram_hits: int = 0
+    prompt_cache_disk_hits: int = 0   # prompt files read back
+    prompt_cache_spilled: int = 0     # cached prompts written to the disk tier
+    peak_cache_mib: float = 0.0
     per_request: list[dict[str, Any]] = field(default_factory=list, repr=False)
 
     @property
@@ -222,24 +310,31 @@ class SimReport:
 
 def simulate(workload: Workload, *, n_ctx: int, n_parallel: int, n_batch: int = 512, preempt: bool = True,
              preempt_ram_mib: int = 8192, preempt_mode: str = "auto", preempt_disk_mib: int = 0,
-             costs: Costs = Costs(), max_steps: int = 50_000_000, sched: Any = None, host_kv_ram_mib: int = -2) -> SimReport:
+             costs: Costs = Costs(), max_steps: int = 50_000_000, sched: Any = None, host_kv_ram_mib: int = -2,
+             cache_ram_mib: int | None = None) -> SimReport:
     """Run the workload through the simulated server; see the module docstring. `preempt_disk_mib`:
     a disk tier of that many MiB (-1: no limit; 0: none), priced with `costs`' disk rates. `sched`:
     the planner's scheduling knobs: llama-server's --preempt-sched text ("width-loss=0,...") or a
     `_core.SchedParams` (None: the server's defaults).
-    `host_kv_ram_mib`: the server's --host-kv-ram (-2: not given), which caps what parks may hold."""
+    `host_kv_ram_mib`: the server's --host-kv-ram (-2: not given), which parks and the prompt cache share.
+    `cache_ram_mib`: upstream's RAM prompt cache (--cache-ram; -1 no limit, 0 none; None: the
+    server's 8192 for a workload with chats, none otherwise, where no prompt shares a prefix)."""
     p = sim_params(n_ctx=n_ctx, n_parallel=n_parallel, n_batch=n_batch, preempt=preempt,
                    preempt_ram_mib=preempt_ram_mib, preempt_mode=preempt_mode, preempt_disk_mib=preempt_disk_mib,
-                   costs=costs, max_steps=max_steps, sched=sched)
-    if host_kv_ram_mib != -2:
-        try:
-            _core.parse_host_kv_ram_mib(str(host_kv_ram_mib))
-        except ValueError as e:
-            raise WorkloadError(str(e)) from None
-        p.host_kv_ram_mib = host_kv_ram_mib
-    r = _core.simulate(list(workload.t_arrival), list(workload.n_prompt), list(workload.n_gen), p)
+                   costs=costs, max_steps=max_steps, sched=sched, host_kv_ram_mib=host_kv_ram_mib,
+                   cache_ram_mib=default_cache_ram(workload, cache_ram_mib))
+    r = _core.simulate(list(workload.t_arrival), list(workload.n_prompt), list(workload.n_gen), p,
+                       list(workload.conversation), list(workload.n_shared), list(workload.after))
     return sim_report(r, workload.t_arrival, n_ctx=n_ctx, n_parallel=n_parallel, preempt=preempt,
-                      preempt_ram_mib=preempt_ram_mib, preempt_mode=preempt_mode, preempt_disk_mib=preempt_disk_mib)
+                      preempt_ram_mib=preempt_ram_mib, preempt_mode=preempt_mode, preempt_disk_mib=preempt_disk_mib,
+                      cache_ram_mib=p.cache_ram_mib)
+
+
+def default_cache_ram(workload: Workload, cache_ram_mib: int | None) -> int:
+    """--cache-ram for a simulation: as given, else the server's default (8192 MiB) where prompts share prefixes."""
+    if cache_ram_mib is None:
+        return 8192 if workload.has_chats else 0
+    return cache_ram_mib
 
 
 def sched_params(sched: Any) -> Any:
@@ -256,7 +351,8 @@ def sched_params(sched: Any) -> Any:
 
 
 def sim_params(*, n_ctx: int, n_parallel: int, n_batch: int, preempt: bool, preempt_ram_mib: int,
-               preempt_mode: str, costs: Costs, max_steps: int, preempt_disk_mib: int = 0, sched: Any = None) -> Any:
+               preempt_mode: str, costs: Costs, max_steps: int, preempt_disk_mib: int = 0, sched: Any = None,
+               host_kv_ram_mib: int = -2, cache_ram_mib: int = 0) -> Any:
     """The checked `_core.SimParams` of one simulated server (simulate() and the fleet's)."""
     if n_ctx < 2:
         raise WorkloadError("--ctx must be at least 2 cells")
@@ -269,13 +365,18 @@ def sim_params(*, n_ctx: int, n_parallel: int, n_batch: int, preempt: bool, pree
         _core.parse_preempt_mode(preempt_mode)
         if preempt_disk_mib != 0:
             _core.parse_preempt_disk_mib(str(preempt_disk_mib))
+        if host_kv_ram_mib != -2:
+            _core.parse_host_kv_ram_mib(str(host_kv_ram_mib))
     except ValueError as e:
         raise WorkloadError(str(e)) from None
+    if cache_ram_mib < -1:
+        raise WorkloadError(f"--cache-ram must be -1 (no limit), 0 (no prompt cache) or a size in MiB, got {cache_ram_mib}")
     p = _core.SimParams()
     p.mode = preempt_mode
     p.n_pool, p.n_slots, p.n_batch, p.preempt = n_ctx, n_parallel, n_batch, preempt
     p.preempt_ram_mib, p.preempt_disk_mib = preempt_ram_mib, preempt_disk_mib  # the policy converts them
     p.max_steps = max_steps
+    p.host_kv_ram_mib, p.cache_ram_mib = host_kv_ram_mib, cache_ram_mib
     p.sched = sched_params(sched)
     costs.to_params(p)
     return p
@@ -288,12 +389,14 @@ def latencies(per_request: Iterable[dict[str, Any]]) -> tuple[list[float], list[
 
 
 def sim_report(r: Any, arrivals: Sequence[float], *, n_ctx: int, n_parallel: int, preempt: bool,
-               preempt_ram_mib: int, preempt_mode: str, preempt_disk_mib: int = 0) -> SimReport:
-    """The report of one simulated server: its `_core.SimResult` and its requests' arrival times."""
+               preempt_ram_mib: int, preempt_mode: str, preempt_disk_mib: int = 0, cache_ram_mib: int = 0) -> SimReport:
+    """The report of one simulated server: its `_core.SimResult` and its requests' arrival times
+    (a turn that follows another arrives when the simulation says, its own arrival then)."""
     reqs = r.requests
-    per = [{"outcome": str(q.outcome), "t_arrival": arrival, "t_start": q.t_start, "t_first": q.t_first,
-            "t_second": q.t_second, "t_done": q.t_done, "n_preempt": q.n_preempt, "t_parked_s": q.t_parked_s,
-            "max_gap_s": q.max_gap_s}
+    per = [{"outcome": str(q.outcome), "t_arrival": q.t_arrival if q.t_arrival >= 0 else arrival, "t_start": q.t_start,
+            "t_first": q.t_first, "t_second": q.t_second, "t_done": q.t_done, "n_preempt": q.n_preempt,
+            "t_parked_s": q.t_parked_s, "max_gap_s": q.max_gap_s, "n_prompt_cached": q.n_prompt_cached,
+            "cached_from": q.cached_from}
            for arrival, q in zip(arrivals, reqs)]
     ttft, queue = latencies(per)
     done = [q for q in per if q["outcome"] == "completed"]
@@ -314,7 +417,10 @@ def sim_report(r: Any, arrivals: Sequence[float], *, n_ctx: int, n_parallel: int
         e2e_p50_s=_pct(e2e, 50), e2e_p99_s=_pct(e2e, 99), ttst_p50_s=_pct(ttst, 50), ttst_p99_s=_pct(ttst, 99),
         gap_max_s=max((q["max_gap_s"] for q in done), default=float("nan")),
         tok_s=r.n_tokens_generated / r.makespan_s if r.makespan_s > 0 else float("nan"),
-        decode_width_mean=r.mean_decode_width, decode_width_max=r.max_decode_width, per_request=per)
+        decode_width_mean=r.mean_decode_width, decode_width_max=r.max_decode_width, cache_ram_mib=cache_ram_mib,
+        prompt_tokens_computed=r.n_prompt_tokens_computed, prompt_tokens_cached=sum(q.n_prompt_cached for q in reqs),
+        prompt_cache_ram_hits=r.n_prompt_cache_ram_hits, prompt_cache_disk_hits=r.n_prompt_cache_disk_hits,
+        prompt_cache_spilled=r.n_prompt_cache_spilled, peak_cache_mib=r.peak_cache_bytes / 2**20, per_request=per)
 
 
 def sweep(workload: Workload, *, ctxs: Iterable[int], budgets: Iterable[int], **kw: Any) -> list[SimReport]:
