@@ -12,6 +12,11 @@ memory after loading, against the budget:
 - ram:  upstream's RAM prompt cache alone (--cache-ram B);
 - disk: one host budget (--host-kv-ram B) with the disk tier (--preempt-disk): prompts that leave
   RAM go to files and come back when their conversation does.
+
+Beside each live run, the simulator's prediction (llama_preempt.simulate, csrc/policy/preempt-sim-cache.cpp)
+of the same requests, one after another as sent: each request's prompt tokens as the server counted
+them, its conversation, the prefix every user shares (the system prompt, tokenized by the server),
+the warm-up prompt first, SmolLM2's bytes per cell and the default costs.
 """
 from __future__ import annotations
 
@@ -26,7 +31,10 @@ from typing import Any
 import requests
 
 from llama_preempt.server import LlamaServer, ServerConfig
+from llama_preempt.simulator import Workload, simulate
 from results_io import display_path, md_table, smollm2_model, write_results
+
+WARM_WORDS = 2780  # the warm-up prompt's words (document(99, ...)): it fills most of the pool first
 
 SYSTEM = ("You are a careful assistant for a small company. You answer questions about the company's products, "
           "shipping, returns and accounts, politely and briefly, and you never invent facts. ")
@@ -71,8 +79,10 @@ def run(model: Path, name: str, extra: list[str], users: int, turns: int, system
         pid = srv.proc.pid
         # the KV pool is host memory on a CPU, its pages touched as cells are first used: a prompt that
         # fills most of it first, so that what grows after is the caches, not the pool
-        requests.post(srv.url + "/completion", json={"prompt": document(99, 2780), "n_predict": 1, "cache_prompt": False},
-                      timeout=600).raise_for_status()
+        warm = requests.post(srv.url + "/completion", json={"prompt": document(99, WARM_WORDS), "n_predict": 1,
+                                                            "cache_prompt": False}, timeout=600)
+        warm.raise_for_status()
+        n_warm = int(warm.json()["tokens_evaluated"])
         base = rss_kib(pid)
         peak = [base]
         stop = threading.Event()
@@ -90,6 +100,11 @@ def run(model: Path, name: str, extra: list[str], users: int, turns: int, system
         w.start()
         system = (SYSTEM * (system_words // len(SYSTEM.split()) + 1))
         convo = [system for _ in range(users)]
+        # the prefix every user's prompt shares, as the server tokenizes it (the simulator's n_shared)
+        firsts = [requests.post(srv.url + "/tokenize", json={"content": system + f"\nUser {u}: {document(u, doc_words)}",
+                                                               "add_special": True}, timeout=60).json()["tokens"]
+                  for u in (0, 1)]
+        n_shared = next((i for i, (a, b) in enumerate(zip(*firsts)) if a != b), min(map(len, firsts)))
         rows: list[dict[str, Any]] = []
         try:
             for t in range(turns):
@@ -103,6 +118,7 @@ def run(model: Path, name: str, extra: list[str], users: int, turns: int, system
                     d = r.json()
                     convo[u] += d["content"]
                     rows.append({"user": u, "turn": t, "prompt_tokens": d["tokens_evaluated"],
+                                 "gen_tokens": d["tokens_predicted"],
                                  "prompt_n": d["timings"]["prompt_n"], "ttft_ms": d["timings"]["prompt_ms"],
                                  "wall_ms": (time.perf_counter() - t0) * 1000})
         finally:
@@ -112,10 +128,28 @@ def run(model: Path, name: str, extra: list[str], users: int, turns: int, system
         hit = ask(srv.url, convo[users - 1])
         m = srv.metrics()
     restart = after_restart(model, extra, convo) if "--cache-persist" in extra else None
-    return {"name": name, "rows": rows, "ram_hit_ttft_ms": hit["timings"]["prompt_ms"], "ram_hit_prompt_n": hit["timings"]["prompt_n"],
+    return {"name": name, "rows": rows, "n_warm": n_warm, "n_shared": n_shared,
+            "ram_hit_ttft_ms": hit["timings"]["prompt_ms"], "ram_hit_prompt_n": hit["timings"]["prompt_n"],
             "restart": restart, "peak_rss_above_load_mib": (peak[0] - base) / 1024, "peak_held_mib": held[0] / 2**20,
             "spilled": int(m["n_prompt_cache_spilled_total"]), "disk_hits": int(m["n_prompt_cache_disk_hits_total"]),
             "cache_mib": m["prompt_cache_bytes"] / 2**20, "disk_mib": m["prompt_cache_disk_bytes"] / 2**20}
+
+
+def predict(r: dict[str, Any], budget_mib: int, disk: bool) -> dict[str, Any]:
+    """The simulator's run of the same requests: the warm-up, then every turn after the answer before it."""
+    rows = r["rows"]
+    n = len(rows) + 1
+    wl = Workload((0.0,) * n, (r["n_warm"], *(x["prompt_tokens"] for x in rows)), (1, *(max(1, x["gen_tokens"]) for x in rows)),
+                  (-1, *(x["user"] for x in rows)), (0, *(r["n_shared"] for _ in rows)), tuple(range(-1, n - 1)))
+    rep = simulate(wl, n_ctx=8192, n_parallel=2, cache_ram_mib=budget_mib, host_kv_ram_mib=budget_mib if disk else -2,
+                   preempt_disk_mib=-1 if disk else 0)
+    per = rep.per_request[1:]
+    back = [(x, q) for x, q in zip(rows, per) if x["turn"] > 0]
+    return {"prompt_n_returning": sum(x["prompt_tokens"] - q["n_prompt_cached"] for x, q in back),
+            "ttft_ms_returning": [(q["t_first"] - q["t_start"]) * 1000 for _, q in back],
+            "ttft_ms_first": [(q["t_first"] - q["t_start"]) * 1000 for x, q in zip(rows, per) if x["turn"] == 0],
+            "spilled": rep.prompt_cache_spilled, "disk_hits": rep.prompt_cache_disk_hits,
+            "peak_cache_mib": rep.peak_cache_mib}
 
 
 def main() -> int:
@@ -136,11 +170,16 @@ def main() -> int:
     table = []
     for r in runs:
         back = [x for x in r["rows"] if x["turn"] > 0]
+        r["predicted"] = sim = predict(r, args.budget_mib, r["name"] == "disk")
         table.append([r["name"], sum(x["prompt_n"] for x in back), sum(x["prompt_tokens"] for x in back),
                       f"{statistics.median(x['ttft_ms'] for x in back):.0f}",
                       f"{max(x['ttft_ms'] for x in back):.0f}",
                       f"{statistics.median(x['ttft_ms'] for x in r['rows'] if x['turn'] == 0):.0f}",
                       f"{r['peak_held_mib']:.0f}", f"{r['peak_rss_above_load_mib']:.0f}", r["spilled"], r["disk_hits"]])
+        table.append([f"{r['name']} (simulated)", sim["prompt_n_returning"], sum(x["prompt_tokens"] for x in back),
+                      f"{statistics.median(sim['ttft_ms_returning']):.0f}", f"{max(sim['ttft_ms_returning']):.0f}",
+                      f"{statistics.median(sim['ttft_ms_first']):.0f}", f"{sim['peak_cache_mib']:.0f} (cache)", "-",
+                      sim["spilled"], sim["disk_hits"]])
     headers = ["setup", "prompt tokens computed (returning turns)", "prompt tokens sent (returning turns)",
                "TTFT ms p50 (returning)", "TTFT ms max (returning)", "TTFT ms p50 (first turns)",
                "peak cached + parked, MiB", "peak RSS above the warm pool, MiB", "prompts to disk", "read back"]
@@ -151,7 +190,8 @@ def main() -> int:
           f"user's own {args.doc_words}-word text in its first turn), 24 tokens an answer; -c 8192 -np 2; "
           f"budget {args.budget_mib} MiB. TTFT is the server's prompt time (timings.prompt_ms). RSS: the "
           "server's resident memory above what it had after a first prompt filled most of the KV pool (on a CPU the pool "
-          "is host memory); cached + parked: the host budget's own count (/metrics).", "",
+          "is host memory); cached + parked: the host budget's own count (/metrics). A (simulated) row: the "
+          "simulator's prediction of the same requests (see the module docstring).", "",
           *md_table(headers, table)]
     rows2 = []
     for r in runs:
