@@ -8,11 +8,12 @@ park_order decide_park(const victim_state & v, const tier_state & t, bool waits_
     o.id     = v.id;
     o.reason = v.reason;
     o.in     = v.in;
+    o.t_begin_us = v.t_begin_us;
 
     park_options opt;
     opt.bytes     = has_swap_state(v.in) && t.mode != preempt_mode::recompute ? v.bytes : 0;
     opt.n_tokens  = v.in.n_held;
-    opt.ram_left  = ram_left(t.ram_budget, t.ram_held);
+    opt.ram_left  = t.ram_left;
     opt.disk_left = opt.bytes > 0 ? t.disk_left : 0;
     // a slot parked through the API waits for its unpark: its read can always be had ahead
     opt.waits_behind = opt.disk_left > 0 && (v.reason == park_reason::api || waits_behind);

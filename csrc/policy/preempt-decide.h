@@ -19,8 +19,7 @@ namespace llama_preempt {
 // the tiers a victim's state may go to, as the executor sees them at the park
 struct tier_state {
     preempt_mode mode       = preempt_mode::automatic;  // effective (effective_mode())
-    size_t       ram_budget = std::numeric_limits<size_t>::max();  // --preempt-ram in bytes
-    size_t       ram_held   = 0;  // bytes parked states hold in host RAM (disk writes in flight and reads ahead too)
+    size_t       ram_left   = std::numeric_limits<size_t>::max();  // bytes parks may still hold in host RAM (the RAM tier's room)
     size_t       disk_left  = 0;  // bytes the disk tier can still take (0: no disk tier)
     cost_rates   rates;           // the measured prices
     int32_t      n_batch    = 512;
@@ -33,6 +32,7 @@ struct victim_state {
     park_reason reason = park_reason::pool_full;
     park_input  in;
     size_t      bytes  = 0;  // its state (0: nothing worth copying, or RECOMPUTE only: not sized)
+    int64_t     t_begin_us = 0;  // when its park began, by the executor's clock (its time is logged from there)
 };
 
 // everything an executor needs to carry out one park
@@ -44,6 +44,7 @@ struct park_order {
     park_decision how;                 // tier, why, predicted costs
     bool          background = false;  // disk: written from a host copy the RAM budget holds until written
     park_shape    shape;               // where its resume re-enters, cells it needs back
+    int64_t       t_begin_us = 0;      // the victim's: when its park began
 
     park_tier tier() const { return how.tier; }
 };

@@ -9,7 +9,7 @@ park_order park_victim(plan_executor & ex, int32_t id, park_reason reason) {
     park_order o = decide_park(v, t, t.disk_left > 0 && v.bytes > 0 && waits_behind_parked(ex.views(), id));
     bool fallback = false;
     if (o.how.copies()) {
-        const move_result r = ex.copy_out(o);
+        const move_result r = ex.tier(o.tier()).copy_out(o);
         if (!r.ok()) {
             o = park_fallback(o, r.failure, r.kept_in_ram, t.n_batch);
             fallback = true;
@@ -22,16 +22,30 @@ park_order park_victim(plan_executor & ex, int32_t id, park_reason reason) {
 
 void resume_parked(plan_executor & ex, int32_t id) {
     park_tier from = ex.parked(id).tier;
-    bool fallback = false;
+    move_result r;
     if (from != park_tier::recompute) {
-        const move_result r = ex.copy_in(id);
+        kv_tier & tier = ex.tier(from);
+        r = tier.copy_in(id);
         if (!r.ok()) {
-            from     = restore_fallback(from, r.failure);
-            fallback = true;
+            tier.forget(id);  // what is left of its state: the slot replays what it held
+            from = restore_fallback(from, r.failure);
         }
     }
-    ex.resume(id, from, fallback);
-    ex.record({ decision_kind::resume, id, from, park_reason::pool_full, park_choice::no_state, fallback });
+    ex.resume(id, from, r);
+    ex.record({ decision_kind::resume, id, from, park_reason::pool_full, park_choice::no_state, !r.ok() });
+}
+
+tier_state tier_state_of(const tier_set & tiers, preempt_mode mode, int32_t n_batch, bool force_disk) {
+    tier_state t;
+    t.mode       = mode;
+    t.n_batch    = n_batch;
+    t.force_disk = force_disk;
+    t.ram_left   = tiers[park_tier::ram].room();
+    t.disk_left  = tiers[park_tier::disk].room();
+    for (const kv_tier * k : tiers.by_where) {
+        k->price(t.rates);
+    }
+    return t;
 }
 
 policy_step_result policy_step(plan_executor & ex) {
@@ -39,7 +53,7 @@ policy_step_result policy_step(plan_executor & ex) {
     policy_step_result r;
     plan_params pp = ex.params();
     const tier_state ts = ex.tiers();
-    pp.park_to_admit = ts.mode != preempt_mode::recompute && (ram_left(ts.ram_budget, ts.ram_held) > 0 || ts.disk_left > 0);
+    pp.park_to_admit = ts.mode != preempt_mode::recompute && (ts.ram_left > 0 || ts.disk_left > 0);
     r.views = ex.views();
     r.pl    = plan_step(r.views, pp);
     ex.planned(r.pl);
@@ -74,7 +88,7 @@ void apply_plan(const plan & pl, plan_executor & ex) {
         const parked_state p = ex.parked(pl.restore_next);
         const tier_state   t = ex.tiers();
         if (p.tier == park_tier::ram ||
-            (p.tier == park_tier::disk && !p.in_ram && may_read_ahead(p.bytes, ram_left(t.ram_budget, t.ram_held)))) {
+            (p.tier == park_tier::disk && !p.in_ram && may_read_ahead(p.bytes, t.ram_left))) {
             ex.read_ahead(pl.restore_next);
         }
     }

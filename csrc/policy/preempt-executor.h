@@ -9,20 +9,13 @@
 #pragma once
 
 #include "preempt-decide.h"
+#include "preempt-tier.h"
 
 #include <cstddef>
 #include <cstdint>
 #include <vector>
 
 namespace llama_preempt {
-
-// the outcome of a move of state (a park's copy out, a resume's copy back)
-struct move_result {
-    move_failure failure     = move_failure::none;
-    bool         kept_in_ram = false;  // copy out to disk failed, but the host copy still holds the state
-
-    bool ok() const { return failure == move_failure::none; }
-};
 
 // a parked slot's state as the executor holds it
 struct parked_state {
@@ -54,17 +47,18 @@ struct plan_executor {
     // what the policy reads
     virtual plan_params params() = 0;  // the pool, the batch, the clock, the knobs, the step cost (after settle())
     virtual std::vector<slot_view> views() const = 0;
-    virtual tier_state tiers() const = 0;
+    virtual tier_state tiers() const = 0;  // the tiers' rates and room (tier_state_of() over tier())
+    virtual kv_tier & tier(park_tier where) = 0;  // a tier, to move a state through
     virtual victim_state victim(int32_t id, park_reason reason) = 0;  // begins its park: sizes its state
     virtual parked_state parked(int32_t id) const = 0;
 
     // what it carries out
     virtual void purge(int32_t id) = 0;  // an idle slot's cached cells go
     virtual void fail(int32_t id) = 0;   // a parked slot that cannot fit even an empty pool ends (the context error)
-    virtual move_result copy_out(const park_order & o) = 0;  // the state to o.tier() (RAM or disk)
-    virtual void park(const park_order & o) = 0;             // the slot leaves the pool as the order says
-    virtual move_result copy_in(int32_t id) = 0;             // a RAM or disk park's state back into the pool
-    virtual void resume(int32_t id, park_tier from, bool fallback) = 0;  // the slot re-enters: restored, or to replay
+    virtual void park(const park_order & o) = 0;  // the slot leaves the pool as the order says (its state copied out first)
+    // the slot re-enters: restored (its state copied back by `restore`), or to replay; a failed
+    // restore (`restore` not ok) replays what it held
+    virtual void resume(int32_t id, park_tier from, const move_result & restore) = 0;
     virtual void hold(int32_t id) = 0;        // a prompt waits this step
     virtual void chunk(int32_t id, int32_t n) = 0;  // a prompt (or replay) adds at most n tokens this step
     virtual void pause(const std::vector<int32_t> & ids) = 0;  // these generating slots sit the step out, the rest decode
@@ -75,11 +69,12 @@ struct plan_executor {
     virtual void planned(const plan & pl) { (void) pl; }
 };
 
-// One victim parked: the policy decides its tier and shape, the executor copies, a failed copy
-// falls back (park_fallback()) and the slot is parked as finally decided.
+// One victim parked: the policy decides its tier and shape, the chosen tier copies its state out,
+// a failed copy falls back (park_fallback()) and the slot is parked as finally decided.
 park_order park_victim(plan_executor & ex, int32_t id, park_reason reason);
 
-// One parked slot resumed: restored from RAM or disk, or by RECOMPUTE (also when a restore fails).
+// One parked slot resumed: its tier copies its state back (RAM or disk), or it replays by
+// RECOMPUTE (also when a restore fails: the tier forgets the state).
 void resume_parked(plan_executor & ex, int32_t id);
 
 // A plan carried out, in the order every executor shares: purge, fail, park, resume, hold, chunks,

@@ -3,10 +3,11 @@
 // Every server is a sim_server with its own pool, slots and clock; nothing is shared but the
 // arrivals. At each arrival every server first runs up to that moment, so the router sees the
 // whole fleet as it is then, and the request joins the chosen server's queue.
-#include "preempt-sim.h"
+#include "preempt-fleet.h"
 
 #include <algorithm>
 #include <cstdint>
+#include <deque>
 #include <set>
 #include <utility>
 
@@ -33,7 +34,7 @@ bool parse_sim_route(const std::string & s, sim_route & out) {
 namespace {
 
 // the server the k-th arrival (in time order) goes to
-size_t pick_server(const std::vector<sim_server> & servers, sim_route route, size_t k) {
+size_t pick_server(const std::deque<sim_server> & servers, sim_route route, size_t k) {
     if (route == sim_route::round_robin) {
         return k % servers.size();
     }
@@ -56,8 +57,7 @@ sim_fleet_result simulate_fleet(const std::vector<sim_request> & requests, const
     const size_t n     = requests.size();
     const size_t n_srv = (size_t) std::max(1, n_servers);
 
-    std::vector<sim_server> servers;
-    servers.reserve(n_srv);
+    std::deque<sim_server> servers;  // in place: a server's tiers are views of it
     for (size_t j = 0; j < n_srv; ++j) {
         servers.emplace_back(p);
     }
@@ -153,6 +153,11 @@ sim_fleet_result simulate_fleet(const std::vector<sim_request> & requests, const
         out.servers[out.server_of[i]].requests.push_back(r);
     }
     return out;
+}
+
+sim_result simulate(const std::vector<sim_request> & requests, const sim_params & p) {
+    sim_fleet_result fleet = simulate_fleet(requests, p, 1, sim_route::round_robin);
+    return std::move(fleet.servers[0]);
 }
 
 } // namespace llama_preempt

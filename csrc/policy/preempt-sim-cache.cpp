@@ -190,6 +190,73 @@ size_t sim_prompt_files::bytes() const {
 
 // --- the simulated server's side of it ---
 
+// the waiting requests take idle slots, as upstream launches its queued tasks
+void sim_server::admit() {
+    while (!waiting.empty()) {
+        const int32_t id = waiting.front();
+        const sim_tokens tokens = tokens_of(id);
+        bool update_cache = false;
+        sim_slot * slot = pick_slot(tokens, update_cache);
+        if (!slot) {
+            return;
+        }
+        waiting.pop_front();
+        const auto & rq = reqs[id];
+        auto & s = *slot;
+        s.from = sim_prompt_source::slot;
+        if (update_cache) {
+            // the slot's prompt to the RAM cache, and the entry (or prompt file) that serves this one better into the slot
+            save_prompt(s);
+            load_prompt(s, tokens);
+            cache->update();
+            spill_evicted();
+        }
+        s.req = id;
+        s.t_arrival = t;
+        if (rq.n_prompt + rq.n_gen + 1 > p.n_pool) {
+            finish(s, sim_outcome::failed);  // larger than a slot's context: upstream's size check
+            continue;
+        }
+        s.phase  = slot_phase::prompt;
+        s.is_new = true;
+        if (cache) {
+            // --cache-idle-slots (upstream's default with a cache): the other idle slots' prompts go
+            // to the cache and, the pool being unified, their cells are freed
+            for (auto & o : slots) {
+                if (o.phase == slot_phase::idle) {
+                    clear_idle(o);
+                }
+            }
+        }
+    }
+}
+
+void sim_server::clear_idle(sim_slot & s) {
+    if (cache && s.tokens.n > 0) {
+        save_prompt(s);
+        cache->update();
+        spill_evicted();
+    }
+    s.cells  = 0;
+    s.tokens = {};
+}
+
+// the first chunk of a new slot's prompt: the cells it holds that its prompt starts with are kept
+// (at least its last token is computed, for its logits)
+void sim_server::start_prompt(sim_slot & s) {
+    s.started = true;
+    const sim_tokens tokens = tokens_of(s.req);
+    const int32_t n_past = std::min((int32_t) s.tokens.common_prefix(tokens), tokens.n - 1);
+    s.cells       = std::max(0, n_past);
+    s.prompt_done = s.cells;
+    s.tokens      = {};
+    auto & r = res.requests[s.req];
+    r.n_prompt_cached = s.cells;
+    r.cached_from     = s.cells > 0 ? s.from : sim_prompt_source::none;
+    res.n_prompt_tokens_computed += tokens.n - s.cells;
+}
+
+
 sim_tokens sim_server::tokens_of(int32_t req) const {
     const auto & rq = reqs[req];
     // a request of no chat has a key of its own (above every conversation's)

@@ -17,6 +17,15 @@
 
 namespace llama_preempt {
 
+// where the prompt tokens a request did not compute came from
+enum class sim_prompt_source : int32_t {
+    none,  // it computed its whole prompt
+    slot,  // the cells its slot still held (upstream's cache_prompt)
+    ram,   // the RAM prompt cache
+    disk,  // a prompt file read back from the disk tier into the RAM cache
+};
+const char * sim_prompt_source_name(sim_prompt_source s);
+
 // A simulated prompt's tokens, without the tokens: the first `n_shared` are the same in every
 // request (a common system prompt), the rest belong to its chat (`key`), so two turns of one chat
 // share all of the shorter one, and two chats share their common system prompt.

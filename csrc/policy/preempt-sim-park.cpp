@@ -66,19 +66,17 @@ size_t sim_server::disk_budget() const {
     return p.preempt_disk_mib == 0 ? 0 : ram_budget_from_mib(p.preempt_disk_mib);
 }
 
+tier_set sim_server::all_tiers() const {
+    auto * self = const_cast<sim_server *>(this);  // the policy only prices and sizes them here
+    return tier_set{ { &self->rec_tier, &self->ram_tier, &self->disk_tier } };
+}
+
 tier_state sim_server::tiers() const {
-    tier_state t;
-    t.mode       = effective_mode(p.mode, ram_budget(), disk_budget());
-    t.ram_budget = ram_budget();
-    t.ram_held   = (size_t) parked_bytes;
-    t.disk_left  = ram_left(disk_budget(), (size_t) disk_bytes) + prompt_files.bytes();  // prompt files give way to parks
-    t.rates.park_bps       = p.swap_out_bps;
-    t.rates.restore_bps    = p.swap_in_bps;
-    t.rates.prefill_tps    = p.cost.prompt_token_s > 0 ? 1.0 / p.cost.prompt_token_s : 1e9;
-    t.rates.disk_write_bps = p.disk_write_bps;
-    t.rates.disk_read_bps  = p.disk_read_bps;
-    t.n_batch = p.n_batch;
-    return t;
+    return tier_state_of(all_tiers(), effective_mode(p.mode, ram_budget(), disk_budget()), p.n_batch);
+}
+
+kv_tier & sim_server::tier(park_tier where) {
+    return all_tiers()[where];
 }
 
 victim_state sim_server::victim(int32_t id, park_reason reason) {
@@ -124,35 +122,6 @@ void sim_server::purge(int32_t id) {
 
 void sim_server::fail(int32_t id) {
     finish(slots[id], sim_outcome::failed);
-}
-
-move_result sim_server::copy_out(const park_order & o) {
-    auto & s = slots[o.id];
-    // the host budget: cached prompts give way to this park first (a disk park's bytes only pass through)
-    const bool ok = host.reserve(host_held_now(), o.bytes, o.tier() == park_tier::disk ? host_use::transit : host_use::park);
-    if (cache) {
-        spill_evicted();
-    }
-    if (!ok) {
-        return { move_failure::copy_out, false };
-    }
-    const double bytes = (double) o.bytes;
-    s.bytes = bytes;
-    t += bytes / p.swap_out_bps;
-    if (o.tier() == park_tier::disk) {
-        drop_prompt_files(o.bytes);  // parks first on disk
-        disk_bytes += bytes;
-        res.peak_disk_bytes = std::max(res.peak_disk_bytes, disk_bytes);
-        // one I/O thread: the write queues behind what it is doing
-        t_io_free = std::max(t_io_free, t) + bytes / p.disk_write_bps;
-        if (!o.background) {
-            t = t_io_free;  // the loop waits for the write
-            return {};
-        }
-        s.t_io_done = t_io_free;  // written from the host copy, held until then
-    }
-    hold_ram(s, bytes);
-    return {};
 }
 
 void sim_server::park(const park_order & o) {
@@ -225,30 +194,8 @@ void sim_server::read_ahead(int32_t id) {
     hold_ram(s, s.bytes);
 }
 
-move_result sim_server::copy_in(int32_t id) {
-    auto & s = slots[id];
-    s.t_restore0 = t;  // as the server's, the parked time ends where the restore begins
-    if (s.tier == park_tier::disk) {
-        host.reserve(host_held_now(), (size_t) s.bytes, host_use::transit);  // its bytes come back into host RAM
-        if (cache) {
-            spill_evicted();
-        }
-        if (s.reading) {
-            t = std::max(t, s.t_io_done);  // the read ahead lands
-        } else if (s.ram == 0) {
-            t_io_free = std::max(t_io_free, t) + s.bytes / p.disk_read_bps;  // read now, the loop waits
-            t         = t_io_free;
-        }  // else its write is still running (it stays in the queue's time): restored from the host copy
-        disk_bytes -= s.bytes;
-    }
-    t += s.bytes / p.swap_in_bps;
-    free_ram(s);
-    host.release(host_held_now());
-    return {};
-}
-
-void sim_server::resume(int32_t id, park_tier from, bool fallback) {
-    (void) fallback;  // a simulated copy never fails
+void sim_server::resume(int32_t id, park_tier from, const move_result & restore) {
+    (void) restore;  // a simulated copy never fails; the slot keeps when its restore began
     auto & s = slots[id];
     res.requests[s.req].t_parked_s += (s.tier != park_tier::recompute ? s.t_restore0 : t) - s.t_parked;
     res.n_resume++;

@@ -96,8 +96,7 @@ void sim_server::finish(sim_slot & s, sim_outcome outcome) {
     r.outcome = outcome;
     r.t_done  = t;
     if (s.phase == slot_phase::parked) {
-        free_ram(s);
-        disk_bytes   -= s.tier == park_tier::disk ? s.bytes : 0;
+        tier(s.tier).forget(s.id);  // its state goes with its request
     }
     if (outcome == sim_outcome::failed) {
         s.cells = 0;  // upstream clears a failed slot's cells
@@ -122,72 +121,6 @@ void sim_server::token(sim_slot & s) {
     }
     s.t_last_token = t;
     res.n_tokens_generated++;
-}
-
-// the waiting requests take idle slots, as upstream launches its queued tasks
-void sim_server::admit() {
-    while (!waiting.empty()) {
-        const int32_t id = waiting.front();
-        const sim_tokens tokens = tokens_of(id);
-        bool update_cache = false;
-        sim_slot * slot = pick_slot(tokens, update_cache);
-        if (!slot) {
-            return;
-        }
-        waiting.pop_front();
-        const auto & rq = reqs[id];
-        auto & s = *slot;
-        s.from = sim_prompt_source::slot;
-        if (update_cache) {
-            // the slot's prompt to the RAM cache, and the entry (or prompt file) that serves this one better into the slot
-            save_prompt(s);
-            load_prompt(s, tokens);
-            cache->update();
-            spill_evicted();
-        }
-        s.req = id;
-        s.t_arrival = t;
-        if (rq.n_prompt + rq.n_gen + 1 > p.n_pool) {
-            finish(s, sim_outcome::failed);  // larger than a slot's context: upstream's size check
-            continue;
-        }
-        s.phase  = slot_phase::prompt;
-        s.is_new = true;
-        if (cache) {
-            // --cache-idle-slots (upstream's default with a cache): the other idle slots' prompts go
-            // to the cache and, the pool being unified, their cells are freed
-            for (auto & o : slots) {
-                if (o.phase == slot_phase::idle) {
-                    clear_idle(o);
-                }
-            }
-        }
-    }
-}
-
-void sim_server::clear_idle(sim_slot & s) {
-    if (cache && s.tokens.n > 0) {
-        save_prompt(s);
-        cache->update();
-        spill_evicted();
-    }
-    s.cells  = 0;
-    s.tokens = {};
-}
-
-// the first chunk of a new slot's prompt: the cells it holds that its prompt starts with are kept
-// (at least its last token is computed, for its logits)
-void sim_server::start_prompt(sim_slot & s) {
-    s.started = true;
-    const sim_tokens tokens = tokens_of(s.req);
-    const int32_t n_past = std::min((int32_t) s.tokens.common_prefix(tokens), tokens.n - 1);
-    s.cells       = std::max(0, n_past);
-    s.prompt_done = s.cells;
-    s.tokens      = {};
-    auto & r = res.requests[s.req];
-    r.n_prompt_cached = s.cells;
-    r.cached_from     = s.cells > 0 ? s.from : sim_prompt_source::none;
-    res.n_prompt_tokens_computed += tokens.n - s.cells;
 }
 
 // a step that does not fit the pool at all: upstream fails every running request; with
@@ -383,10 +316,5 @@ bool sim_server::step(double t_next) {
     return true;
 }
 
-
-sim_result simulate(const std::vector<sim_request> & requests, const sim_params & p) {
-    sim_fleet_result fleet = simulate_fleet(requests, p, 1, sim_route::round_robin);
-    return std::move(fleet.servers[0]);
-}
 
 } // namespace llama_preempt

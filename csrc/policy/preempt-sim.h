@@ -15,6 +15,7 @@
 #include "preempt-executor.h"
 #include "preempt-policy.h"
 #include "preempt-sim-cache.h"
+#include "preempt-sim-tiers.h"
 
 #include <cstdint>
 #include <deque>
@@ -66,15 +67,6 @@ struct sim_params {
 };
 
 enum class sim_outcome : int32_t { pending = 0, completed = 1, failed = 2 };
-
-// where the prompt tokens a request did not compute came from
-enum class sim_prompt_source : int32_t {
-    none,  // it computed its whole prompt
-    slot,  // the cells its slot still held (upstream's cache_prompt)
-    ram,   // the RAM prompt cache
-    disk,  // a prompt file read back from the disk tier into the RAM cache
-};
-const char * sim_prompt_source_name(sim_prompt_source s);
 
 struct sim_request_result {
     sim_outcome outcome     = sim_outcome::pending;
@@ -199,7 +191,14 @@ struct sim_server final : plan_executor {
     host_ram host;
     double t_prompt_write = 0;  // the last prompt file's write is done then (one at a time)
 
+    // its tiers: views of this server (so it is never copied or moved: a fleet keeps its servers in place)
+    sim_recompute_tier rec_tier  { *this };
+    sim_ram_tier       ram_tier  { *this };
+    sim_disk_tier      disk_tier { *this };
+
     explicit sim_server(const sim_params & p);
+    sim_server(const sim_server &) = delete;
+    sim_server & operator=(const sim_server &) = delete;
 
     // a request arrives (at rq.t_arrival, which is not before any earlier arrival's); an idle
     // server's clock jumps to it. Its result is res.requests.back().
@@ -253,44 +252,19 @@ struct sim_server final : plan_executor {
     plan_params  params() override;
     std::vector<slot_view> views() const override;
     tier_state   tiers() const override;
+    kv_tier &    tier(park_tier where) override;
+    tier_set     all_tiers() const;
     victim_state victim(int32_t id, park_reason reason) override;
     parked_state parked(int32_t id) const override;
     void         purge(int32_t id) override;
     void         fail(int32_t id) override;
-    move_result  copy_out(const park_order & o) override;
     void         park(const park_order & o) override;
-    move_result  copy_in(int32_t id) override;
-    void         resume(int32_t id, park_tier from, bool fallback) override;
+    void         resume(int32_t id, park_tier from, const move_result & restore) override;
     void         hold(int32_t id) override;
     void         chunk(int32_t id, int32_t n) override;
     void         pause(const std::vector<int32_t> & ids) override;
     void         read_ahead(int32_t id) override;  // the next one back has its file read while others decode
     void         record(const decision & d) override;
 };
-
-// one server: simulate_fleet() with a fleet of one
-sim_result simulate(const std::vector<sim_request> & requests, const sim_params & p);
-
-// --- a fleet of identical, independent servers behind a router ---
-
-enum class sim_route : int32_t {
-    round_robin,   // the i-th arrival goes to server i % n
-    least_parked,  // to the server with the fewest requests parked; ties: fewest busy + queued, then lowest index
-};
-
-const char * sim_route_name(sim_route r);  // round-robin, least-parked (the CLI's spelling)
-bool parse_sim_route(const std::string & s, sim_route & out);
-
-struct sim_fleet_result {
-    std::vector<sim_result> servers;   // each with its own requests, in the caller's order among them
-    std::vector<int32_t>    server_of; // per request (the caller's order): the server it went to
-    std::vector<sim_request_result> requests;  // every request's result, in the caller's order
-    // per request (the caller's order), n_servers values: each server's parked requests when the
-    // router placed it, as the router saw them
-    std::vector<int32_t>    parked_seen;
-};
-
-sim_fleet_result simulate_fleet(const std::vector<sim_request> & requests, const sim_params & p,
-                                int32_t n_servers, sim_route route);
 
 } // namespace llama_preempt

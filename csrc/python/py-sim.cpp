@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "preempt-policy.h"
-#include "preempt-sim.h"
+#include "preempt-fleet.h"
 #include "py-enums.h"
 
 namespace py = pybind11;

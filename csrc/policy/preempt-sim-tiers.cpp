@@ -1,0 +1,123 @@
+// The simulator's tiers (preempt-sim-tiers.h): a park's copies on the simulated clock.
+#include "preempt-sim.h"
+
+#include <algorithm>
+
+namespace llama_preempt {
+
+// the state to host RAM at the park rate, after the host budget made room (cached prompts give
+// way first; a disk park's bytes only pass through)
+static move_result copy_to_host(sim_server & s, const park_order & o, host_use use) {
+    const bool ok = s.host.reserve(s.host_held_now(), o.bytes, use);
+    if (s.cache) {
+        s.spill_evicted();
+    }
+    if (!ok) {
+        return { move_failure::copy_out, false };
+    }
+    s.slots[o.id].bytes = (double) o.bytes;
+    s.t += o.bytes / s.p.swap_out_bps;
+    return {};
+}
+
+// a parked state back into the pool at the restore rate; its host RAM goes back to the budget
+static void restore_from_host(sim_server & s, sim_slot & slot) {
+    s.t += slot.bytes / s.p.swap_in_bps;
+    s.free_ram(slot);
+    s.host.release(s.host_held_now());
+}
+
+// --- RAM ---
+
+void sim_ram_tier::price(cost_rates & rates) const {
+    rates.park_bps    = s.p.swap_out_bps;
+    rates.restore_bps = s.p.swap_in_bps;
+}
+
+size_t sim_ram_tier::room() const {
+    return ram_left(s.ram_budget(), (size_t) s.parked_bytes);
+}
+
+move_result sim_ram_tier::copy_out(const park_order & o) {
+    const move_result r = copy_to_host(s, o, host_use::park);
+    if (r.ok()) {
+        s.hold_ram(s.slots[o.id], (double) o.bytes);
+    }
+    return r;
+}
+
+move_result sim_ram_tier::copy_in(int32_t id) {
+    auto & slot = s.slots[id];
+    slot.t_restore0 = s.t;  // as the server's, the parked time ends where the restore begins
+    restore_from_host(s, slot);
+    return {};
+}
+
+void sim_ram_tier::forget(int32_t id) {
+    s.free_ram(s.slots[id]);
+}
+
+// --- disk ---
+
+void sim_disk_tier::price(cost_rates & rates) const {
+    rates.disk_write_bps = s.p.disk_write_bps;
+    rates.disk_read_bps  = s.p.disk_read_bps;
+}
+
+size_t sim_disk_tier::room() const {
+    // prompt files give way to parks: their bytes count as room
+    return ram_left(s.disk_budget(), (size_t) s.disk_bytes) + s.prompt_files.bytes();
+}
+
+move_result sim_disk_tier::copy_out(const park_order & o) {
+    const move_result r = copy_to_host(s, o, host_use::transit);
+    if (!r.ok()) {
+        return r;
+    }
+    auto & slot = s.slots[o.id];
+    const double bytes = (double) o.bytes;
+    s.drop_prompt_files(o.bytes);  // parks first on disk
+    s.disk_bytes += bytes;
+    s.res.peak_disk_bytes = std::max(s.res.peak_disk_bytes, s.disk_bytes);
+    // one I/O thread: the write queues behind what it is doing
+    s.t_io_free = std::max(s.t_io_free, s.t) + bytes / s.p.disk_write_bps;
+    if (!o.background) {
+        s.t = s.t_io_free;  // the loop waits for the write
+        return {};
+    }
+    slot.t_io_done = s.t_io_free;  // written from the host copy, held until then
+    s.hold_ram(slot, bytes);
+    return {};
+}
+
+move_result sim_disk_tier::copy_in(int32_t id) {
+    auto & slot = s.slots[id];
+    slot.t_restore0 = s.t;
+    s.host.reserve(s.host_held_now(), (size_t) slot.bytes, host_use::transit);  // its bytes come back into host RAM
+    if (s.cache) {
+        s.spill_evicted();
+    }
+    if (slot.reading) {
+        s.t = std::max(s.t, slot.t_io_done);  // the read ahead lands
+    } else if (slot.ram == 0) {
+        s.t_io_free = std::max(s.t_io_free, s.t) + slot.bytes / s.p.disk_read_bps;  // read now, the loop waits
+        s.t         = s.t_io_free;
+    }  // else its write is still running (it stays in the queue's time): restored from the host copy
+    s.disk_bytes -= slot.bytes;
+    restore_from_host(s, slot);
+    return {};
+}
+
+void sim_disk_tier::forget(int32_t id) {
+    auto & slot = s.slots[id];
+    s.free_ram(slot);
+    s.disk_bytes -= slot.bytes;
+}
+
+// --- RECOMPUTE ---
+
+void sim_recompute_tier::price(cost_rates & rates) const {
+    rates.prefill_tps = s.p.cost.prompt_token_s > 0 ? 1.0 / s.p.cost.prompt_token_s : 1e9;
+}
+
+} // namespace llama_preempt

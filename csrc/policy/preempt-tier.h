@@ -1,0 +1,61 @@
+// Where a parked slot's state waits, as one interface: a tier says what it costs (price) and how
+// much it can take (room), and moves a state (copy out, copy in, forget). The policy prices a victim
+// from the tiers (tier_state_of()) and carries its choice out through the tier it chose
+// (park_victim(), resume_parked(): preempt-executor.h). Each executor implements the three tiers,
+// RAM, disk and RECOMPUTE, once: the server over the real slots and copies
+// (csrc/server/preempt-tiers.inc) and the simulator in simulated time (preempt-sim-tiers.cpp).
+// Where a state is, is one value everywhere (park_tier: the executors, the trace, /slots, the
+// events). Adding a tier: docs/contributing.md.
+#pragma once
+
+#include "preempt-decide.h"
+
+#include <cstddef>
+#include <cstdint>
+
+namespace llama_preempt {
+
+// the outcome of a move of state (a park's copy out, a resume's copy back)
+struct move_result {
+    move_failure failure     = move_failure::none;
+    bool         kept_in_ram = false;  // copy out to disk failed, but the host copy still holds the state
+    // a copy in: when it began (the executor's clock, µs; the parked time ends there) and whether
+    // the state had been brought up ahead (read ahead, uploaded ahead)
+    int64_t      t_begin_us  = 0;
+    bool         ahead       = false;
+
+    bool ok() const { return failure == move_failure::none; }
+};
+
+class kv_tier {
+public:
+    virtual ~kv_tier() = default;
+
+    virtual park_tier where() const = 0;
+    // price: its measured rates, into what the policy prices a park with (RAM: the park and restore
+    // copies; disk: the file's write and read; RECOMPUTE: the prefill)
+    virtual void price(cost_rates & rates) const = 0;
+    // room: bytes of state it can take now (SIZE_MAX: no limit; 0: none, or no such tier)
+    virtual size_t room() const = 0;
+
+    // a victim's state into it, as the order says (the executor's victim() sized it); the slot
+    // leaves the pool afterwards (plan_executor::park())
+    virtual move_result copy_out(const park_order & o) = 0;
+    // a parked slot's state back into the pool
+    virtual move_result copy_in(int32_t id) = 0;
+    // a parked slot's copied state goes, never to come back (its restore failed, its request ended)
+    virtual void forget(int32_t id) = 0;
+};
+
+// one executor's tiers, by where a state waits
+struct tier_set {
+    kv_tier * by_where[N_PARK_TIERS] = {};
+
+    kv_tier & operator[](park_tier t) const { return *by_where[(int) t]; }
+};
+
+// What the policy reads of the tiers to price a victim: each one's rates and room, with the
+// executor's mode, batch and test seam.
+tier_state tier_state_of(const tier_set & tiers, preempt_mode mode, int32_t n_batch, bool force_disk = false);
+
+} // namespace llama_preempt
