@@ -334,10 +334,13 @@ PYBIND11_MODULE(_core, m) {
           "--host-kv-ram as llama-server parses it (-1 or MiB); ValueError with its message otherwise");
     m.def("parse_preempt_disk_mib", &lp::parse_preempt_disk_mib, py::arg("value"),
           "--preempt-disk-mib as llama-server parses it (-1 or MiB); ValueError with its message otherwise");
-    m.def("parse_preempt_sched", &lp::sched_from_flag, py::arg("value"),
+    m.def("parse_preempt_sched", [](const std::string & value) { return lp::sched_from_flag(lp::parse_preempt_sched(value)); },
+          py::arg("value"),
           "--preempt-sched KEY=N,... as llama-server reads it: the planner's SchedParams (defaults where a key is "
           "left out); ValueError with its message otherwise");
-    m.def("parse_preempt_mode", &lp::parse_preempt_mode_name, py::arg("value"),
+    m.def("parse_preempt_mode", [](const std::string & value) {
+              return std::string(lp::preempt_mode_flag_name(lp::parse_preempt_mode_flag(value)));
+          }, py::arg("value"),
           "--preempt-mode as llama-server parses it; ValueError with its message otherwise");
 
     // llama.cpp's log threshold for the process (0 errors off too ... 4 debug): a quiet Engine loads

@@ -16,14 +16,9 @@
 
 namespace llama_preempt {
 
-// a host that sets common_params directly (the Engine's callers do not) may leave it empty
-sched_params sched_from_flag(const std::string & value) {
-    // the keys given replace the policy's defaults
+// the keys given replace the policy's defaults (a key left out is -1 in the flag's value)
+sched_params sched_from_flag(const preempt_sched_flag & f) {
     sched_params s;
-    if (value.empty()) {
-        return s;
-    }
-    const auto f = parse_preempt_sched(value);
     s.n_prompt_budget    = f.prompt_budget >= 0 ? (int32_t) f.prompt_budget : s.n_prompt_budget;
     s.n_restore_headroom = f.restore_headroom >= 0 ? (int32_t) f.restore_headroom : s.n_restore_headroom;
     s.n_near_finish      = f.near_finish >= 0 ? (int32_t) f.near_finish : s.n_near_finish;
@@ -82,9 +77,7 @@ preempt_config make_preempt_config(const common_params & params, bool has_memory
     cfg.ram_mib    = params.preempt_ram_mib;
     cfg.host       = host_budget_from_mib(params.preempt_host_ram_mib, params.preempt_ram_mib, params.cache_ram_mib);
     cfg.ram_budget = cfg.host.parks();
-    if (!parse_preempt_mode(params.preempt_mode, cfg.mode)) {
-        throw std::invalid_argument("--preempt-mode expects auto, swap or recompute, got '" + params.preempt_mode + "'");
-    }
+    cfg.mode       = params.preempt_mode;  // read once, by the flag's parser
     cfg.disk_dir    = params.preempt_disk_dir;
     cfg.disk_mib    = params.preempt_disk_mib;
     cfg.disk_budget = cfg.disk_dir.empty() ? 0 : ram_budget_from_mib(cfg.disk_mib);

@@ -5,6 +5,7 @@
 
 #include "preempt-copy.h"
 #include "preempt-disk.h"
+#include "preempt-flags.h"
 #include "preempt-policy.h"
 #include "preempt-swap.h"
 
@@ -38,7 +39,7 @@ struct test_knobs {
 
 // --preempt-sched KEY=N,... as the planner's knobs: the policy's defaults, the keys given replacing
 // them (the simulator reads the same flag the same way). Throws std::invalid_argument.
-sched_params sched_from_flag(const std::string & value);
+sched_params sched_from_flag(const preempt_sched_flag & f);
 
 struct preempt_config {
     bool         on = false;

@@ -4,6 +4,8 @@
 // it without linking anything of ours.
 #pragma once
 
+#include "preempt-choice.h"  // preempt_mode (header use only: nothing of ours is linked)
+
 #include <algorithm>
 #include <climits>
 #include <cstdint>
@@ -96,14 +98,19 @@ inline std::string check_preempt_disk_dir(const std::string & value) {
     return value;
 }
 
-// --preempt-mode NAME; throws std::invalid_argument
-inline std::string parse_preempt_mode_name(const std::string & value) {
-    for (const char * name : PREEMPT_MODE_NAMES) {
-        if (value == name) {
-            return value;
+// --preempt-mode NAME, read once into its value; throws std::invalid_argument
+inline preempt_mode parse_preempt_mode_flag(const std::string & value) {
+    for (size_t i = 0; i < sizeof(PREEMPT_MODE_NAMES) / sizeof(PREEMPT_MODE_NAMES[0]); ++i) {
+        if (value == PREEMPT_MODE_NAMES[i]) {
+            return static_cast<preempt_mode>(i);
         }
     }
     throw std::invalid_argument("--preempt-mode expects auto, swap or recompute, got '" + value + "'");
+}
+
+// its name again (/props, the log)
+inline const char * preempt_mode_flag_name(preempt_mode mode) {
+    return PREEMPT_MODE_NAMES[static_cast<size_t>(mode)];
 }
 
 // --preempt-keepalive SEC; throws std::invalid_argument
@@ -166,11 +173,6 @@ inline preempt_sched_flag parse_preempt_sched(const std::string & value) {
         pos = end + 1;
     }
     return out;
-}
-
-inline std::string check_preempt_sched(const std::string & value) {
-    parse_preempt_sched(value);
-    return value;
 }
 
 // --preempt-verify N|always|never: swap copies the guard checks per device (-1 every one, 0 none);

@@ -182,7 +182,7 @@ inline json props_json(const common_params & params) {
         { "kv_unified",              params.kv_unified },
         { "preempt_ram_mib",         params.preempt_ram_mib },
         { "host_kv_ram_mib",         host_kv_ram_mib(params) },
-        { "preempt_mode",            params.preempt_mode },
+        { "preempt_mode",            llama_preempt::preempt_mode_flag_name(params.preempt_mode) },
         { "preempt_disk",            params.preempt_disk_dir.empty() ? json(nullptr) : json(params.preempt_disk_dir) },
         { "preempt_disk_mib",        params.preempt_disk_dir.empty() ? json(nullptr) : json(params.preempt_disk_mib) },
         { "deterministic",           params.batch_invariant },

@@ -41,7 +41,7 @@ class SlotStats:
     state: str               # idle, started, processing_prompt, generating, preempted, ...
     is_processing: bool
     is_preempted: bool
-    preempt_mode: str | None  # "swap" or "recompute" while parked
+    preempt_mode: str | None  # "swap" or "recompute" while parked (from preempt_tier; kept for earlier releases)
     n_tokens: int            # cells the slot holds in the pool (0 while parked)
     n_decoded: int           # tokens generated for its request so far
     n_preempt: int           # times its request was parked

@@ -147,7 +147,7 @@ def render(snap: Snapshot, r: dict[str, float] | None) -> Group:
                  "processing_prompt": "[cyan]prompt[/]", "started": "[cyan]started[/]"}.get(s.state, s.state)
         held = " + ".join(x for x in (_mib(s.preempt_ram_bytes) if s.preempt_ram_bytes else "",
                                       f"{_mib(s.preempt_disk_bytes)} disk" if s.preempt_disk_bytes else "") if x)
-        mode = "disk" if s.preempt_tier == "disk" else s.preempt_mode or ""
+        mode = {"ram": "swap", "disk": "disk", "recompute": "recompute"}.get(s.preempt_tier or "", "")  # where it waits
         slots.add_row(str(s.id), state, str(s.n_tokens), mode, str(s.n_preempt),
                       str(s.n_recompute), held, f"{s.t_preempted_ms / 1000:.1f} s" if s.t_preempted_ms else "")
     counters = Table(title="preemption", title_justify="left")
