@@ -102,3 +102,18 @@ def test_simulate_chat_prints_the_prompt_tokens_computed() -> None:
 def test_simulate_chat_flags_are_checked(args: list[str], needle: str) -> None:
     r = run_cli("simulate", *args)
     assert r.returncode != 0 and needle in r.stderr
+
+
+def test_a_turn_follows_its_leader_even_when_the_leader_fails() -> None:
+    # the first turn is larger than the pool (it fails at admission, as upstream's size check does);
+    # the user's next turn still comes, one second after that answer
+    wl = Workload((0.0, 1.0), (5000, 10), (10, 10), (0, 0), (0, 0), (-1, 0))
+    r = simulate(wl, n_ctx=1024, n_parallel=2)
+    assert [q["outcome"] for q in r.per_request] == ["failed", "completed"]
+    assert r.per_request[1]["t_arrival"] == pytest.approx(r.per_request[0]["t_done"] + 1.0)
+
+
+def test_a_turn_whose_leader_never_ends_is_reported_pending() -> None:
+    wl = Workload((0.0, 0.0), (100, 10), (100_000, 10), (0, 0), (0, 0), (-1, 0))
+    r = simulate(wl, n_ctx=200_000, n_parallel=2, max_steps=50)
+    assert r.hit_step_limit and [q["outcome"] for q in r.per_request] == ["pending", "pending"]

@@ -95,8 +95,8 @@ sim_fleet_result simulate_fleet(const std::vector<sim_request> & requests, const
                 const double t0 = behind->t;
                 const int64_t n0 = behind->res.n_steps;
                 behind->advance(t_next);
-                if (behind->t == t0 && behind->res.n_steps == n0 && !behind->stopped) {
-                    behind->stopped = true;  // it cannot move (nothing will unblock it)
+                if (behind->t == t0 && behind->res.n_steps == n0 && behind->has_work()) {
+                    behind->stopped = true;  // it has work it cannot move (nothing will unblock it)
                 }
                 for (size_t w = 0; w < watched.size();) {
                     const size_t i = watched[w];
@@ -157,7 +157,9 @@ sim_fleet_result simulate_fleet(const std::vector<sim_request> & requests, const
 
 sim_result simulate(const std::vector<sim_request> & requests, const sim_params & p) {
     sim_fleet_result fleet = simulate_fleet(requests, p, 1, sim_route::round_robin);
-    return std::move(fleet.servers[0]);
+    sim_result r = std::move(fleet.servers[0]);
+    r.requests = std::move(fleet.requests);  // every request in the caller's order (one that never arrived: pending)
+    return r;
 }
 
 } // namespace llama_preempt
