@@ -211,3 +211,67 @@ def test_the_simulator_makes_the_servers_prompt_cache_choices(stories_model: Pat
     else:
         assert all(c > n_shared for c in returning), "each conversation's prompt comes back (from RAM or from disk)"
         assert sim.n_prompt_cache_disk_hits == (len(returning) if disk else 0)
+
+
+@pytest.mark.parametrize("cache_mib, ram_mib, disk", [
+    (16, -1, False),  # the conversations come back from RAM, then the turns overflow the pool: RAM parks
+    (1, 1, True),     # one conversation in RAM, the rest from their files; the park within 1 MiB of RAM (the cache gives way)
+])
+def test_the_simulator_makes_the_servers_decisions_on_a_chat_that_parks(stories_model: Path, tmp_path: Path,
+                                                                         cache_mib: int, ram_mib: int, disk: bool) -> None:
+    """Each user's first turn one after another (the cache fills), then every user's next turn at
+    once with a long answer: the turns come back from the cache (RAM, or their files) and overflow
+    the pool together. The same reuse per request, and the same parks and resumes, live and
+    simulated. (The first user's conversation is not reused in either: the second user's turn took
+    its slot with half its cells shared, f_keep >= 0.5, so upstream did not save it.) The pool is
+    off the edge the module docstring describes: at 2,176 cells the simulator parks a second
+    victim that the live loop does not."""
+    users, n_first, n_gen, n_ctx = 4, 16, 250, 2304
+    args = ["-ctk", "f32", "-ctv", "f32", "--cache-ram", str(cache_mib), "--host-kv-ram", str(max(cache_mib, ram_mib)),
+            "--preempt-ram", str(ram_mib), "--preempt-sched", "width-loss=0"]
+    if disk:
+        args += ["--preempt-disk", str(tmp_path)]
+    per_cell, overhead = state_size(stories_model, n_ctx)
+    n_prompt: list[int] = []
+    cached: list[int] = []
+    with Engine(stories_model, args, n_ctx=n_ctx, n_parallel=users, n_batch=N_BATCH, kv_unified=True, n_threads=2) as eng:
+        convo, n_shared = chat_turns(eng, users, 1)
+        for u in range(users):
+            r = eng.submit(convo[u], n_predict=n_first, temperature=0, ignore_eos=True, cache_prompt=True,
+                           return_tokens=True)
+            eng.run([r], timeout=120)
+            c = r.completion()
+            n_prompt.append(len(convo[u]))
+            cached.append(int(c.timings["cache_n"]))
+            convo[u] = convo[u] + list(c.response["tokens"]) + eng.tokenize(f" then {WORD_OF[u]} asked again ?",
+                                                                             add_special=False)
+        reqs = [eng.submit(convo[u], n_predict=n_gen, temperature=0, ignore_eos=True, cache_prompt=True)
+                for u in range(users)]
+        reports = eng.run(reqs, timeout=300)
+        assert all(r.completion().n_generated == n_gen for r in reqs)
+        n_prompt += [len(convo[u]) for u in range(users)]
+        cached += [int(r.completion().timings["cache_n"]) for r in reqs]
+        st = eng.stats()
+    parks = [e for rep in reports for e in rep.parked]
+    assert parks, "the second turns must overflow the pool"
+    costs = Costs(bytes_per_cell=per_cell, state_overhead_bytes=overhead,
+                  swap_out_gbps=st.preempt_park_bytes_per_second / 1e9,
+                  swap_in_gbps=st.preempt_restore_bytes_per_second / 1e9,
+                  disk_write_gbps=st.preempt_disk_write_bytes_per_second / 1e9 or Costs().disk_write_gbps,
+                  disk_read_gbps=st.preempt_disk_read_bytes_per_second / 1e9 or Costs().disk_read_gbps)
+    p = sim_params(n_ctx=n_ctx, n_parallel=users, n_batch=N_BATCH, preempt=True, preempt_ram_mib=ram_mib,
+                   preempt_mode="auto", preempt_disk_mib=-1 if disk else 0, costs=costs, max_steps=100_000)
+    p.cache_ram_mib, p.host_kv_ram_mib = cache_mib, max(cache_mib, ram_mib)
+    p.sched = _core.parse_preempt_sched("width-loss=0")
+    n = 2 * users
+    # the first turns one after another; the second turns together, after the last first turn
+    after = [-1, 0, 1, 2] + [users - 1] * users
+    sim = _core.simulate([0.0] * n, n_prompt, [n_first] * users + [n_gen] * users, p,
+                         conversation=list(range(users)) * 2, n_shared=[n_shared] * n, after=after)
+    assert [q.outcome for q in sim.requests] == [_core.SimOutcome.COMPLETED] * n
+    assert [q.n_prompt_cached for q in sim.requests] == cached
+    assert {q.cached_from for q in sim.requests[users + 1:]} == {"disk" if disk else "ram"}
+    tasks = [e.task for r in reports for e in r.finished]
+    # the second turns are the simulator's requests 4..7, in the order they were submitted
+    live = [(k, req + users, tier, reason) for k, req, tier, reason in server_trace(reports, tasks)]
+    assert live == sim_trace(sim.trace)
