@@ -63,6 +63,16 @@ def sim_trace(decisions: list[Any]) -> Trace:
             for d in decisions if d.kind in (_core.DecisionKind.PARK, _core.DecisionKind.RESUME)]
 
 
+def server_costs(st: Any, per_cell: float, overhead: float) -> Costs:
+    """The simulator's prices as the server measured them: its state sizes, its park and restore
+    rates, its disk rates (the default price where it read or wrote no file)."""
+    return Costs(bytes_per_cell=per_cell, state_overhead_bytes=overhead,
+                 swap_out_gbps=st.preempt_park_bytes_per_second / 1e9 or Costs().swap_out_gbps,
+                 swap_in_gbps=st.preempt_restore_bytes_per_second / 1e9 or Costs().swap_in_gbps,
+                 disk_write_gbps=st.preempt_disk_write_bytes_per_second / 1e9 or Costs().disk_write_gbps,
+                 disk_read_gbps=st.preempt_disk_read_bytes_per_second / 1e9 or Costs().disk_read_gbps)
+
+
 ALL_DECODE = {"width-loss": 0}
 FIXED_WIDTH = {"width": 2, "max-gap-ms": 0}
 
@@ -105,11 +115,7 @@ def test_the_simulator_makes_the_servers_decisions(stories_model: Path, tmp_path
         (n1, b1), (n2, b2) = sizes[0], sizes[-1]
         per_cell = (b2 - b1) / (n2 - n1)
         overhead = b1 - per_cell * n1
-    costs = Costs(bytes_per_cell=per_cell, state_overhead_bytes=overhead,
-                  swap_out_gbps=st.preempt_park_bytes_per_second / 1e9,
-                  swap_in_gbps=st.preempt_restore_bytes_per_second / 1e9,
-                  disk_write_gbps=st.preempt_disk_write_bytes_per_second / 1e9 or Costs().disk_write_gbps,
-                  disk_read_gbps=st.preempt_disk_read_bytes_per_second / 1e9 or Costs().disk_read_gbps)
+    costs = server_costs(st, per_cell, overhead)
     p = sim_params(n_ctx=n_ctx, n_parallel=n_slots, n_batch=N_BATCH, preempt=True, preempt_ram_mib=ram_mib,
                    preempt_mode=mode, preempt_disk_mib=-1 if disk else 0, costs=costs, max_steps=100_000)
     p.sched = sched
@@ -192,9 +198,7 @@ def test_the_simulator_makes_the_servers_prompt_cache_choices(stories_model: Pat
                 convo[u] = convo[u] + list(c.response["tokens"])
         m = eng.metrics()
         st = eng.stats()
-    costs = Costs(bytes_per_cell=per_cell, state_overhead_bytes=overhead,
-                  disk_write_gbps=st.preempt_disk_write_bytes_per_second / 1e9 or Costs().disk_write_gbps,
-                  disk_read_gbps=st.preempt_disk_read_bytes_per_second / 1e9 or Costs().disk_read_gbps)
+    costs = server_costs(st, per_cell, overhead)
     p = sim_params(n_ctx=n_ctx, n_parallel=2, n_batch=64, preempt=True, preempt_ram_mib=8192, preempt_mode="auto",
                    preempt_disk_mib=-1 if disk else 0, costs=costs, max_steps=100_000)
     p.cache_ram_mib = p.host_kv_ram_mib = cache_mib
@@ -254,11 +258,7 @@ def test_the_simulator_makes_the_servers_decisions_on_a_chat_that_parks(stories_
         st = eng.stats()
     parks = [e for rep in reports for e in rep.parked]
     assert parks, "the second turns must overflow the pool"
-    costs = Costs(bytes_per_cell=per_cell, state_overhead_bytes=overhead,
-                  swap_out_gbps=st.preempt_park_bytes_per_second / 1e9,
-                  swap_in_gbps=st.preempt_restore_bytes_per_second / 1e9,
-                  disk_write_gbps=st.preempt_disk_write_bytes_per_second / 1e9 or Costs().disk_write_gbps,
-                  disk_read_gbps=st.preempt_disk_read_bytes_per_second / 1e9 or Costs().disk_read_gbps)
+    costs = server_costs(st, per_cell, overhead)
     p = sim_params(n_ctx=n_ctx, n_parallel=users, n_batch=N_BATCH, preempt=True, preempt_ram_mib=ram_mib,
                    preempt_mode="auto", preempt_disk_mib=-1 if disk else 0, costs=costs, max_steps=100_000)
     p.cache_ram_mib, p.host_kv_ram_mib = cache_mib, max(cache_mib, ram_mib)

@@ -180,6 +180,15 @@ size_t sim_prompt_files::bytes_ahead() const {
     return i >= 0 ? files[i].bytes : 0;
 }
 
+int32_t sim_prompt_files::find(const sim_tokens & tokens) const {
+    for (size_t i = 0; i < files.size(); ++i) {
+        if (files[i].tokens == tokens) {
+            return (int32_t) i;
+        }
+    }
+    return -1;
+}
+
 size_t sim_prompt_files::bytes() const {
     size_t n = 0;
     for (const auto & f : files) {
@@ -353,8 +362,7 @@ void sim_server::spill_evicted() {
         f.tokens = e.tokens;
         f.ids    = e.tokens.ids();
         f.bytes  = e.bytes;
-        t_io_free = std::max(t_io_free, t) + e.bytes / p.disk_write_bps;
-        f.t_written = t_prompt_write = t_io_free;
+        f.t_written = t_prompt_write = disk_io(t, e.bytes / p.disk_write_bps);
         disk_bytes += e.bytes;
         res.peak_disk_bytes = std::max(res.peak_disk_bytes, disk_bytes);
         prompt_files.files.push_back(std::move(f));
@@ -363,9 +371,8 @@ void sim_server::spill_evicted() {
 }
 
 prompt_read_choice sim_server::prompt_to_read(const sim_tokens & tokens, const std::vector<prompt_file_view> & files) const {
-    cost_rates rates = tiers().rates;
     return choose_prompt_read(files, tokens.ids(), cache->n_common_best(tokens), host.limits().cache_room(host_held_now().parked),
-                              rates);
+                              tiers().rates);
 }
 
 void sim_server::lookup_prompt(const sim_tokens & tokens) {
@@ -381,25 +388,22 @@ void sim_server::lookup_prompt(const sim_tokens & tokens) {
         return;
     }
     const size_t n_bytes = prompt_files.files[i].bytes;
-    const sim_prompt_file * keep = &prompt_files.files[i];
-    const sim_tokens want = keep->tokens;
+    const sim_tokens want = prompt_files.files[i].tokens;
     if (!was_ahead && !host.reserve(host_held_now(), n_bytes, host_use::prompt_read)) {
         return;
     }
     spill_evicted();  // what gave way went to disk: the files may have moved
-    auto it = std::find_if(prompt_files.files.begin(), prompt_files.files.end(), [&](const sim_prompt_file & f) {
-        return f.tokens.key == want.key && f.tokens.n == want.n && f.tokens.n_shared == want.n_shared;
-    });
-    if (it == prompt_files.files.end()) {
+    const int32_t j = prompt_files.find(want);
+    if (j < 0) {
         return;
     }
+    const auto it = prompt_files.files.begin() + j;
     // its write lands, then its read (or the rest of the read ahead), while the loop waits
     t = std::max(t, it->t_written);
     if (it->ahead) {
         t = std::max(t, it->t_ahead);
     } else {
-        t_io_free = std::max(t_io_free, t) + n_bytes / p.disk_read_bps;
-        t = t_io_free;
+        t = disk_io(t, n_bytes / p.disk_read_bps);
     }
     disk_bytes -= n_bytes;
     cache->push({ it->tokens, n_bytes, true });
@@ -433,15 +437,13 @@ void sim_server::read_ahead_prompt() {
         spill_evicted();
         return;
     }
-    spill_evicted();
-    for (auto & f : prompt_files.files) {
-        if (f.tokens.key == want.key && f.tokens.n == want.n && f.tokens.n_shared == want.n_shared) {
-            f.ahead   = true;
-            t_io_free = std::max({ t_io_free, t, f.t_written }) + n_bytes / p.disk_read_bps;
-            f.t_ahead = t_io_free;
-            res.n_prompt_cache_read_ahead++;
-            break;
-        }
+    spill_evicted();  // the files may have moved
+    const int32_t j = prompt_files.find(want);
+    if (j >= 0) {
+        auto & f  = prompt_files.files[j];
+        f.ahead   = true;
+        f.t_ahead = disk_io(std::max(t, f.t_written), n_bytes / p.disk_read_bps);
+        res.n_prompt_cache_read_ahead++;
     }
 }
 

@@ -35,6 +35,7 @@ struct sim_tokens {
     int32_t n_shared = 0;
 
     size_t common_prefix(const sim_tokens & o) const;
+    bool operator==(const sim_tokens & o) const { return key == o.key && n == o.n && n_shared == o.n_shared; }
     // token ids with the same common prefixes, for the policy's choices (match_prompt_file())
     std::vector<int32_t> ids() const;
 };
@@ -99,6 +100,7 @@ struct sim_prompt_files {
     std::vector<sim_prompt_file> files;
 
     std::vector<prompt_file_view> views(double t_now) const;
+    int32_t find(const sim_tokens & tokens) const;  // the file of these tokens (-1: none), after files moved
     int32_t ahead() const;
     size_t  bytes_ahead() const;
     size_t  bytes() const;

@@ -188,8 +188,7 @@ void sim_server::read_ahead(int32_t id) {
     if (s.tier != park_tier::disk) {
         return;  // a RAM park: an upload ahead costs the simulated step nothing
     }
-    t_io_free   = std::max(t_io_free, t) + s.bytes / p.disk_read_bps;
-    s.t_io_done = t_io_free;
+    s.t_io_done = disk_io(t, s.bytes / p.disk_read_bps);
     s.reading   = true;
     hold_ram(s, s.bytes);
 }

@@ -80,12 +80,12 @@ move_result sim_disk_tier::copy_out(const park_order & o) {
     s.disk_bytes += bytes;
     s.res.peak_disk_bytes = std::max(s.res.peak_disk_bytes, s.disk_bytes);
     // one I/O thread: the write queues behind what it is doing
-    s.t_io_free = std::max(s.t_io_free, s.t) + bytes / s.p.disk_write_bps;
+    const double t_written = s.disk_io(s.t, bytes / s.p.disk_write_bps);
     if (!o.background) {
-        s.t = s.t_io_free;  // the loop waits for the write
+        s.t = t_written;  // the loop waits for the write
         return {};
     }
-    slot.t_io_done = s.t_io_free;  // written from the host copy, held until then
+    slot.t_io_done = t_written;  // written from the host copy, held until then
     s.hold_ram(slot, bytes);
     return {};
 }
@@ -100,8 +100,7 @@ move_result sim_disk_tier::copy_in(int32_t id) {
     if (slot.reading) {
         s.t = std::max(s.t, slot.t_io_done);  // the read ahead lands
     } else if (slot.ram == 0) {
-        s.t_io_free = std::max(s.t_io_free, s.t) + slot.bytes / s.p.disk_read_bps;  // read now, the loop waits
-        s.t         = s.t_io_free;
+        s.t = s.disk_io(s.t, slot.bytes / s.p.disk_read_bps);  // read now, the loop waits
     }  // else its write is still running (it stays in the queue's time): restored from the host copy
     s.disk_bytes -= slot.bytes;
     restore_from_host(s, slot);

@@ -17,6 +17,7 @@
 #include "preempt-sim-cache.h"
 #include "preempt-sim-tiers.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <deque>
 #include <limits>
@@ -176,6 +177,8 @@ struct sim_server final : plan_executor {
     double parked_bytes = 0;  // host RAM the parked slots hold
     double disk_bytes   = 0;  // bytes in the disk tier's files
     double t_io_free    = 0;  // the disk's I/O thread is free then (its writes and reads run one at a time)
+    // a job of `seconds` on that one thread, ready at t_ready: when it is done
+    double disk_io(double t_ready, double seconds) { return t_io_free = std::max(t_io_free, t_ready) + seconds; }
     int32_t restore_next = -1; // the last plan's: it keeps a written disk park's host copy
     std::vector<uint8_t> held; // per slot: a prompt kept waiting this step
     std::vector<uint8_t> paused; // per slot: a generating slot beyond the decode width this step
