@@ -1,6 +1,7 @@
-// The simulated server's prompt cache (preempt-sim-cache.h): upstream's RAM cache and slot choice,
-// and the disk side as csrc/server/preempt-prompt-disk.inc runs it, each choice the policy's
-// (policy/preempt-memory.h) and each byte into host RAM asked of the one host budget (host_ram).
+// Upstream's RAM prompt cache and slot choice in the simulator (preempt-sim-cache.h): prompts as
+// token counts, the cache's own rules, the prompt files' bookkeeping, and the simulated server's
+// launch of waiting requests into idle slots (what it saves to and loads from the cache, whose disk
+// side is sim_prompts, preempt-sim-prompts.cpp).
 #include "preempt-sim.h"
 
 #include <algorithm>
@@ -197,7 +198,42 @@ size_t sim_prompt_files::bytes() const {
     return n;
 }
 
-// --- the simulated server's side of it ---
+// --- the simulated server's side of it: upstream's slot choice and launch ---
+
+// upstream's get_available_slot(): the idle slot whose prompt shares the largest fraction of this
+// one's (above --slot-prompt-similarity), else the least recently used; the cache is updated when
+// the slot's prompt is mostly lost (or was not chosen for it)
+sim_slot * pick_slot(std::vector<sim_slot> & slots, const sim_tokens & tokens, float similarity, bool has_cache,
+                     bool & update_cache) {
+    sim_slot * ret = nullptr;
+    update_cache = false;
+    if (similarity != 0.0f) {
+        float f_best = 0;
+        for (auto & s : slots) {
+            if (s.phase != slot_phase::idle || s.tokens.n == 0) {
+                continue;
+            }
+            const float f = float(s.tokens.common_prefix(tokens)) / tokens.n;
+            if (f > f_best && f > similarity) {
+                f_best = f;
+                ret = &s;
+            }
+        }
+        if (ret && f_best * tokens.n / ret->tokens.n < 0.5f) {
+            update_cache = true;
+        }
+    }
+    if (!ret) {
+        for (auto & s : slots) {
+            if (s.phase == slot_phase::idle && (!ret || s.t_last_used < ret->t_last_used)) {
+                ret = &s;
+            }
+        }
+        update_cache = ret != nullptr;
+    }
+    update_cache = update_cache && has_cache;
+    return ret;
+}
 
 // the waiting requests take idle slots, as upstream launches its queued tasks
 void sim_server::admit() {
@@ -205,7 +241,7 @@ void sim_server::admit() {
         const int32_t id = waiting.front();
         const sim_tokens tokens = tokens_of(id);
         bool update_cache = false;
-        sim_slot * slot = pick_slot(tokens, update_cache);
+        sim_slot * slot = pick_slot(slots, tokens, p.slot_prompt_similarity, prompts.on(), update_cache);
         if (!slot) {
             return;
         }
@@ -215,10 +251,9 @@ void sim_server::admit() {
         s.from = sim_prompt_source::slot;
         if (update_cache) {
             // the slot's prompt to the RAM cache, and the entry (or prompt file) that serves this one better into the slot
-            save_prompt(s);
+            prompts.save(s.tokens);
             load_prompt(s, tokens);
-            cache->update();
-            spill_evicted();
+            prompts.update();
         }
         s.req = id;
         s.t_arrival = t;
@@ -228,7 +263,7 @@ void sim_server::admit() {
         }
         s.phase  = slot_phase::prompt;
         s.is_new = true;
-        if (cache) {
+        if (prompts.on()) {
             // --cache-idle-slots (upstream's default with a cache): the other idle slots' prompts go
             // to the cache and, the pool being unified, their cells are freed
             for (auto & o : slots) {
@@ -240,11 +275,22 @@ void sim_server::admit() {
     }
 }
 
+// prompt_load() into the slot: what it held is replaced by the cached prompt that serves `tokens` better
+void sim_server::load_prompt(sim_slot & s, const sim_tokens & tokens) {
+    const auto r = prompts.load(s.tokens, tokens, p.n_pool - (cells_used() - s.cells));
+    if (r.cleared || r.loaded) {
+        s.tokens = r.got.tokens;
+        s.cells  = r.got.tokens.n;
+    }
+    if (r.loaded) {
+        s.from = r.got.from_disk ? sim_prompt_source::disk : sim_prompt_source::ram;
+    }
+}
+
 void sim_server::clear_idle(sim_slot & s) {
-    if (cache && s.tokens.n > 0) {
-        save_prompt(s);
-        cache->update();
-        spill_evicted();
+    if (prompts.on() && s.tokens.n > 0) {
+        prompts.save(s.tokens);
+        prompts.update();
     }
     s.cells  = 0;
     s.tokens = {};
@@ -265,198 +311,11 @@ void sim_server::start_prompt(sim_slot & s) {
     res.n_prompt_tokens_computed += tokens.n - s.cells;
 }
 
-
 sim_tokens sim_server::tokens_of(int32_t req) const {
     const auto & rq = reqs[req];
     // a request of no chat has a key of its own (above every conversation's)
     const int64_t key = rq.conversation >= 0 ? rq.conversation : (int64_t(1) << 40) + req;
     return { key, rq.n_prompt, std::min(rq.n_shared, rq.n_prompt) };
-}
-
-size_t sim_server::state_bytes(int32_t n_tokens) const {
-    return (size_t) (p.state_overhead_bytes + n_tokens * p.bytes_per_cell);
-}
-
-host_held sim_server::host_held_now() const {
-    return { (size_t) parked_bytes, prompt_files.bytes_ahead() };
-}
-
-// upstream's get_available_slot(): the idle slot whose prompt shares the largest fraction of this
-// one's (above --slot-prompt-similarity), else the least recently used; the cache is updated when
-// the slot's prompt is mostly lost (or was not chosen for it)
-sim_slot * sim_server::pick_slot(const sim_tokens & tokens, bool & update_cache) {
-    sim_slot * ret = nullptr;
-    update_cache = false;
-    if (p.slot_prompt_similarity != 0.0f) {
-        float f_best = 0;
-        for (auto & s : slots) {
-            if (s.phase != slot_phase::idle || s.tokens.n == 0) {
-                continue;
-            }
-            const float f = float(s.tokens.common_prefix(tokens)) / tokens.n;
-            if (f > f_best && f > p.slot_prompt_similarity) {
-                f_best = f;
-                ret = &s;
-            }
-        }
-        if (ret && f_best * tokens.n / ret->tokens.n < 0.5f) {
-            update_cache = true;
-        }
-    }
-    if (!ret) {
-        for (auto & s : slots) {
-            if (s.phase == slot_phase::idle && (!ret || s.t_last_used < ret->t_last_used)) {
-                ret = &s;
-            }
-        }
-        update_cache = ret != nullptr;
-    }
-    update_cache = update_cache && cache;
-    return ret;
-}
-
-void sim_server::save_prompt(const sim_slot & s) {
-    const size_t n_bytes = state_bytes(s.tokens.n);
-    if (cache->save(s.tokens, n_bytes)) {
-        t += n_bytes / p.swap_out_bps;  // the state copied to host RAM while the loop waits
-        res.peak_cache_bytes = std::max(res.peak_cache_bytes, (double) cache->bytes());
-    }
-    spill_evicted();
-}
-
-void sim_server::load_prompt(sim_slot & s, const sim_tokens & tokens) {
-    if (!prompt_files.files.empty()) {
-        lookup_prompt(tokens);  // the hook before upstream searches its RAM cache
-    }
-    const int32_t i = cache->best_for(s.tokens, tokens);
-    if (i < 0) {
-        return;
-    }
-    const auto & e = cache->states()[i];
-    if (cells_used() - s.cells + e.tokens.n > p.n_pool) {
-        s.cells  = 0;  // the restore finds no room: the load fails and the slot is cleared
-        s.tokens = {};
-        return;
-    }
-    const sim_cached_prompt got = cache->take(i);
-    t += got.bytes / p.swap_in_bps;
-    s.tokens = got.tokens;
-    s.cells  = got.tokens.n;
-    s.from   = got.from_disk ? sim_prompt_source::disk : sim_prompt_source::ram;
-    res.n_prompt_cache_ram_hits += !got.from_disk;
-}
-
-void sim_server::spill_evicted() {
-    for (auto & e : cache->take_evicted()) {
-        if (disk_budget() == 0) {
-            host.pages_freed_later();
-            continue;
-        }
-        // the write before this one finishes first: one prompt's bytes at most wait outside the cache
-        t = std::max(t, t_prompt_write);
-        if (e.bytes > ram_left(disk_budget(), (size_t) disk_bytes)) {
-            res.n_prompt_cache_disk_skipped++;
-            continue;
-        }
-        sim_prompt_file f;
-        f.tokens = e.tokens;
-        f.ids    = e.tokens.ids();
-        f.bytes  = e.bytes;
-        f.t_written = t_prompt_write = disk_io(t, e.bytes / p.disk_write_bps);
-        disk_bytes += e.bytes;
-        res.peak_disk_bytes = std::max(res.peak_disk_bytes, disk_bytes);
-        prompt_files.files.push_back(std::move(f));
-        res.n_prompt_cache_spilled++;
-    }
-}
-
-prompt_read_choice sim_server::prompt_to_read(const sim_tokens & tokens, const std::vector<prompt_file_view> & files) const {
-    return choose_prompt_read(files, tokens.ids(), cache->n_common_best(tokens), host.limits().cache_room(host_held_now().parked),
-                              tiers().rates);
-}
-
-void sim_server::lookup_prompt(const sim_tokens & tokens) {
-    const auto choice = prompt_to_read(tokens, prompt_files.views(t));
-    const int32_t i = choice.read() ? choice.file : -1;
-    const int32_t ahead = prompt_files.ahead();
-    const bool was_ahead = i >= 0 && i == ahead;
-    if (ahead >= 0 && !was_ahead) {
-        prompt_files.files[ahead].ahead = false;  // the waiting request went another way: its bytes go
-        host.pages_freed();
-    }
-    if (i < 0) {
-        return;
-    }
-    const size_t n_bytes = prompt_files.files[i].bytes;
-    const sim_tokens want = prompt_files.files[i].tokens;
-    if (!was_ahead && !host.reserve(host_held_now(), n_bytes, host_use::prompt_read)) {
-        return;
-    }
-    spill_evicted();  // what gave way went to disk: the files may have moved
-    const int32_t j = prompt_files.find(want);
-    if (j < 0) {
-        return;
-    }
-    const auto it = prompt_files.files.begin() + j;
-    // its write lands, then its read (or the rest of the read ahead), while the loop waits
-    t = std::max(t, it->t_written);
-    if (it->ahead) {
-        t = std::max(t, it->t_ahead);
-    } else {
-        t = disk_io(t, n_bytes / p.disk_read_bps);
-    }
-    disk_bytes -= n_bytes;
-    cache->push({ it->tokens, n_bytes, true });
-    prompt_files.files.erase(it);
-    res.n_prompt_cache_disk_hits++;
-    res.peak_cache_bytes = std::max(res.peak_cache_bytes, (double) cache->bytes());
-    host.release(host_held_now());
-    spill_evicted();
-}
-
-void sim_server::read_ahead_prompt() {
-    if (!cache || prompt_files.files.empty()) {
-        return;
-    }
-    const auto files = prompt_files.views(t);
-    prompt_read_choice next;
-    if (!waiting.empty()) {
-        next = prompt_to_read(tokens_of(waiting.front()), files);
-    }
-    const auto act = choose_read_ahead(files, next, prompt_files.ahead());
-    if (act.forget) {
-        prompt_files.files[prompt_files.ahead()].ahead = false;
-        host.pages_freed();
-    }
-    if (!act.start) {
-        return;
-    }
-    const sim_tokens want = prompt_files.files[act.want].tokens;
-    const size_t n_bytes = prompt_files.files[act.want].bytes;
-    if (!host.reserve(host_held_now(), n_bytes, host_use::prompt_ahead)) {
-        spill_evicted();
-        return;
-    }
-    spill_evicted();  // the files may have moved
-    const int32_t j = prompt_files.find(want);
-    if (j >= 0) {
-        auto & f  = prompt_files.files[j];
-        f.ahead   = true;
-        f.t_ahead = disk_io(std::max(t, f.t_written), n_bytes / p.disk_read_bps);
-        res.n_prompt_cache_read_ahead++;
-    }
-}
-
-void sim_server::drop_prompt_files(size_t n_bytes) {
-    if (prompt_files.files.empty()) {
-        return;
-    }
-    const size_t room = ram_left(disk_budget(), (size_t) disk_bytes);
-    const size_t n = prompt_files_to_drop(prompt_files.views(t), room, n_bytes);
-    for (size_t i = 0; i < n && !prompt_files.files.empty(); ++i) {
-        disk_bytes -= prompt_files.files.front().bytes;
-        prompt_files.files.erase(prompt_files.files.begin());
-    }
 }
 
 } // namespace llama_preempt

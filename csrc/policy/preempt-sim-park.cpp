@@ -57,13 +57,8 @@ std::vector<slot_view> sim_server::views() const {
     return v;
 }
 
-// the flags' MiB as the server reads them (preempt-config.cpp)
 size_t sim_server::ram_budget() const {
     return host.limits().parks();  // the host budget's share for parks
-}
-
-size_t sim_server::disk_budget() const {
-    return p.preempt_disk_mib == 0 ? 0 : ram_budget_from_mib(p.preempt_disk_mib);
 }
 
 tier_set sim_server::all_tiers() const {
@@ -72,7 +67,7 @@ tier_set sim_server::all_tiers() const {
 }
 
 tier_state sim_server::tiers() const {
-    return tier_state_of(all_tiers(), effective_mode(p.mode, ram_budget(), disk_budget()), p.n_batch);
+    return tier_state_of(all_tiers(), effective_mode(p.mode, ram_budget(), disk.budget), p.n_batch);
 }
 
 kv_tier & sim_server::tier(park_tier where) {
@@ -159,11 +154,12 @@ void sim_server::park(const park_order & o) {
 // the step's start, in the server's order (preempt_settle()): the host budget (the cache grows
 // into the room resumed parks left), the prompt files (one read ahead), then the parks' files
 void sim_server::settle() {
-    host.settle(host_held_now());
-    if (cache) {
-        spill_evicted();
-        read_ahead_prompt();
+    host.settle(prompts.held());
+    sim_tokens next;
+    if (!waiting.empty()) {
+        next = tokens_of(waiting.front());
     }
+    prompts.step(waiting.empty() ? nullptr : &next);
     settle_disk();
 }
 
@@ -188,7 +184,7 @@ void sim_server::read_ahead(int32_t id) {
     if (s.tier != park_tier::disk) {
         return;  // a RAM park: an upload ahead costs the simulated step nothing
     }
-    s.t_io_done = disk_io(t, s.bytes / p.disk_read_bps);
+    s.t_io_done = disk.io(t, s.bytes / p.disk_read_bps);
     s.reading   = true;
     hold_ram(s, s.bytes);
 }

@@ -8,10 +8,8 @@ namespace llama_preempt {
 // the state to host RAM at the park rate, after the host budget made room (cached prompts give
 // way first; a disk park's bytes only pass through)
 static move_result copy_to_host(sim_server & s, const park_order & o, host_use use) {
-    const bool ok = s.host.reserve(s.host_held_now(), o.bytes, use);
-    if (s.cache) {
-        s.spill_evicted();
-    }
+    const bool ok = s.host.reserve(s.prompts.held(), o.bytes, use);
+    s.prompts.spill();
     if (!ok) {
         return { move_failure::copy_out, false };
     }
@@ -24,7 +22,7 @@ static move_result copy_to_host(sim_server & s, const park_order & o, host_use u
 static void restore_from_host(sim_server & s, sim_slot & slot) {
     s.t += slot.bytes / s.p.swap_in_bps;
     s.free_ram(slot);
-    s.host.release(s.host_held_now());
+    s.host.release(s.prompts.held());
 }
 
 // --- RAM ---
@@ -66,7 +64,7 @@ void sim_disk_tier::price(cost_rates & rates) const {
 
 size_t sim_disk_tier::room() const {
     // prompt files give way to parks: their bytes count as room
-    return ram_left(s.disk_budget(), (size_t) s.disk_bytes) + s.prompt_files.bytes();
+    return s.disk.room() + s.prompts.file_bytes();
 }
 
 move_result sim_disk_tier::copy_out(const park_order & o) {
@@ -76,11 +74,11 @@ move_result sim_disk_tier::copy_out(const park_order & o) {
     }
     auto & slot = s.slots[o.id];
     const double bytes = (double) o.bytes;
-    s.drop_prompt_files(o.bytes);  // parks first on disk
-    s.disk_bytes += bytes;
-    s.res.peak_disk_bytes = std::max(s.res.peak_disk_bytes, s.disk_bytes);
+    s.prompts.drop_files(o.bytes);  // parks first on disk
+    s.disk.bytes += bytes;
+    s.res.peak_disk_bytes = std::max(s.res.peak_disk_bytes, s.disk.bytes);
     // one I/O thread: the write queues behind what it is doing
-    const double t_written = s.disk_io(s.t, bytes / s.p.disk_write_bps);
+    const double t_written = s.disk.io(s.t, bytes / s.p.disk_write_bps);
     if (!o.background) {
         s.t = t_written;  // the loop waits for the write
         return {};
@@ -93,16 +91,14 @@ move_result sim_disk_tier::copy_out(const park_order & o) {
 move_result sim_disk_tier::copy_in(int32_t id) {
     auto & slot = s.slots[id];
     slot.t_restore0 = s.t;
-    s.host.reserve(s.host_held_now(), (size_t) slot.bytes, host_use::transit);  // its bytes come back into host RAM
-    if (s.cache) {
-        s.spill_evicted();
-    }
+    s.host.reserve(s.prompts.held(), (size_t) slot.bytes, host_use::transit);  // its bytes come back into host RAM
+    s.prompts.spill();
     if (slot.reading) {
         s.t = std::max(s.t, slot.t_io_done);  // the read ahead lands
     } else if (slot.ram == 0) {
-        s.t = s.disk_io(s.t, slot.bytes / s.p.disk_read_bps);  // read now, the loop waits
+        s.t = s.disk.io(s.t, slot.bytes / s.p.disk_read_bps);  // read now, the loop waits
     }  // else its write is still running (it stays in the queue's time): restored from the host copy
-    s.disk_bytes -= slot.bytes;
+    s.disk.bytes -= slot.bytes;
     restore_from_host(s, slot);
     return {};
 }
@@ -110,7 +106,7 @@ move_result sim_disk_tier::copy_in(int32_t id) {
 void sim_disk_tier::forget(int32_t id) {
     auto & slot = s.slots[id];
     s.free_ram(slot);
-    s.disk_bytes -= slot.bytes;
+    s.disk.bytes -= slot.bytes;
 }
 
 // --- RECOMPUTE ---

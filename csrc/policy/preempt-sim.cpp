@@ -17,11 +17,9 @@ sim_server::sim_server(const sim_params & p) : p(p) {
     for (size_t i = 0; i < slots.size(); ++i) {
         slots[i].id = (int32_t) i;
     }
-    if (p.cache_ram_mib != 0) {
-        // upstream's limits: --cache-ram (-1: none) and the context's tokens
-        cache = std::make_unique<sim_prompt_cache>(p.cache_ram_mib < 0 ? 0 : (size_t) p.cache_ram_mib << 20, (size_t) p.n_pool);
-    }
-    host = host_ram(host_budget_from_mib(p.host_kv_ram_mib, p.preempt_ram_mib, p.cache_ram_mib), cache.get(), false);
+    // the flags' MiB as the server reads them (preempt-config.cpp)
+    disk.budget = p.preempt_disk_mib == 0 ? 0 : ram_budget_from_mib(p.preempt_disk_mib);
+    host = host_ram(host_budget_from_mib(p.host_kv_ram_mib, p.preempt_ram_mib, p.cache_ram_mib), prompts.cache(), false);
 }
 
 void sim_server::arrive(const sim_request & rq) {

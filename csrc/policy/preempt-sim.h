@@ -15,6 +15,7 @@
 #include "preempt-executor.h"
 #include "preempt-policy.h"
 #include "preempt-sim-cache.h"
+#include "preempt-sim-prompts.h"
 #include "preempt-sim-tiers.h"
 
 #include <algorithm>
@@ -159,6 +160,11 @@ struct sim_slot {
     int32_t n_tokens     = 0;      // tokens its request has been sent
 };
 
+// upstream's get_available_slot(): an idle slot for a request of `tokens` (nullptr: none), and
+// whether the slot's prompt goes to the RAM cache first (preempt-sim-cache.cpp)
+sim_slot * pick_slot(std::vector<sim_slot> & slots, const sim_tokens & tokens, float similarity, bool has_cache,
+                     bool & update_cache);
+
 constexpr double SIM_NEVER = std::numeric_limits<double>::infinity();
 
 // One simulated llama-server with its own clock. It does not know the workload: its caller brings
@@ -175,10 +181,7 @@ struct sim_server final : plan_executor {
     std::deque<int32_t>      waiting;  // arrived, no slot yet (upstream's deferred tasks)
     double t = 0;
     double parked_bytes = 0;  // host RAM the parked slots hold
-    double disk_bytes   = 0;  // bytes in the disk tier's files
-    double t_io_free    = 0;  // the disk's I/O thread is free then (its writes and reads run one at a time)
-    // a job of `seconds` on that one thread, ready at t_ready: when it is done
-    double disk_io(double t_ready, double seconds) { return t_io_free = std::max(t_io_free, t_ready) + seconds; }
+    sim_disk disk;            // the disk tier (--preempt-disk): its files' bytes, its one I/O thread
     int32_t restore_next = -1; // the last plan's: it keeps a written disk park's host copy
     std::vector<uint8_t> held; // per slot: a prompt kept waiting this step
     std::vector<uint8_t> paused; // per slot: a generating slot beyond the decode width this step
@@ -187,12 +190,9 @@ struct sim_server final : plan_executor {
     step_cost_fit fit;         // the step cost as the planner knows it: fitted from the simulated steps, as the server's
     bool   stopped = false;  // gave up: the step limit, or held requests that nothing can unblock
 
-    // the prompt cache (p.cache_ram_mib != 0; preempt-sim-cache.cpp): upstream's RAM cache, its
-    // disk side, and the one host budget they and the parks share
-    std::unique_ptr<sim_prompt_cache> cache;  // on the heap: the host budget points at it
-    sim_prompt_files prompt_files;
-    host_ram host;
-    double t_prompt_write = 0;  // the last prompt file's write is done then (one at a time)
+    host_ram host;  // the one host budget the parks and the prompt cache share
+    // the prompt cache (p.cache_ram_mib != 0; preempt-sim-cache.cpp): upstream's RAM cache and its disk side
+    sim_prompts prompts { p, t, res, host, disk, parked_bytes, [this] { return tiers().rates; } };
 
     // its tiers: views of this server (so it is never copied or moved: a fleet keeps its servers in place)
     sim_recompute_tier rec_tier  { *this };
@@ -231,24 +231,14 @@ struct sim_server final : plan_executor {
     void hold_ram(sim_slot & s, double bytes);  // its host copy, as the RAM budget counts it
     void free_ram(sim_slot & s);
     size_t ram_budget() const;
-    size_t disk_budget() const;  // 0: no disk tier
     bool last_resort();
     int32_t cells_used() const;
     void clear_idle(sim_slot & s);  // an idle slot's cells go (to the RAM cache first, where there is one)
     void start_prompt(sim_slot & s);  // its first chunk: what its cells share with the prompt is kept
 
-    // the prompt cache, as upstream's get_available_slot() and the server's preempt-prompt-disk.inc
+    // upstream's slot choice and prompt_load() with the prompt cache (preempt-sim-cache.cpp)
     sim_tokens tokens_of(int32_t req) const;
-    size_t state_bytes(int32_t n_tokens) const;
-    host_held host_held_now() const;
-    sim_slot * pick_slot(const sim_tokens & tokens, bool & update_cache);  // an idle slot for them (nullptr: none)
-    void save_prompt(const sim_slot & s);  // prompt_save(): its copy to RAM takes the loop's time
-    void load_prompt(sim_slot & s, const sim_tokens & tokens);  // prompt_load(), after the disk lookup
-    void spill_evicted();  // what left the RAM cache goes to disk (or is dropped)
-    prompt_read_choice prompt_to_read(const sim_tokens & tokens, const std::vector<prompt_file_view> & files) const;
-    void lookup_prompt(const sim_tokens & tokens);  // a file that matches better comes back into RAM
-    void read_ahead_prompt();  // once a step, for the oldest waiting request
-    void drop_prompt_files(size_t n_bytes);  // parks first on disk
+    void load_prompt(sim_slot & s, const sim_tokens & tokens);
 
     // the executor (preempt-executor.h), in simulated time (preempt-sim-park.cpp)
     void         settle() override;
