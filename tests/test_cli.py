@@ -174,7 +174,7 @@ def test_stats_once_json_shows_a_parked_slot(parked_server: Any) -> None:
 def test_stats_once_draws_the_tables(parked_server: Any) -> None:
     p = run_cli("stats", parked_server.url, "--once")
     assert p.returncode == 0, p.stderr
-    assert "parked" in p.stdout and "n_preempt_total" in p.stdout and "8192 MiB" in p.stdout
+    assert "parked" in p.stdout and "n_preempt_total" in p.stdout and "8192.0 MiB" in p.stdout
 
 
 def test_stats_takes_host_and_port_without_a_scheme(parked_server: Any) -> None:

@@ -26,6 +26,8 @@ class Client:
 
     def __init__(self, srv: LlamaServer, prompt: str, n_predict: int, stream: bool) -> None:
         self.status = 0
+        self.retry_after: str | None = None  # a 503's Retry-After
+        self.t_end = 0.0  # when its answer ended (time.monotonic())
         self.body: Any = None
         self.events: list[dict[str, Any]] = []
         self.error: dict[str, Any] | None = None
@@ -35,12 +37,20 @@ class Client:
         self._thread.start()
 
     def _run(self, srv: LlamaServer, body: dict[str, Any], stream: bool) -> None:
+        try:
+            self._ask(srv, body, stream)
+        finally:
+            self.t_end = time.monotonic()
+
+    def _ask(self, srv: LlamaServer, body: dict[str, Any], stream: bool) -> None:
         if not stream:
             r = requests.post(srv.url + "/completion", json=body, timeout=300)
             self.status, self.body = r.status_code, r.json()
+            self.retry_after = r.headers.get("Retry-After")
             return
         with requests.post(srv.url + "/completion", json={**body, "stream": True}, stream=True, timeout=300) as r:
             self.status = r.status_code
+            self.retry_after = r.headers.get("Retry-After")
             if r.status_code != 200:  # answered before its stream began
                 self.body = r.json()
                 return
@@ -108,6 +118,7 @@ def test_sigterm_lets_the_requests_in_flight_finish_refuses_new_ones_and_exits_0
     assert h.status_code == 503 and h.json()["status"] == "draining"
     r = requests.post(srv.url + "/completion", json={"prompt": "late", "n_predict": 4}, timeout=10)
     assert r.status_code == 503 and "shutting down" in r.json()["error"]["message"]
+    assert h.headers["Retry-After"] == r.headers["Retry-After"] == "1"
     m = requests.get(srv.url + "/metrics", timeout=10)
     assert m.status_code == 200 and "llamacpp:server_draining 1" in m.text
     for c in clients:
@@ -119,6 +130,31 @@ def test_sigterm_lets_the_requests_in_flight_finish_refuses_new_ones_and_exits_0
         assert c.n_generated == 400, (c.body, len(c.events))
     assert all(c.ended and c.events[-1].get("stop") for c in clients if c.events)
     logged(srv, "drained in", "4 requests finished with their answer, 0 ended")
+
+
+def test_sigterm_hands_back_the_requests_that_never_started_at_once_and_lets_the_running_ones_finish(
+        serve: Serve) -> None:
+    srv = serve(120, {})
+    runners = [Client(srv, p, 300, stream=i % 2 == 1)
+               for i, p in enumerate(["Once upon a time", "There was a dog", "Lily went to", "The sun was"])]
+    # every slot busy and each request begun (a token sent), then two more wait for a slot
+    wait_until(lambda: sum(s["is_processing"] and s["next_token"][0]["n_decoded"] > 0 for s in srv.slots()) == 4, 60,
+               "four requests generating")
+    waiting = [Client(srv, "A cat sat", 300, stream=False), Client(srv, "A bird flew", 300, stream=True)]
+    wait_until(lambda: srv.metrics()["requests_deferred"] >= 2, 30, "two requests queued")
+    sigterm(srv)
+    for c in waiting:
+        c.join(30)
+        assert c.status == 503 and c.retry_after is not None and int(c.retry_after) >= 1
+        assert "had not started" in c.body["error"]["message"]
+    for c in runners:
+        c.join(120)
+        assert c.status == 200 and c.error is None and c.n_generated == 300
+    # handed back while the others still ran
+    assert max(c.t_end for c in waiting) < min(c.t_end for c in runners)
+    assert srv.proc is not None and srv.proc.wait(timeout=60) == 0
+    logged(srv, "2 that had not started were handed back (503 with Retry-After",
+           "4 requests finished with their answer, 0 ended with an error, 2 handed back before they started")
 
 
 def test_a_drain_that_runs_out_ends_each_request_with_an_error_and_exits_0(serve: Serve) -> None:

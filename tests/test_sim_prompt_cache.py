@@ -72,6 +72,17 @@ def test_a_small_cache_spills_to_disk_and_the_turns_come_back_from_their_files()
     assert big.prompt_cache_spilled == 0 and big.prompt_cache_disk_hits == 0
 
 
+def test_a_full_disk_tier_makes_the_oldest_prompt_files_give_way_to_newer_ones() -> None:
+    # as the server's (issue 41): within --preempt-disk-mib the newest prompts are kept, none dropped
+    wl = Workload.chat(6, 4, **CHAT)
+    free = simulate(wl, **SERVER, cache_ram_mib=64, host_kv_ram_mib=64, preempt_disk_mib=-1)
+    small = simulate(wl, **SERVER, cache_ram_mib=64, host_kv_ram_mib=64, preempt_disk_mib=40)
+    assert free.peak_disk_mib > 40 >= small.peak_disk_mib
+    assert small.prompt_cache_disk_skipped == 0 and small.prompt_cache_spilled >= free.prompt_cache_spilled - 1
+    # six users in turn: each turn's file gave way to later ones before it returned
+    assert small.prompt_cache_disk_hits < free.prompt_cache_disk_hits
+
+
 def test_a_fleet_keeps_a_cache_per_server() -> None:
     wl = Workload.chat(4, 3, system=300, first=400, turn=20, gen=24)
     rr = simulate_fleet(wl, n_servers=2, route="round-robin", **SERVER)

@@ -66,6 +66,9 @@ void sim_prompts::spill() {
         }
         // the write before this one finishes first: one prompt's bytes at most wait outside the cache
         t_ = std::max(t_, t_write_);
+        if (e.bytes > disk_.room() && e.bytes <= disk_.room() + files_.bytes()) {
+            drop_files(e.bytes);  // the disk tier's limit: the oldest prompts give way
+        }
         if (e.bytes > disk_.room()) {
             res_.n_prompt_cache_disk_skipped++;
             continue;

@@ -143,19 +143,23 @@ void log_preempt_config(const preempt_config & cfg, size_t n_slots, int32_t n_ct
         CFG_INF("preemption: off, %s\n", cfg.off_why.c_str());
         return;
     }
-    const int32_t mib  = cfg.ram_mib;
-    const bool    disk = cfg.disk_budget > 0;
+    // what parked slots may hold: --preempt-ram within the host budget in force (one figure, the same
+    // the next line and /metrics give)
+    const size_t  parks = cfg.host.parks();
+    const int64_t mib   = parks == SIZE_MAX ? -1 : (int64_t) (parks >> 20);
+    const bool    disk  = cfg.disk_budget > 0;
+    const char *  no_ram = cfg.ram_mib == 0 ? "--preempt-ram 0" : "--host-kv-ram 0";
     const char * choose = cfg.mode == preempt_mode::automatic ? (disk ? "SWAP to RAM or disk, or RECOMPUTE, by measured cost"
                                                                       : "SWAP or RECOMPUTE by measured cost")
                                                               : "SWAP";
     const std::string disk_mib = cfg.disk_mib < 0 ? std::string("the disk's free space") : string_format("%d MiB", cfg.disk_mib);
     const std::string above = disk ? string_format("disk (%s) above it", disk_mib.c_str()) : std::string("RECOMPUTE above it");
     const std::string how = cfg.mode == preempt_mode::recompute
-                              ? (mib == 0 ? "RECOMPUTE only (--preempt-ram 0)" : "RECOMPUTE only (--preempt-mode recompute)")
-                          : mib == 0 ? string_format("SWAP to disk (%s)%s, no RAM parks (--preempt-ram 0)", disk_mib.c_str(),
-                                                     cfg.mode == preempt_mode::automatic ? " or RECOMPUTE by measured cost" : "")
+                              ? (mib == 0 ? string_format("RECOMPUTE only (%s)", no_ram) : std::string("RECOMPUTE only (--preempt-mode recompute)"))
+                          : mib == 0 ? string_format("SWAP to disk (%s)%s, no RAM parks (%s)", disk_mib.c_str(),
+                                                     cfg.mode == preempt_mode::automatic ? " or RECOMPUTE by measured cost" : "", no_ram)
                           : mib < 0 ? string_format("%s, host RAM with no limit", choose)
-                          : string_format("%s within %d MiB of host RAM, %s", choose, mib, above.c_str());
+                          : string_format("%s within %lld MiB of host RAM, %s", choose, (long long) mib, above.c_str());
     CFG_INF("preemption: on (%s), %zu slots share a pool of %d cells; a slot is parked "
             "instead of failing every request when the pool fills\n", how.c_str(), n_slots, n_ctx);
     const auto as_mib = [](size_t b) { return b == SIZE_MAX ? std::string("no limit") : string_format("%zu MiB", b >> 20); };

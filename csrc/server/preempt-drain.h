@@ -1,6 +1,8 @@
 // llama-preempt: the graceful drain. SIGTERM or SIGINT ends llama-server after its requests:
 //  - new work is refused with 503, and /health answers 503 "draining", so a load balancer stops
 //    sending;
+//  - requests that have not started (waiting for a slot, or in one and not begun) are handed back
+//    at once with 503, so a balancer sends them to another server;
 //  - requests in flight, parked ones too, finish for up to --drain-timeout seconds;
 //  - whatever is left then ends with an error response (a stream gets an error event and its end),
 //    parked buffers are freed, and the process exits 0.
@@ -27,6 +29,9 @@ bool drain_take_signal();
 // 0: serving; 1: draining; 2: cut short (a second signal)
 int drain_level();
 int32_t drain_timeout_s();
+
+// every 503 (a drain's, upstream's own while loading) says when to try again: soon, at another server
+constexpr const char * RETRY_AFTER_S = "1";
 
 // "" to let a request through, else the JSON body of its 503: while draining, POSTs that start new
 // work and the health checks are refused; reads (/metrics, /slots, /props, ...), the slot actions,

@@ -60,24 +60,35 @@ inline std::string flag_error_text(const std::exception & e, const std::string &
     return e.what();
 }
 
+// a flag's whole number from -1 (no limit) up, else std::invalid_argument: `expects`, quoting the value
+inline int32_t parse_from_minus_one(const std::string & value, const std::string & expects) {
+    long long n = 0;
+    if (!parse_whole(value, n) || n < -1 || n > INT32_MAX) {
+        throw std::invalid_argument(expects + ", got '" + value + "'");
+    }
+    return (int32_t) n;
+}
+
 // --preempt-ram N: -1 (no limit), 0 (always recompute) or a size in MiB; throws std::invalid_argument
 inline int32_t parse_preempt_ram_mib(const std::string & value) {
-    long long mib = 0;
-    if (!parse_whole(value, mib) || mib < -1 || mib > INT32_MAX) {
-        throw std::invalid_argument("--preempt-ram expects -1 (no limit), 0 (always recompute) or a size in MiB, got '" + value + "'");
-    }
-    return (int32_t) mib;
+    return parse_from_minus_one(value, "--preempt-ram expects -1 (no limit), 0 (always recompute) or a size in MiB");
 }
 
 // --host-kv-ram N: -1 (no limit), 0 (nothing off the device: no RAM parks, no prompt cache) or a
 // size in MiB; throws std::invalid_argument
 inline int32_t parse_host_kv_ram_mib(const std::string & value) {
-    long long mib = 0;
-    if (!parse_whole(value, mib) || mib < -1 || mib > INT32_MAX) {
-        throw std::invalid_argument("--host-kv-ram expects -1 (no limit) or a size in MiB >= 0, got '" + value + "'");
-    }
-    return (int32_t) mib;
+    return parse_from_minus_one(value, "--host-kv-ram expects -1 (no limit) or a size in MiB >= 0");
 }
+
+// --preempt-disk-mib's default: a tenth of the filesystem DIR is on, at most half of what is free there
+// when the server starts and at most 64 GiB, so that a disk tier left at its default never fills a
+// disk (a shared disk keeps nine tenths, a nearly full one half its free space; 64 GiB holds many
+// long conversations of a small model, or one 128k-token state of a 70B one: raise it for those)
+constexpr uint64_t DISK_DEFAULT_MAX = 64ull << 30;
+inline uint64_t default_disk_bytes(uint64_t fs_bytes, uint64_t free_bytes) {
+    return std::min({ fs_bytes / 10, free_bytes / 2, DISK_DEFAULT_MAX });
+}
+constexpr const char * DISK_DEFAULT_RULE = "a tenth of the filesystem, at most half its free space at start and 64 GiB";
 
 // --preempt-disk-mib N: -1 (the disk's free space) or a size in MiB of at least 1; throws std::invalid_argument
 inline int32_t parse_preempt_disk_mib(const std::string & value) {
@@ -87,6 +98,24 @@ inline int32_t parse_preempt_disk_mib(const std::string & value) {
                                     value + "' (leave out --preempt-disk for no disk tier)");
     }
     return (int32_t) mib;
+}
+
+// --max-logprobs N: -1 (no limit) or a count of at least 0; throws std::invalid_argument
+inline int32_t parse_max_logprobs(const std::string & value) {
+    return parse_from_minus_one(value, "--max-logprobs expects -1 (no limit) or a count of at least 0");
+}
+
+// --max-queue N: -1 (no limit) or a count of at least 0; throws std::invalid_argument
+inline int32_t parse_max_queue(const std::string & value) {
+    return parse_from_minus_one(value, "--max-queue expects -1 (no limit) or a count of at least 0");
+}
+
+// the most n_probs a request may ask for under --max-logprobs, and what the 400 says of it
+inline int32_t max_logprobs(int32_t flag) {
+    return flag < 0 ? INT32_MAX : flag;
+}
+inline std::string max_logprobs_note(int32_t flag) {
+    return flag < 0 ? "" : " (the server's --max-logprobs; top_logprobs and logprobs are read as n_probs)";
 }
 
 // --preempt-disk DIR: a path (that it is a writable directory is checked before the model loads,

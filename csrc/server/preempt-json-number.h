@@ -101,4 +101,14 @@ T checked_number(const Json & v, bool bool_as_number = false) {
     }
 }
 
+// a token id a client named (logit_bias): one of the vocabulary's, else std::invalid_argument
+// (upstream skipped it without a word)
+inline int32_t checked_token_id(long long id, int32_t n_vocab) {
+    if (id < 0 || id >= n_vocab) {
+        throw std::invalid_argument("token id " + std::to_string(id) + " is not in the model's vocabulary (ids 0 to " +
+                                    std::to_string(n_vocab - 1) + ")");
+    }
+    return (int32_t) id;
+}
+
 } // namespace llama_preempt

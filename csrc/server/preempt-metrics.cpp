@@ -16,6 +16,7 @@ std::vector<metric_item> metric_items(const preempt_counters & c, const preempt_
         // the name this series had before 0.2: a dashboard may still read it (removed in the next release)
         { "n_swap_restore_ahead_total", "counter", "Deprecated: n_restore_ahead_total under its old name (removed in the next release)", c.n_restore_ahead_total },
         { "n_preempt_fail_total",      "counter", "Number of parked requests ended because they no longer fit the pool",    c.n_fail_total },
+        { "n_queue_full_total",        "counter", "Number of requests answered 503 at once because --max-queue requests already waited for a slot", c.n_queue_full_total },
         { "n_preempt_bytes_moved_total", "counter", "Bytes of parked state copied out at parks and back at resumes (SWAP's wasted work; over tokens_predicted_total: bytes moved per token delivered)", c.n_bytes_moved_total },
         { "requests_preempted",        "gauge",   "Number of requests parked now",                                          (uint64_t) g.n_requests_preempted },
         { "preempt_ram_bytes",         "gauge",   "Host RAM held by parked slots now, in bytes",                            g.ram_bytes },

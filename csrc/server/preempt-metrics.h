@@ -20,6 +20,7 @@ struct preempt_counters {
     uint64_t n_swap_restore_fail_total = 0;  // SWAP restores that failed and fell back to RECOMPUTE
     uint64_t n_restore_ahead_total     = 0;  // SWAP restores whose bytes were uploaded to the device ahead
     uint64_t n_fail_total              = 0;  // parked requests ended because they no longer fit the pool
+    uint64_t n_queue_full_total        = 0;  // requests answered 503 at once: --max-queue requests waited for a slot
     uint64_t n_bytes_moved_total       = 0;  // wasted work by SWAP: state bytes copied out at parks and back at resumes
     uint64_t n_paused_total            = 0;  // times a generating slot was paused (beyond the decode width; it kept its cells)
     uint64_t parks_by_choice[N_PARK_CHOICES] = {};  // parks by why SWAP or RECOMPUTE was taken (park_choice)

@@ -17,6 +17,7 @@
 #include <string>
 
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 namespace llama_preempt {
@@ -130,6 +131,21 @@ inline std::string preempt_disk_error(const common_params & params) {
     return "";
 }
 
+// --preempt-disk-mib left at its default: the MiB its rule gives for DIR's filesystem now (once,
+// before the model loads: /props, the log and the disk tier all read this one figure)
+inline void resolve_disk_default(common_params & params) {
+    if (params.preempt_disk_dir.empty() || params.preempt_disk_mib != -2) {
+        return;
+    }
+    struct statvfs vfs;
+    uint64_t bytes = 1 << 20;
+    if (statvfs(params.preempt_disk_dir.c_str(), &vfs) == 0) {
+        bytes = default_disk_bytes((uint64_t) vfs.f_blocks * vfs.f_frsize, (uint64_t) vfs.f_bavail * vfs.f_frsize);
+    }
+    params.preempt_disk_mib = (int32_t) std::max<uint64_t>(1, bytes >> 20);
+    params.preempt_disk_mib_default = true;
+}
+
 // what a server's parameters must pass once -np's default is settled: "" or one message naming the
 // flag; each check runs only when the ones before it passed (the model file is not opened for a
 // refused size)
@@ -146,6 +162,9 @@ inline std::string server_params_error(common_params & params) {
     }
     if (why.empty() && params.preempt_cache_persist && params.preempt_disk_dir.empty()) {
         why = "--cache-persist needs --preempt-disk DIR: the cached prompts' files are kept there";
+    }
+    if (why.empty()) {
+        resolve_disk_default(params);
     }
     return why;
 }
@@ -185,6 +204,12 @@ inline json props_json(const common_params & params) {
         { "preempt_mode",            llama_preempt::preempt_mode_flag_name(params.preempt_mode) },
         { "preempt_disk",            params.preempt_disk_dir.empty() ? json(nullptr) : json(params.preempt_disk_dir) },
         { "preempt_disk_mib",        params.preempt_disk_dir.empty() ? json(nullptr) : json(params.preempt_disk_mib) },
+        { "preempt_disk_mib_from",   params.preempt_disk_dir.empty() ? json(nullptr)
+                                     : json(params.preempt_disk_mib_default ? std::string("default: ") + DISK_DEFAULT_RULE
+                                            : params.preempt_disk_mib < 0 ? "--preempt-disk-mib -1: the disk's free space"
+                                            : "--preempt-disk-mib") },
+        { "cache_persist",           params.preempt_cache_persist },
+        { "max_logprobs",            params.preempt_max_logprobs < 0 ? json(nullptr) : json(params.preempt_max_logprobs) },
         { "deterministic",           params.batch_invariant },
         { "ui",                      ui_embedded() },            // built into this binary
         { "ui_served",               ui_embedded() && params.ui },  // and served at GET / (never by the Engine)

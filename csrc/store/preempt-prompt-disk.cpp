@@ -77,8 +77,8 @@ bool prompt_disk::save_index() {
     return ok && renameat(dir, "index.new", dir, "index") == 0;
 }
 
-int32_t prompt_disk::load_index(const std::string & key, int32_t & n_removed) {
-    n_removed = 0;
+prompt_disk::load_result prompt_disk::load_index(const std::string & key) {
+    load_result res;
     const int dir = store_->dir_fd();
     std::vector<uint8_t> in;
     const int fd = openat(dir, "index", O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
@@ -126,11 +126,19 @@ int32_t prompt_disk::load_index(const std::string & key, int32_t & n_removed) {
             struct stat fs;
             if (fstatat(dir, name.c_str(), &fs, AT_SYMLINK_NOFOLLOW) == 0 && (S_ISREG(fs.st_mode) || S_ISLNK(fs.st_mode)) &&
                 unlinkat(dir, name.c_str(), 0) == 0) {
-                ++n_removed;
+                ++res.n_unlisted;
             }
         }
     }
-    return (int32_t) taken.size();
+    // a smaller --preempt-disk-mib than the last run's, or a run without one: the oldest go first
+    while (!files_.empty() && bytes_held() > store_->budget()) {
+        res.n_over++;
+        res.bytes_over += files_.front().file->total();
+        drop(0);
+    }
+    res.n_taken = (int32_t) files_.size();
+    res.bytes   = bytes_held();
+    return res;
 }
 
 void prompt_disk::drop(size_t i) {

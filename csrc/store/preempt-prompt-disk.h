@@ -79,14 +79,23 @@ public:
     size_t drop_oldest(size_t n);
 
     size_t  bytes_held() const;  // bytes of prompt files now
+    size_t  room() const { return store_->room(); }  // bytes a new file may take now (the store's)
     int32_t n_files() const { return (int32_t) files_.size(); }
 
     // --cache-persist (the store's directory is kept across restarts: disk_store::persistent()).
     // At start: the files the last run listed in its index under this `key`, taken back (each a
     // regular file of ours of its size; its checksum is checked when it is read), the index then
-    // removed, and any other file a store makes removed; how many came back. At close (from the
-    // destructor, after keep_at_exit()): the written files and their tokens listed in a new index.
-    int32_t load_index(const std::string & key, int32_t & n_removed);
+    // removed, and any other file a store makes removed; of those taken back, the oldest beyond the
+    // store's budget (--preempt-disk-mib) removed too. At close (from the destructor, after
+    // keep_at_exit()): the written files and their tokens listed in a new index.
+    struct load_result {
+        int32_t n_taken    = 0;  // files taken back and kept
+        size_t  bytes      = 0;  // their bytes
+        int32_t n_unlisted = 0;  // files no index listed, removed
+        int32_t n_over     = 0;  // files taken back, then removed (oldest first) to fit the budget
+        size_t  bytes_over = 0;  // their bytes
+    };
+    load_result load_index(const std::string & key);
     void    keep_at_exit(const std::string & key) { keep_key_ = key; }
 
 private:

@@ -151,7 +151,7 @@ class ServerConfig:
     preempt_ram_mib: int | None = None   # --preempt-ram (None: the server's default, 8192)
     preempt_mode: str | None = None      # --preempt-mode auto|swap|recompute
     preempt_disk: str | os.PathLike[str] | None = None  # --preempt-disk DIR: the disk tier for parked slots
-    preempt_disk_mib: int | None = None  # --preempt-disk-mib (None: the disk's free space)
+    preempt_disk_mib: int | None = None  # --preempt-disk-mib (None: the default, a tenth of the filesystem at most)
     n_predict: int | None = None
     seed: int | None = 42
     threads: int | None = 2

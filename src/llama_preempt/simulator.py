@@ -294,6 +294,7 @@ class SimReport:
     prompt_cache_ram_hits: int = 0
     prompt_cache_disk_hits: int = 0   # prompt files read back
     prompt_cache_spilled: int = 0     # cached prompts written to the disk tier
+    prompt_cache_disk_skipped: int = 0  # cached prompts dropped: no room on disk even with older files gone
     peak_cache_mib: float = 0.0
     per_request: list[dict[str, Any]] = field(default_factory=list, repr=False)
 
@@ -420,7 +421,8 @@ def sim_report(r: Any, arrivals: Sequence[float], *, n_ctx: int, n_parallel: int
         decode_width_mean=r.mean_decode_width, decode_width_max=r.max_decode_width, cache_ram_mib=cache_ram_mib,
         prompt_tokens_computed=r.n_prompt_tokens_computed, prompt_tokens_cached=sum(q.n_prompt_cached for q in reqs),
         prompt_cache_ram_hits=r.n_prompt_cache_ram_hits, prompt_cache_disk_hits=r.n_prompt_cache_disk_hits,
-        prompt_cache_spilled=r.n_prompt_cache_spilled, peak_cache_mib=r.peak_cache_bytes / 2**20, per_request=per)
+        prompt_cache_spilled=r.n_prompt_cache_spilled, prompt_cache_disk_skipped=r.n_prompt_cache_disk_skipped,
+        peak_cache_mib=r.peak_cache_bytes / 2**20, per_request=per)
 
 
 def sweep(workload: Workload, *, ctxs: Iterable[int], budgets: Iterable[int], **kw: Any) -> list[SimReport]:

@@ -117,6 +117,7 @@ class PreemptStats:
     n_restore_ahead_total: int = 0        # SWAP restores whose bytes were uploaded to the device ahead
     n_swap_restore_ahead_total: int = 0   # deprecated: n_restore_ahead_total under its old name (removed in the next release)
     n_preempt_fail_total: int = 0
+    n_queue_full_total: int = 0           # requests answered 503 at once: --max-queue requests waited for a slot
     n_preempt_bytes_moved_total: int = 0  # SWAP's wasted work: state bytes copied out and back
     requests_preempted: int = 0
     preempt_ram_bytes: int = 0

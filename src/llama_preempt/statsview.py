@@ -82,6 +82,16 @@ def rates(prev: Snapshot | None, cur: Snapshot) -> dict[str, float] | None:
     return {n: (getattr(cur.stats, n) - getattr(prev.stats, n)) / dt for n in COUNTERS}
 
 
+def _parks_cap_bytes(snap: Snapshot) -> int | None:
+    """What parked slots may hold now: --preempt-ram within the host budget in force (--host-kv-ram);
+    -1 no limit, None when the server did not say."""
+    ram = _budget_bytes(snap.budget_mib)
+    if ram is None:
+        return None
+    caps = [c for c in (ram, snap.stats.preempt_host_budget_bytes or -1) if c >= 0]
+    return min(caps) if caps else -1
+
+
 def _budget_bytes(mib: int | None) -> int | None:
     """A budget flag in MiB (-1: no limit) as bytes (-1 kept); None when the server did not say."""
     return None if mib is None else (-1 if mib < 0 else mib << 20)
@@ -102,7 +112,8 @@ def to_json(snap: Snapshot, r: dict[str, float] | None) -> dict[str, Any]:
                    "step_fixed_ns": st.preempt_step_fixed_ns, "step_decode_token_ns": st.preempt_step_decode_token_ns,
                    "step_prompt_token_ns": st.preempt_step_prompt_token_ns,
                    "step_attend_kcell_ns": st.preempt_step_attend_kcell_ns, "samples": st.preempt_step_cost_samples},
-        "ram": {"held_bytes": st.preempt_ram_bytes, "budget_bytes": _budget_bytes(snap.budget_mib)},
+        # parked slots: what they hold, and their share of the host budget in force
+        "ram": {"held_bytes": st.preempt_ram_bytes, "budget_bytes": _parks_cap_bytes(snap)},
         # --host-kv-ram: parked slots and upstream's prompt cache under one budget (0: no limit)
         "host": {"budget_bytes": st.preempt_host_budget_bytes, "parked_bytes": st.preempt_ram_bytes,
                  "prompt_cache_bytes": st.prompt_cache_bytes},
@@ -158,9 +169,9 @@ def render(snap: Snapshot, r: dict[str, float] | None) -> Group:
         if snap.disk_dir is None and n.startswith("n_disk_"):
             continue  # no disk tier: nothing to count
         counters.add_row(n, str(getattr(st, n)), "" if r is None else f"{r[n]:.2f}")
-    budget = ("no limit" if snap.budget_mib is not None and snap.budget_mib < 0 else
-              "recompute only" if snap.budget_mib == 0 else
-              f"{snap.budget_mib} MiB" if snap.budget_mib is not None else "unknown")
+    cap = _parks_cap_bytes(snap)
+    parks = ("no limit" if cap is not None and cap < 0 else "recompute only" if cap == 0 else
+             _mib(cap) if cap is not None else "unknown")
     counters.add_row("requests parked now", str(st.requests_preempted), "")
     # the decode width: the oldest generating slots decode, the rest pause (--preempt-sched width-loss)
     counters.add_row("decoding / paused now", f"{st.preempt_decode_width} / {st.requests_paused}", "")
@@ -169,11 +180,12 @@ def render(snap: Snapshot, r: dict[str, float] | None) -> Group:
         counters.add_row("step cost (fitted)", f"{st.preempt_step_fixed_ns / 1e6:.1f} ms + "
                          f"{st.preempt_step_decode_token_ns / 1e6:.1f} ms/token", "")
         counters.add_row("  + per cell attended", f"{st.preempt_step_attend_kcell_ns / 1e6:.1f} us", "")
-    counters.add_row("host RAM held / budget", f"{_mib(st.preempt_ram_bytes)} / {budget}", "")
     host = _mib(st.preempt_host_budget_bytes) if st.preempt_host_budget_bytes else "no limit"
-    # the host budget (--host-kv-ram) by kind: parked slots come first, cached prompts give way
+    # the one host budget in force (--host-kv-ram) by kind: parked slots come first (up to their
+    # share), cached prompts give way
     counters.add_row("host KV: parked + prompts / budget",
                      f"{_mib(st.preempt_ram_bytes)} + {_mib(st.prompt_cache_bytes)} / {host}", "")
+    counters.add_row("  parked slots may hold", parks, "")
     counters.add_row("swap park / restore rate", f"{st.park_bytes_per_second / 1e9:.2f} / "
                      f"{st.restore_bytes_per_second / 1e9:.2f} GB/s", "")
     counters.add_row("prefill rate (recompute)", f"{st.prefill_tokens_per_second:.0f} tokens/s", "")
