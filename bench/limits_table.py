@@ -91,16 +91,19 @@ def row_n_probs_and_logit_bias(model: Path) -> dict[str, Any]:
 
 
 def row_drain(model: Path) -> dict[str, Any]:
-    cfg = ServerConfig(model=model, n_ctx=4096, n_parallel=10, extra_args=["--drain-timeout", "20"])
+    cfg = ServerConfig(model=model, n_ctx=4096, n_parallel=10, extra_args=["--drain-timeout", "120"])
     with LlamaServer(cfg) as srv:
-        ends: dict[int, tuple[float, int, str | None]] = {}
+        ends: dict[int, tuple[float, int, str | None, bool]] = {}
 
         def stream(i: int) -> None:
-            with requests.post(srv.url + "/completion", json={"prompt": text(i, 20), "n_predict": 300, "stream": True,
+            with requests.post(srv.url + "/completion", json={"prompt": text(i, 20), "n_predict": 200, "stream": True,
                                                               "ignore_eos": True}, stream=True, timeout=600) as r:
-                for _ in r.iter_lines():
-                    pass
-                ends[i] = (time.monotonic(), r.status_code, r.headers.get("Retry-After"))
+                whole = False
+                for raw in r.iter_lines():
+                    line = raw.decode()
+                    if line.startswith("data: ") and '"stop":true' in line.replace(" ", "") and '"error"' not in line:
+                        whole = True  # its last event: the answer ended by its own stop, not by the drain
+                ends[i] = (time.monotonic(), r.status_code, r.headers.get("Retry-After"), whole)
 
         threads = [threading.Thread(target=stream, args=(i,), daemon=True) for i in range(12)]
         for t in threads[:10]:
@@ -120,7 +123,7 @@ def row_drain(model: Path) -> dict[str, Any]:
     running = [ends[i] for i in range(10)]
     return {"queued": [{"after_s": round(e[0] - t0, 2), "status": e[1], "retry_after": e[2]} for e in queued],
             "running_done_after_s": round(max(e[0] for e in running) - t0, 2),
-            "running_status": sorted({e[1] for e in running})}
+            "running_status": sorted({e[1] for e in running}), "running_whole": sum(e[3] for e in running)}
 
 
 def row_budget_views(model: Path) -> dict[str, Any]:
@@ -147,8 +150,8 @@ def main() -> None:
         ["416-token conversation, --cache-ram 1 --preempt-ram 1: prompt_n first / again / after restart", str(lp["prompt_n"])],
         ["n_probs 100000000", f"{nl['n_probs']['status']}, {nl['n_probs']['bytes']} bytes: {nl['n_probs']['message']}"],
         ["logit_bias id 999999999", f"{nl['logit_bias']['status']}: {nl['logit_bias']['message']}"],
-        ["SIGTERM, 10 streams + 2 queued", f"queued: {dr['queued']}; running done after {dr['running_done_after_s']} s, "
-                                           f"status {dr['running_status']}"],
+        ["SIGTERM, 10 streams + 2 queued", f"queued: {dr['queued']}; running: {dr['running_whole']} of 10 whole answers "
+                                           f"after {dr['running_done_after_s']} s, status {dr['running_status']}"],
         ["--host-kv-ram 16: log / stats", "; ".join(out["budget views"]["log"] + out["budget views"]["stats"])],
     ]
     table = md_table(["tried", "got"], rows)

@@ -135,7 +135,7 @@ def test_sigterm_lets_the_requests_in_flight_finish_refuses_new_ones_and_exits_0
 def test_sigterm_hands_back_the_requests_that_never_started_at_once_and_lets_the_running_ones_finish(
         serve: Serve) -> None:
     srv = serve(120, {})
-    runners = [Client(srv, p, 300, stream=i % 2 == 1)
+    runners = [Client(srv, p, 400, stream=i % 2 == 1)
                for i, p in enumerate(["Once upon a time", "There was a dog", "Lily went to", "The sun was"])]
     # every slot busy and each request begun (a token sent), then two more wait for a slot
     wait_until(lambda: sum(s["is_processing"] and s["next_token"][0]["n_decoded"] > 0 for s in srv.slots()) == 4, 60,
@@ -149,7 +149,7 @@ def test_sigterm_hands_back_the_requests_that_never_started_at_once_and_lets_the
         assert "had not started" in c.body["error"]["message"]
     for c in runners:
         c.join(120)
-        assert c.status == 200 and c.error is None and c.n_generated == 300
+        assert c.status == 200 and c.error is None and c.n_generated == 400
     # handed back while the others still ran
     assert max(c.t_end for c in waiting) < min(c.t_end for c in runners)
     assert srv.proc is not None and srv.proc.wait(timeout=60) == 0

@@ -187,14 +187,14 @@ def test_the_log_and_stats_show_the_host_budget_in_force(start_server, stories_m
 
 def test_max_queue_answers_the_request_beyond_it_503_at_once_and_the_queued_one_finishes(
         start_server, stories_model: Path) -> None:
-    srv = start_server(stories_model, n_ctx=1024, n_parallel=2, extra_args=["--max-queue", "1"])
+    srv = start_server(stories_model, n_ctx=2048, n_parallel=2, extra_args=["--max-queue", "1"])
     results: dict[str, requests.Response] = {}
 
     def post(name: str, n: int) -> None:
         results[name] = requests.post(srv.url + "/completion", json={"prompt": f"Once upon a time {name}", "n_predict": n,
                                                                      "temperature": 0, "ignore_eos": True}, timeout=300)
 
-    busy = [threading.Thread(target=post, args=(f"busy{i}", 400)) for i in range(2)]
+    busy = [threading.Thread(target=post, args=(f"busy{i}", 1000)) for i in range(2)]
     for t in busy:
         t.start()
     wait_until(lambda: sum(s["is_processing"] for s in srv.slots()) == 2, 60, "both slots busy")

@@ -66,8 +66,9 @@ void sim_prompts::spill() {
         }
         // the write before this one finishes first: one prompt's bytes at most wait outside the cache
         t_ = std::max(t_, t_write_);
-        if (e.bytes > disk_.room() && e.bytes <= disk_.room() + files_.bytes()) {
-            drop_files(e.bytes);  // the disk tier's limit: the oldest prompts give way
+        // the disk tier's limit: the oldest prompts give way, unless a file is being read back or ahead
+        if (!reading_ && files_.ahead() < 0 && prompt_files_give_way(e.bytes, disk_.room(), files_.bytes())) {
+            drop_files(e.bytes);
         }
         if (e.bytes > disk_.room()) {
             res_.n_prompt_cache_disk_skipped++;
@@ -111,7 +112,10 @@ void sim_prompts::lookup(const sim_tokens & tokens) {
     }
     const size_t n_bytes = files_.files[i].bytes;
     const sim_tokens want = files_.files[i].tokens;
-    if (!was_ahead && !host_.reserve(held(), n_bytes, host_use::prompt_read)) {
+    reading_ = true;  // what the reservation evicts is written without giving way to this file
+    const bool room = was_ahead || host_.reserve(held(), n_bytes, host_use::prompt_read);
+    reading_ = false;
+    if (!room) {
         return;
     }
     spill();  // what gave way went to disk: the files may have moved
@@ -155,7 +159,10 @@ void sim_prompts::read_ahead(const sim_tokens * next) {
     }
     const sim_tokens want = files_.files[act.want].tokens;
     const size_t n_bytes = files_.files[act.want].bytes;
-    if (!host_.reserve(held(), n_bytes, host_use::prompt_ahead)) {
+    reading_ = true;
+    const bool room = host_.reserve(held(), n_bytes, host_use::prompt_ahead);
+    reading_ = false;
+    if (!room) {
         spill();
         return;
     }

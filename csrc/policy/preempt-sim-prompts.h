@@ -78,6 +78,7 @@ private:
     std::unique_ptr<sim_prompt_cache> cache_;  // on the heap: the host budget points at it
     sim_prompt_files                  files_;
     double                            t_write_ = 0;  // the last prompt file's write is done then (one at a time)
+    bool                              reading_ = false;  // a file is being read back or ahead: no give-way meanwhile
 };
 
 } // namespace llama_preempt

@@ -138,10 +138,14 @@ inline void resolve_disk_default(common_params & params) {
         return;
     }
     struct statvfs vfs;
-    uint64_t bytes = 1 << 20;
-    if (statvfs(params.preempt_disk_dir.c_str(), &vfs) == 0) {
-        bytes = default_disk_bytes((uint64_t) vfs.f_blocks * vfs.f_frsize, (uint64_t) vfs.f_bavail * vfs.f_frsize);
+    if (statvfs(params.preempt_disk_dir.c_str(), &vfs) != 0 || vfs.f_blocks == 0) {
+        // a filesystem that does not say its size (some network and FUSE mounts): its free space, as -1
+        SRV_WRN("preemption: the filesystem of --preempt-disk %s does not say its size: the disk tier may take its free "
+                "space (set --preempt-disk-mib)\n", params.preempt_disk_dir.c_str());
+        params.preempt_disk_mib = -1;
+        return;
     }
+    const uint64_t bytes = default_disk_bytes((uint64_t) vfs.f_blocks * vfs.f_frsize, (uint64_t) vfs.f_bavail * vfs.f_frsize);
     params.preempt_disk_mib = (int32_t) std::max<uint64_t>(1, bytes >> 20);
     params.preempt_disk_mib_default = true;
 }
