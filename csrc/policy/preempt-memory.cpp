@@ -78,8 +78,8 @@ size_t prompt_files_to_drop(const std::vector<prompt_file_view> & files, size_t 
     return n;
 }
 
-bool prompt_files_give_way(size_t n_bytes, size_t room, size_t held) {
-    return n_bytes > room && n_bytes <= room + held;
+bool prompt_files_give_way(size_t n_bytes, size_t room, size_t held, bool reading) {
+    return !reading && n_bytes > room && n_bytes <= room + held;
 }
 
 const char * guard_reaction_name(guard_reaction r) {

@@ -68,8 +68,10 @@ read_ahead_action choose_read_ahead(const std::vector<prompt_file_view> & files,
 // fit the `room` the disk tier has now (all of them when even that is not enough).
 size_t prompt_files_to_drop(const std::vector<prompt_file_view> & files, size_t room, size_t n_bytes);
 // A cached prompt of `n_bytes` leaving RAM for a disk tier at its limit (`room` left, `held` in
-// prompt files): do the oldest files give way to it? When it fits only with them gone.
-bool prompt_files_give_way(size_t n_bytes, size_t room, size_t held);
+// prompt files): do the oldest files give way to it? When it fits only with them gone, and no file
+// is being read back or ahead (`reading`: it may be one of the oldest; the newer prompt is written
+// if it fits as things are, else dropped).
+bool prompt_files_give_way(size_t n_bytes, size_t room, size_t held, bool reading);
 
 // The copy guard (--preempt-verify), on a copy that differs from upstream's for one device: move that
 // device to the proven route (single slices), or, when that was its route already, turn SWAP off.

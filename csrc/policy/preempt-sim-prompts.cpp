@@ -66,8 +66,8 @@ void sim_prompts::spill() {
         }
         // the write before this one finishes first: one prompt's bytes at most wait outside the cache
         t_ = std::max(t_, t_write_);
-        // the disk tier's limit: the oldest prompts give way, unless a file is being read back or ahead
-        if (!reading_ && files_.ahead() < 0 && prompt_files_give_way(e.bytes, disk_.room(), files_.bytes())) {
+        // the disk tier's limit: the oldest prompts give way (the policy's choice, as the server's)
+        if (prompt_files_give_way(e.bytes, disk_.room(), files_.bytes(), reading_ || files_.ahead() >= 0)) {
             drop_files(e.bytes);
         }
         if (e.bytes > disk_.room()) {
