@@ -55,9 +55,17 @@ def test_the_prefill_wins_when_the_disk_is_slower_than_recomputing() -> None:
     assert fast.why == W.READ_BACK
 
 
-def test_a_file_larger_than_the_room_parks_leave_is_not_read_back() -> None:
+def test_a_file_larger_than_the_host_room_is_streamed_straight_into_the_slot() -> None:
     c = _core.choose_prompt_read([file(SYSTEM, 8 * MIB)], SYSTEM, n_ram_common=0, host_room=4 * MIB, rates=rates())
-    assert (c.why, c.file, c.read) == (W.NO_ROOM, 0, False)
+    assert (c.why, c.file, c.read, c.stream) == (W.STREAM_BACK, 0, False, True)
+    # without a slot to stream into (a read ahead for a waiting request), it waits for one
+    c = _core.choose_prompt_read([file(SYSTEM, 8 * MIB)], SYSTEM, n_ram_common=0, host_room=4 * MIB, rates=rates(),
+                                 can_stream=False)
+    assert (c.why, c.file, c.read, c.stream) == (W.NO_ROOM, 0, False, False)
+    # the cost rule first: a file that would take longer than its prefill is not streamed either
+    slow = _core.choose_prompt_read([file(SYSTEM, 8 * MIB)], SYSTEM, n_ram_common=0, host_room=4 * MIB,
+                                    rates=rates(disk_read_bps=1e6))
+    assert slow.why == W.PREFILL_CHEAPER
 
 
 def test_no_file_no_match() -> None:

@@ -33,12 +33,13 @@ const char * prompt_read_why_name(prompt_read_why w) {
         case prompt_read_why::prefill_cheaper: return "prefill_cheaper";
         case prompt_read_why::no_room:         return "no_room";
         case prompt_read_why::read_back:       return "read_back";
+        case prompt_read_why::stream_back:     return "stream_back";
     }
     return "?";
 }
 
 prompt_read_choice choose_prompt_read(const std::vector<prompt_file_view> & files, const std::vector<int32_t> & tokens,
-                                      size_t n_ram_common, size_t host_room, const cost_rates & rates) {
+                                      size_t n_ram_common, size_t host_room, const cost_rates & rates, bool can_stream) {
     prompt_read_choice c;
     const prompt_match m = match_prompt_file(files, tokens);
     c.file     = m.file;
@@ -50,7 +51,7 @@ prompt_read_choice choose_prompt_read(const std::vector<prompt_file_view> & file
     } else if (!read_cached_prompt(files[m.file].n_bytes, m.n_common - n_ram_common, rates)) {
         c.why = prompt_read_why::prefill_cheaper;
     } else if (files[m.file].n_bytes > host_room) {
-        c.why = prompt_read_why::no_room;
+        c.why = can_stream ? prompt_read_why::stream_back : prompt_read_why::no_room;
     } else {
         c.why = prompt_read_why::read_back;
     }

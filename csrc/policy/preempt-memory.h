@@ -35,8 +35,9 @@ enum class prompt_read_why {
     no_match,         // no file shares enough of its prefix
     ram_as_good,      // the RAM cache already holds as long a prefix
     prefill_cheaper,  // reading the file would take longer than prefilling what it saves (measured rates)
-    no_room,          // its bytes do not fit what parked slots leave of the host budget
-    read_back,        // read it back
+    no_room,          // its bytes do not fit what parked slots leave of the host budget (and it cannot be streamed)
+    read_back,        // read it back into the RAM cache
+    stream_back,      // larger than what the host budget leaves cached prompts: streamed straight into the slot
 };
 const char * prompt_read_why_name(prompt_read_why w);
 
@@ -46,13 +47,16 @@ struct prompt_read_choice {
     size_t          n_common = 0;
 
     bool read() const { return why == prompt_read_why::read_back; }
+    bool stream() const { return why == prompt_read_why::stream_back; }
 };
 
 // For a request's tokens: read back the best matching file when it saves more than the RAM cache's
-// best prefix (`n_ram_common` tokens), costs less than the prefill it saves by the measured rates,
-// and fits `host_room` (the bytes the host budget leaves cached prompts).
+// best prefix and the slot's own (`n_ram_common` tokens) and costs less than the prefill it saves
+// by the measured rates: into the RAM cache when it fits `host_room` (the bytes the host budget
+// leaves cached prompts), else streamed straight into the slot when `can_stream` (one chunk of
+// host RAM; not for a read ahead, which has no slot yet).
 prompt_read_choice choose_prompt_read(const std::vector<prompt_file_view> & files, const std::vector<int32_t> & tokens,
-                                      size_t n_ram_common, size_t host_room, const cost_rates & rates);
+                                      size_t n_ram_common, size_t host_room, const cost_rates & rates, bool can_stream = true);
 
 // What to read ahead this step, for the oldest request waiting for a slot (whose choice is `next`;
 // a default choice when none waits): at most one file's bytes in host memory at a time.

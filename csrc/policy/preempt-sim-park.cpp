@@ -181,8 +181,8 @@ void sim_server::settle_disk() {
 
 void sim_server::read_ahead(int32_t id) {
     auto & s = slots[id];
-    if (s.tier != park_tier::disk) {
-        return;  // a RAM park: an upload ahead costs the simulated step nothing
+    if (s.tier != park_tier::disk || s.streamed) {
+        return;  // a RAM park: an upload ahead costs the simulated step nothing; a streamed one comes back straight from its file
     }
     s.t_io_done = disk.io(t, s.bytes / p.disk_read_bps);
     s.reading   = true;

@@ -68,6 +68,18 @@ size_t sim_disk_tier::room() const {
 }
 
 move_result sim_disk_tier::copy_out(const park_order & o) {
+    if (!o.background) {
+        // as the server: it does not fit what parks may hold, so it is streamed from the pool to
+        // its file now (one chunk of host RAM), the loop waiting for the write
+        auto & slot = s.slots[o.id];
+        slot.bytes    = (double) o.bytes;
+        slot.streamed = true;
+        s.prompts.drop_files(o.bytes);  // parks first on disk
+        s.disk.bytes += slot.bytes;
+        s.res.peak_disk_bytes = std::max(s.res.peak_disk_bytes, s.disk.bytes);
+        s.t = s.disk.io(s.t, slot.bytes / s.p.disk_write_bps);
+        return {};
+    }
     const move_result r = copy_to_host(s, o, host_use::transit);
     if (!r.ok()) {
         return r;
@@ -91,6 +103,13 @@ move_result sim_disk_tier::copy_out(const park_order & o) {
 move_result sim_disk_tier::copy_in(int32_t id) {
     auto & slot = s.slots[id];
     slot.t_restore0 = s.t;
+    if (slot.streamed) {
+        // straight from its file into the pool, the loop waiting for the read
+        s.t = s.disk.io(s.t, slot.bytes / s.p.disk_read_bps);
+        s.disk.bytes -= slot.bytes;
+        slot.streamed = false;
+        return {};
+    }
     s.host.reserve(s.prompts.held(), (size_t) slot.bytes, host_use::transit);  // its bytes come back into host RAM
     s.prompts.spill();
     if (slot.reading) {
@@ -105,6 +124,7 @@ move_result sim_disk_tier::copy_in(int32_t id) {
 
 void sim_disk_tier::forget(int32_t id) {
     auto & slot = s.slots[id];
+    slot.streamed = false;
     s.free_ram(slot);
     s.disk.bytes -= slot.bytes;
 }

@@ -152,6 +152,7 @@ struct sim_slot {
     double  ram          = 0;      // host RAM it holds now (a RAM park, a disk park's write in flight, a read ahead)
     double  t_io_done    = 0;      // its disk write (or read ahead) is done then
     bool    reading      = false;  // its file is being read back ahead
+    bool    streamed     = false;  // a disk park that did not fit what parks may hold: streamed to its file and back, never through host RAM
     int32_t replay_total = 0;      // recompute: prompt + generated + sampled
     int32_t replay_left  = 0;      // recompute: replay tokens still to re-prefill
     int32_t redo_left    = 0;      // a prompt-phase victim: prompt tokens it processes again

@@ -84,13 +84,15 @@ void register_memory(py::module_ & m) {
         .value("RAM_AS_GOOD",     lp::prompt_read_why::ram_as_good)
         .value("PREFILL_CHEAPER", lp::prompt_read_why::prefill_cheaper)
         .value("NO_ROOM",         lp::prompt_read_why::no_room)
-        .value("READ_BACK",       lp::prompt_read_why::read_back);
+        .value("READ_BACK",       lp::prompt_read_why::read_back)
+        .value("STREAM_BACK",     lp::prompt_read_why::stream_back);
     py::class_<lp::prompt_read_choice>(m, "PromptReadChoice")
         .def(py::init<>())
         .def_readwrite("why",      &lp::prompt_read_choice::why)
         .def_readwrite("file",     &lp::prompt_read_choice::file)
         .def_readwrite("n_common", &lp::prompt_read_choice::n_common)
         .def_property_readonly("read", &lp::prompt_read_choice::read)
+        .def_property_readonly("stream", &lp::prompt_read_choice::stream)
         .def("__repr__", [](const lp::prompt_read_choice & c) {
             return std::string("<PromptReadChoice ") + lp::prompt_read_why_name(c.why) + " file=" + std::to_string(c.file) +
                    " n_common=" + std::to_string(c.n_common) + ">";
@@ -101,10 +103,11 @@ void register_memory(py::module_ & m) {
           }, py::arg("files"), py::arg("tokens"),
           "(file, n_common): the file (tokens, bytes, written) sharing the longest prefix, at least a quarter of its own");
     m.def("choose_prompt_read", [](const std::vector<py_file> & files, const std::vector<int32_t> & tokens,
-                                   size_t n_ram_common, size_t host_room, const lp::cost_rates & rates) {
-              return lp::choose_prompt_read(file_views(files), tokens, n_ram_common, host_room, rates);
+                                   size_t n_ram_common, size_t host_room, const lp::cost_rates & rates, bool can_stream) {
+              return lp::choose_prompt_read(file_views(files), tokens, n_ram_common, host_room, rates, can_stream);
           }, py::arg("files"), py::arg("tokens"), py::arg("n_ram_common"), py::arg("host_room"), py::arg("rates"),
-          "the server's choice for a request: read its best prompt file back, or prefill (and why)");
+          py::arg("can_stream") = true,
+          "the server's choice for a request: read its best prompt file back (into RAM, or streamed into the slot), or prefill (and why)");
     m.def("choose_read_ahead", [](const std::vector<py_file> & files, const lp::prompt_read_choice & next, int32_t held) {
               const auto a = lp::choose_read_ahead(file_views(files), next, held);
               return std::make_tuple(a.want, a.forget, a.start);

@@ -48,6 +48,8 @@ std::vector<metric_item> metric_items(const preempt_counters & c, const preempt_
         { "n_prompt_cache_read_ahead_total", "counter", "Cached prompts' files read ahead while their request waited for a slot", c.n_prompt_cache_read_ahead_total },
         { "n_prompt_cache_disk_failures_total", "counter", "Prompt files that failed to write or read back (a checksum, a short read, ...): the prompt was prefilled", c.n_prompt_cache_disk_failures_total },
         { "n_prompt_cache_disk_skipped_total", "counter", "Cached prompts that left host RAM and were dropped, not written (no room on disk, media)", c.n_prompt_cache_disk_skipped_total },
+        { "n_prompt_cache_streamed_total", "counter", "Prompts larger than the RAM cache (--cache-ram) streamed from their slot to the disk tier, one chunk at a time", c.n_prompt_cache_streamed_total },
+        { "n_prompt_cache_streamed_back_total", "counter", "Prompt files streamed straight into a slot, one chunk at a time (larger than the room the host budget leaves the RAM cache)", c.n_prompt_cache_streamed_back_total },
         { "n_prompt_cache_evicted_total", "counter", "Cached prompts that gave way to parked slots in the host budget (least recently used first)", c.n_prompt_cache_evicted_total },
         { "n_paused_total",            "counter", "Times a generating slot was paused: beyond the decode width it kept its cells and waited for a seat", c.n_paused_total },
         { "requests_paused",           "gauge",   "Requests generating but paused now: beyond the decode width, they keep their cells and wait for a seat", (uint64_t) g.n_requests_paused },

@@ -42,6 +42,8 @@ struct preempt_counters {
     uint64_t n_prompt_cache_read_ahead_total = 0;     // prompt files read ahead while their request waited for a slot
     uint64_t n_prompt_cache_disk_failures_total = 0;  // prompt files that failed to write or read back (prefilled instead)
     uint64_t n_prompt_cache_disk_skipped_total = 0;   // cached prompts dropped, not written (no room, media)
+    uint64_t n_prompt_cache_streamed_total = 0;       // prompts larger than the RAM cache streamed from their slot to the disk tier
+    uint64_t n_prompt_cache_streamed_back_total = 0;  // prompt files streamed straight into a slot (too large for the RAM cache's room)
     // the pool's size, set once: kept here, with what /metrics keeps while the server sleeps
     // (its model unloaded), so kv_pool_cells reads the same asleep and awake
     int32_t  n_pool_cells = 0;

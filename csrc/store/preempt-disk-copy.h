@@ -34,6 +34,7 @@ struct disk_copy {
     std::shared_ptr<disk_file>  file;   // null until its write is queued, and after its read
     size_t  n_bytes[2] = { 0, 0 };      // the state's two parts (target, draft)
     disk_stage stage = disk_stage::none;  // where its state is, as its file's life goes on
+    bool    streamed = false;           // written straight from the contexts (preempt-stream.h): it comes back the same way, never through host RAM
     std::vector<uint8_t> ref;           // LLAMA_SERVER_PREEMPT_VERIFY: upstream's serialization at the park (else empty)
 
     disk_copy() = default;
@@ -69,6 +70,7 @@ private:
         file.reset();
         n_bytes[0] = n_bytes[1] = 0;
         stage = disk_stage::none;
+        streamed = false;
         ref.clear();
         ref.shrink_to_fit();
     }
@@ -78,6 +80,7 @@ private:
         n_bytes[0] = o.n_bytes[0];
         n_bytes[1] = o.n_bytes[1];
         stage      = o.stage;
+        streamed   = o.streamed;
         ref          = std::move(o.ref);
         o.clear();
     }

@@ -141,9 +141,78 @@ disk_result disk_step(swap_state & st, swap_host & host, bool keep, bool keep_re
     return r;
 }
 
+disk_result disk_park_streamed(swap_state & st, const seq_contexts & sc, const state_sizes & n, swap_host & host) {
+    disk_result r;
+    auto & d = st.disk;
+    d.store      = host.disk;
+    d.n_bytes[0] = n.tgt;
+    d.n_bytes[1] = n.dft;
+    d.streamed   = true;
+    r.outcome    = disk_outcome::lost;
+    state_stream from(sc, n);
+    if (!from.lay_out(r.why)) {
+        st.free();
+        return r;
+    }
+    d.stage = disk_stage::writing;
+    d.file  = host.disk->write(from, n.tgt, n.dft, r.why, r.error);
+    if (!d.file || host.disk->settle(d.file) != disk_file::status::written) {
+        if (d.file) {
+            fail_from(*d.file, r);
+        }
+        st.free();
+        return r;
+    }
+    note_write(st, host, r);
+    d.stage = disk_stage::on_disk;  // there never was a host copy
+    return r;
+}
+
+disk_result disk_restore_streamed(swap_state & st, const seq_contexts & sc, swap_host & host, bool verify) {
+    disk_result r;
+    auto & d = st.disk;
+    state_stream into(sc, { d.n_bytes[0], d.n_bytes[1] });
+    if (verify) {
+        into.check_restore();
+    }
+    d.stage = disk_stage::reading;
+    if (!d.file || !d.store->read(d.file, into) || d.store->settle(d.file) != disk_file::status::read) {
+        r.outcome = disk_outcome::lost;
+        if (d.file) {
+            r.error = d.file->error;
+            r.why   = d.file->why;
+        }
+        if (r.why.empty()) {
+            r.why = "its file is not readable (not written)";
+        }
+        into.undo();  // part of it may be in the cells: never resume on them
+        st.free();
+        return r;
+    }
+    r.bytes   = d.total();
+    r.t_us    = d.file->t_us;
+    if (verify) {
+        r.mismatch = into.mismatch();
+        r.verified = r.mismatch.found ? copy_check::wrong : copy_check::right;
+    }
+    if (r.mismatch.found) {
+        r.outcome = disk_outcome::lost;
+        r.why     = "the restored cells differ from its file's bytes";
+        into.undo();  // never resume on cells that differ from what was parked
+        st.free();
+        return r;
+    }
+    r.outcome = disk_outcome::read;
+    host.rates.observe_disk_read(r.bytes, r.t_us);
+    d.store->remove(d.file);
+    d.file.reset();
+    d.stage = disk_stage::read_back;
+    return r;
+}
+
 bool disk_read_ahead(swap_state & st, swap_host & host) {
     auto & d = st.disk;
-    if (d.stage != disk_stage::on_disk || !d.file || !alloc_buffers(st, host)) {
+    if (d.stage != disk_stage::on_disk || d.streamed || !d.file || !alloc_buffers(st, host)) {
         return false;
     }
     if (!d.store->read(d.file, st.tgt.data, st.dft.data)) {

@@ -18,6 +18,7 @@
 //      then swap_in() copies them back as for any SWAP park.
 #pragma once
 
+#include "preempt-stream.h"
 #include "preempt-swap.h"
 
 #include <cstdint>
@@ -46,6 +47,7 @@ struct disk_result {
     size_t       bytes = 0;                 // bytes written or read
     int64_t      t_us  = 0;                 // the I/O thread's time for them
     copy_check   verified = copy_check::none;  // LLAMA_SERVER_PREEMPT_VERIFY: the bytes read back against upstream's
+    copy_mismatch mismatch;                     //   a streamed restore's check: where the cells first differ from the file's bytes
 
     bool ok() const { return outcome != disk_outcome::kept_in_ram && outcome != disk_outcome::lost; }
 };
@@ -65,6 +67,18 @@ disk_result disk_park(swap_state & st, swap_host & host, bool background, std::v
 // this step. kept_in_ram: the write failed; the host copy is kept and the slot is a RAM park from
 // now on.
 disk_result disk_step(swap_state & st, swap_host & host, bool keep, bool keep_read);
+
+// A park whose state does not fit what parks may hold of the host budget: streamed from the
+// contexts to its file now, one chunk at a time (preempt-stream.h), no host copy; the cells must
+// still be in place. written (the state only on disk, st.disk.streamed), or lost.
+disk_result disk_park_streamed(swap_state & st, const seq_contexts & sc, const state_sizes & n, swap_host & host);
+
+// The resume of a streamed park: its file straight back into the contexts, one chunk at a time.
+// read, or lost (the sequence is removed from the contexts again, the file is gone). `verify`
+// (the copy guard): each slice is read back from its tensor and compared with the file's bytes.
+// A streamed park itself is not checked: it is upstream's own serializer and per-slice copy
+// (ggml_backend_tensor_get), the reference the guard holds the bulk copier to.
+disk_result disk_restore_streamed(swap_state & st, const seq_contexts & sc, swap_host & host, bool verify);
 
 // Read the slot's file into new host buffers ahead of its resume. False when there is nothing to
 // read (still in RAM, already reading) or its buffers cannot be had.

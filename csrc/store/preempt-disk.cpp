@@ -19,7 +19,7 @@ namespace {
 
 constexpr char   MAGIC[8] = { 'L', 'P', 'K', 'V', 'S', 'E', 'Q', '1' };
 constexpr size_t HEADER   = disk_store::HEADER_BYTES;
-constexpr size_t CHUNK    = (size_t) 1 << 20;   // one pwrite/pread, checksummed while it is in the cache; a cancel waits for one at most
+constexpr size_t CHUNK    = disk_store::CHUNK;
 
 int64_t now_us() {
     return std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now().time_since_epoch()).count();
@@ -85,6 +85,18 @@ std::shared_ptr<disk_file> disk_store::write(const uint8_t * a, size_t n_a, cons
     f->n_bytes[1] = n_b;
     f->src[0]     = a;
     f->src[1]     = b;
+    return queue_write(std::move(f), held, why, error);
+}
+
+std::shared_ptr<disk_file> disk_store::write(disk_stream & from, size_t n_a, size_t n_b, std::string & why, disk_error & error) {
+    auto f = std::make_shared<disk_file>();
+    f->n_bytes[0] = n_a;
+    f->n_bytes[1] = n_b;
+    f->stream     = &from;
+    return queue_write(std::move(f), false, why, error);
+}
+
+std::shared_ptr<disk_file> disk_store::queue_write(std::shared_ptr<disk_file> f, bool held, std::string & why, disk_error & error) {
     {
         std::lock_guard<std::mutex> lk(mu_);
         const size_t room = room_locked();
@@ -137,8 +149,28 @@ bool disk_store::read(const std::shared_ptr<disk_file> & f, uint8_t * a, uint8_t
         }
         f->dst[0] = a;
         f->dst[1] = b;
-        f->st     = disk_file::status::queued_read;
-        f->busy   = true;
+        f->stream = nullptr;
+    }
+    return queue_read(f);
+}
+
+bool disk_store::read(const std::shared_ptr<disk_file> & f, disk_stream & into) {
+    {
+        std::lock_guard<std::mutex> lk(mu_);
+        if (f->busy || f->st != disk_file::status::written) {
+            return false;
+        }
+        f->dst[0] = f->dst[1] = nullptr;
+        f->stream = &into;
+    }
+    return queue_read(f);
+}
+
+bool disk_store::queue_read(const std::shared_ptr<disk_file> & f) {
+    {
+        std::lock_guard<std::mutex> lk(mu_);
+        f->st   = disk_file::status::queued_read;
+        f->busy = true;
         queue_.push_back(f);
     }
     cv_work_.notify_all();
@@ -297,6 +329,7 @@ disk_error disk_store::do_write(disk_file & f, std::string & why, uint64_t & sum
     disk_hasher h;
     off_t off = HEADER;
     int   err = 0;
+    std::string pulled;  // a streamed state that could not be read: why
     for (int part = 0; part < 2 && err == 0; ++part) {
         for (size_t pos = 0; pos < f.n_bytes[part] && err == 0; pos += CHUNK) {
             if (cancelled()) {
@@ -309,8 +342,18 @@ disk_error disk_store::do_write(disk_file & f, std::string & why, uint64_t & sum
             if (fill) {
                 n = f.total() / 2 - std::min(done, f.total() / 2);  // LLAMA_SERVER_PREEMPT_DISK_FAIL=full: the disk fills halfway
             }
-            h.update(f.src[part] + pos, n);
-            if (!write_all(fd, f.src[part] + pos, n, off)) {
+            const uint8_t * p = f.src[part] + pos;
+            if (f.stream) {
+                // a streamed state: this chunk of it through the staging buffer
+                staging_.resize(CHUNK);
+                if (!f.stream->pull(part, pos, staging_.data(), n, pulled)) {
+                    err = EPROTO;
+                    break;
+                }
+                p = staging_.data();
+            }
+            h.update(p, n);
+            if (!write_all(fd, p, n, off)) {
                 err = errno ? errno : EIO;
             }
             off += (off_t) n;
@@ -334,6 +377,10 @@ disk_error disk_store::do_write(disk_file & f, std::string & why, uint64_t & sum
     if (err == ECANCELED) {
         why = "cancelled";
         return disk_error::cancelled;
+    }
+    if (err == EPROTO) {
+        why = "its state could not be read for " + f.path + ": " + pulled;
+        return disk_error::write;
     }
     if (err != 0) {
         why = "writing " + f.path + " failed: " + strerror(err) +
@@ -384,6 +431,10 @@ disk_error disk_store::do_read(disk_file & f, std::string & why) {
     if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || (uint64_t) st.st_dev != f.dev || (uint64_t) st.st_ino != f.ino) {
         return fail(disk_error::checksum, f.path + ": not the file this park wrote (another file is in its place)");
     }
+    if ((uint64_t) st.st_size < HEADER + f.total()) {
+        // before a byte moves (a streamed read maps the file: a page past its end would be a SIGBUS)
+        return fail(disk_error::short_read, f.path + ": short read (the file is shorter than its state)");
+    }
     uint8_t header[HEADER];
     if (!read_all(fd, header, HEADER, 0)) {
         return fail(errno == 0 ? disk_error::short_read : disk_error::read, f.path + ": its header cannot be read");
@@ -396,6 +447,10 @@ disk_error disk_store::do_read(disk_file & f, std::string & why) {
     if (memcmp(header, MAGIC, sizeof(MAGIC)) != 0 || n0 != f.n_bytes[0] || n1 != f.n_bytes[1]) {
         return fail(disk_error::checksum, f.path + ": not the file this park wrote (its header differs)");
     }
+    std::string pushed;
+    if (f.stream && !f.stream->begin_read(fd, HEADER, pushed)) {
+        return fail(disk_error::read, f.path + ": its state cannot be taken back: " + pushed);
+    }
     disk_hasher h;
     off_t off = HEADER;
     for (int part = 0; part < 2; ++part) {
@@ -404,11 +459,18 @@ disk_error disk_store::do_read(disk_file & f, std::string & why) {
                 return fail(disk_error::cancelled, "cancelled");
             }
             const size_t n = std::min(CHUNK, f.n_bytes[part] - pos);
-            if (!read_all(fd, f.dst[part] + pos, n, off)) {
+            if (f.stream) {
+                staging_.resize(CHUNK);  // a streamed state: this chunk of it through the staging buffer
+            }
+            uint8_t * p = f.stream ? staging_.data() : f.dst[part] + pos;
+            if (!read_all(fd, p, n, off)) {
                 return errno == 0 ? fail(disk_error::short_read, f.path + ": short read (the file is shorter than its state)")
                                   : fail(disk_error::read, "reading " + f.path + " failed: " + strerror(errno));
             }
-            h.update(f.dst[part] + pos, n);
+            h.update(p, n);
+            if (f.stream && !f.stream->push(part, pos, p, n, pushed)) {
+                return fail(disk_error::read, f.path + ": its state cannot be taken back: " + pushed);
+            }
             off += (off_t) n;
         }
     }

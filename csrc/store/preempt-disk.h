@@ -42,6 +42,22 @@ enum class disk_error { none, full, write, read, missing, short_read, checksum, 
 constexpr int N_DISK_ERRORS = 7;  // none .. checksum: the ones /metrics counts (cancelled is not a failure)
 const char * disk_error_name(disk_error e);
 
+// A state that moves through the I/O thread one chunk at a time (disk_store::CHUNK) instead of
+// from or into host buffers the size of the state (preempt-stream.h: a sequence's state straight
+// between its llama contexts and its file). The loop waits for the file meanwhile (settle()), so
+// the I/O thread may touch the contexts. Each call says why it failed in `why`.
+struct disk_stream {
+    virtual ~disk_stream() = default;
+    // a write: bytes [pos, pos + n) of part `part` into `buf`
+    virtual bool pull(int part, size_t pos, uint8_t * buf, size_t n, std::string & why) = 0;
+    // a read: the file is open as `fd`, checked to be the one written, its first part at byte
+    // `at`; called before any chunk is pushed
+    virtual bool begin_read(int fd, size_t at, std::string & why) = 0;
+    // a read: bytes [pos, pos + n) of part `part`, in file order (checked against the file's
+    // checksum only once the last one is pushed: a failed read leaves what it pushed to undo)
+    virtual bool push(int part, size_t pos, const uint8_t * buf, size_t n, std::string & why) = 0;
+};
+
 // One parked slot's file, shared between the main loop and the I/O thread. The loop owns the
 // memory `src` and `dst` point at and never frees it while the file is busy (remove() and
 // settle() wait for the I/O thread to let go).
@@ -52,9 +68,11 @@ struct disk_file {
     std::string path;                   // the store's directory and name, for messages
     size_t      n_bytes[2] = { 0, 0 };  // the two parts (target and draft context), in file order
 
-    // the I/O thread reads from `src` (a write) or fills `dst` (a read)
+    // the I/O thread reads from `src` (a write) or fills `dst` (a read), or moves the bytes
+    // through `stream` one chunk at a time (then both are null)
     const uint8_t * src[2] = { nullptr, nullptr };
     uint8_t *       dst[2] = { nullptr, nullptr };
+    disk_stream *   stream = nullptr;
 
     // guarded by the store's mutex
     status      st       = status::queued_write;
@@ -105,6 +123,9 @@ public:
     // no room for it. The memory must stay until the file settles.
     std::shared_ptr<disk_file> write(const uint8_t * a, size_t n_a, const uint8_t * b, size_t n_b, bool held,
                                      std::string & why, disk_error & error);
+    // Queue a write whose bytes the I/O thread pulls from `from` one chunk at a time (never held);
+    // the caller waits for it (settle()) and keeps `from` until then. As write() otherwise.
+    std::shared_ptr<disk_file> write(disk_stream & from, size_t n_a, size_t n_b, std::string & why, disk_error & error);
     // A held write may start.
     void start(const std::shared_ptr<disk_file> & f);
     // The buffers a file was read into were dropped: it is only written again (it can be read
@@ -112,6 +133,9 @@ public:
     bool unread(const std::shared_ptr<disk_file> & f);
     // Queue a read of a written file into `a` and `b` (its part sizes). False when it is not written.
     bool read(const std::shared_ptr<disk_file> & f, uint8_t * a, uint8_t * b);
+    // Queue a read of a written file pushed into `into` one chunk at a time; the caller waits for
+    // it (settle()) and keeps `into` until then. False when it is not written.
+    bool read(const std::shared_ptr<disk_file> & f, disk_stream & into);
     // Wait until the I/O thread is done with the file; its status then.
     disk_file::status settle(const std::shared_ptr<disk_file> & f);
     // Whether the I/O thread is done with it, without waiting.
@@ -129,6 +153,9 @@ public:
     // free space kept on the disk for everything else
     static constexpr size_t RESERVE = (size_t) 64 << 20;
     static constexpr size_t HEADER_BYTES = 64;  // a file's header: magic, two part sizes, checksum, padding
+    // one pwrite/pread, checksummed while it is in the cache: a cancel waits for one at most, and a
+    // streamed state (disk_stream) passes through one staging buffer of this size
+    static constexpr size_t CHUNK = (size_t) 1 << 20;
 
 private:
     disk_store() = default;
@@ -138,6 +165,8 @@ private:
     void uncount(disk_file & f);           // under mu_: its bytes leave bytes_held_ (and bytes_unwritten_)
     void settle_unwritten(disk_file & f);  // under mu_: its bytes are on the disk, or gone
     size_t room_locked() const;
+    std::shared_ptr<disk_file> queue_write(std::shared_ptr<disk_file> f, bool held, std::string & why, disk_error & error);
+    bool queue_read(const std::shared_ptr<disk_file> & f);
     std::deque<std::shared_ptr<disk_file>>::iterator next_job();
     bool cancelled() const;
 
@@ -159,6 +188,7 @@ private:
     bool    stop_       = false;
     bool    cancel_     = false;  // the file in the I/O thread's hands is being removed
     std::shared_ptr<disk_file> current_;
+    std::vector<uint8_t> staging_;  // the I/O thread's: a streamed file's chunk (CHUNK bytes, allocated at its first)
     std::thread worker_;
 };
 

@@ -177,6 +177,49 @@ bool prompt_disk::spill(std::vector<llama_token> tokens, std::vector<uint8_t> &&
     return true;
 }
 
+bool prompt_disk::write_streamed(std::vector<llama_token> tokens, disk_stream & from, size_t n0, size_t n1, size_t n_tail,
+                                 std::string & why) {
+    entry e;
+    e.tokens = std::move(tokens);
+    e.n_tail = n_tail;
+    disk_error error = disk_error::none;
+    e.file = store_->write(from, n0, n1, why, error);
+    if (!e.file) {
+        return false;
+    }
+    if (store_->settle(e.file) != disk_file::status::written) {
+        why = e.file->why;
+        store_->remove(e.file);
+        return false;
+    }
+    e.written = true;
+    files_.push_back(std::move(e));
+    return true;
+}
+
+bool prompt_disk::take_streamed(int32_t i, disk_stream & into, std::vector<llama_token> & tokens, int64_t & t_us,
+                                std::string & why, disk_error & error) {
+    auto & e = files_[i];
+    if (e.reading_ahead) {
+        // its bytes read ahead into host RAM are not wanted: the file is streamed into the slot instead
+        store_->settle(e.file);
+        store_->unread(e.file);
+        e.ahead = {};
+        e.reading_ahead = false;
+    }
+    const bool ok = store_->settle(e.file) == disk_file::status::written && store_->read(e.file, into) &&
+                    store_->settle(e.file) == disk_file::status::read;
+    if (!ok) {
+        why   = e.file->why.empty() ? "its file was not written" : e.file->why;
+        error = e.file->error == disk_error::none ? disk_error::read : e.file->error;
+    } else {
+        tokens = std::move(e.tokens);
+        t_us   = e.file->t_us;
+    }
+    drop((size_t) i);
+    return ok;
+}
+
 std::vector<prompt_file_view> prompt_disk::views() const {
     std::vector<prompt_file_view> v;
     v.reserve(files_.size());

@@ -44,6 +44,18 @@ public:
     bool spill(std::vector<llama_token> tokens, std::vector<uint8_t> && tgt, std::vector<uint8_t> && dft,
                std::vector<uint8_t> && tail, std::string & why);
 
+    // A prompt too large for the RAM cache: its file written now (the loop waits), its bytes pulled
+    // from `from` one chunk at a time (preempt-stream.h), never held in host RAM whole. The last
+    // `n_tail` bytes of the second part are the caller's tail. False, with `why`, when the store
+    // has no room for it or the write failed.
+    bool write_streamed(std::vector<llama_token> tokens, disk_stream & from, size_t n0, size_t n1, size_t n_tail, std::string & why);
+    // Read file i straight into `into` (the slot's contexts; a read ahead of it is let go first),
+    // then remove it from the disk. Not ok: `why` and `error`; the file is gone and the caller
+    // undoes what was pushed.
+    bool take_streamed(int32_t i, disk_stream & into, std::vector<llama_token> & tokens, int64_t & t_us, std::string & why,
+                       disk_error & error);
+    size_t tail_bytes(int32_t i) const { return files_[i].n_tail; }
+
     // the files as the policy's choices see them (oldest first; valid until the next call that adds
     // or drops a file): which matches a request, whether to read it back or ahead, which give way
     std::vector<prompt_file_view> views() const;

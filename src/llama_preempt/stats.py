@@ -151,6 +151,8 @@ class PreemptStats:
     n_prompt_cache_read_ahead_total: int = 0  # files read ahead while their request waited for a slot
     n_prompt_cache_disk_failures_total: int = 0  # prompt files that failed to write or read back
     n_prompt_cache_disk_skipped_total: int = 0  # dropped, not written (no room, media)
+    n_prompt_cache_streamed_total: int = 0  # larger than the RAM cache: streamed from the slot to the disk tier
+    n_prompt_cache_streamed_back_total: int = 0  # prompt files streamed straight into a slot
     n_paused_total: int = 0               # times a generating slot was paused (beyond the decode width)
     requests_paused: int = 0              # generating beyond the decode width now (they keep their cells)
     preempt_decode_width: int = 0         # generating slots the last step let decode

@@ -122,7 +122,9 @@ def to_json(snap: Snapshot, r: dict[str, float] | None) -> dict[str, Any]:
                          "spilled_to_disk": st.n_prompt_cache_spilled_total,
                          "disk_hits": st.n_prompt_cache_disk_hits_total,
                          "disk_failures": st.n_prompt_cache_disk_failures_total,
-                         "disk_skipped": st.n_prompt_cache_disk_skipped_total},
+                         "disk_skipped": st.n_prompt_cache_disk_skipped_total,
+                         "streamed_to_disk": st.n_prompt_cache_streamed_total,
+                         "streamed_back": st.n_prompt_cache_streamed_back_total},
         "disk": None if snap.disk_dir is None else {
             "dir": snap.disk_dir, "held_bytes": st.preempt_disk_bytes,
             "prompt_cache_bytes": st.prompt_cache_disk_bytes, "budget_bytes": _budget_bytes(snap.disk_mib),
@@ -200,6 +202,9 @@ def render(snap: Snapshot, r: dict[str, float] | None) -> Group:
             counters.add_row("prompts to disk / back / failed / dropped",
                              f"{st.n_prompt_cache_spilled_total} / {st.n_prompt_cache_disk_hits_total} / "
                              f"{st.n_prompt_cache_disk_failures_total} / {st.n_prompt_cache_disk_skipped_total}", "")
+            if st.n_prompt_cache_streamed_total or st.n_prompt_cache_streamed_back_total:
+                counters.add_row("  larger than the RAM cache: streamed to disk / back",
+                                 f"{st.n_prompt_cache_streamed_total} / {st.n_prompt_cache_streamed_back_total}", "")
         failed = ", ".join(f"{k} {v}" for k, v in st.disk_failures.items() if v)
         counters.add_row("disk failures (recomputed)", failed or "none", "")
     if st.n_prompt_cache_evicted_total:
