@@ -67,9 +67,20 @@ def test_a_small_cache_spills_to_disk_and_the_turns_come_back_from_their_files()
     assert disk.prompt_cache_spilled > 0 and disk.prompt_cache_disk_hits == 18
     assert disk.prompt_tokens_computed < small.prompt_tokens_computed
     assert disk.peak_cache_mib <= 64
-    # a prompt larger than the whole cache is skipped by upstream's RAM cache: it never reaches the disk
+
+
+def test_a_prompt_larger_than_the_whole_cache_is_streamed_to_disk_and_back_into_its_slot() -> None:
+    # upstream's RAM cache skips a prompt larger than itself; with a disk tier it is streamed from its
+    # slot to a file instead (issue 41), and the user's next turn streams it straight back into a slot
+    wl = Workload.chat(6, 4, **CHAT)
+    ram_only = simulate(wl, **SERVER, cache_ram_mib=8, host_kv_ram_mib=8)
     big = simulate(wl, **SERVER, cache_ram_mib=8, host_kv_ram_mib=8, preempt_disk_mib=-1)
-    assert big.prompt_cache_spilled == 0 and big.prompt_cache_disk_hits == 0
+    assert ram_only.prompt_cache_spilled == ram_only.prompt_cache_disk_hits == ram_only.prompt_cache_ram_hits == 0
+    assert big.prompt_cache_streamed == big.prompt_cache_spilled > 0
+    # every later turn of the six users (three each after their first) came back from its file
+    assert big.prompt_cache_streamed_back == big.prompt_cache_disk_hits == 18
+    assert big.peak_cache_mib == 0  # none of it ever sat in the RAM cache
+    assert big.prompt_tokens_computed < ram_only.prompt_tokens_computed
 
 
 def test_a_full_disk_tier_makes_the_oldest_prompt_files_give_way_to_newer_ones() -> None:

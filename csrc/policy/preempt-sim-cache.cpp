@@ -85,16 +85,20 @@ bool sim_prompt_cache::cap(size_t limit) {
     return true;
 }
 
-bool sim_prompt_cache::save(const sim_tokens & tokens, size_t n_bytes) {
-    if (tokens.n == 0) {
-        return false;
-    }
+bool sim_prompt_cache::holds(const sim_tokens & tokens) const {
     for (const auto & e : states_) {
         if (e.tokens.common_prefix(tokens) == (size_t) tokens.n) {
-            return false;  // already held
+            return true;
         }
     }
-    if (limit_bytes_ > 0 && n_bytes > limit_bytes_) {
+    return false;
+}
+
+bool sim_prompt_cache::save(const sim_tokens & tokens, size_t n_bytes) {
+    if (tokens.n == 0 || holds(tokens)) {
+        return false;  // nothing, or already held
+    }
+    if (over_limit(n_bytes)) {
         return false;  // over the limit: skipped, not to disturb the cache
     }
     // the cached prompts it contains are obsolete (dropped, not evicted)

@@ -69,6 +69,8 @@ public:
 
     size_t bytes() const;
     size_t n_common_best(const sim_tokens & request) const;  // the longest prefix RAM holds for it
+    bool   holds(const sim_tokens & tokens) const;            // an entry holds all of them
+    bool   over_limit(size_t bytes) const { return limit_bytes_ > 0 && bytes > limit_bytes_; }  // save() skips it
     const std::deque<sim_cached_prompt> & states() const { return states_; }
 
     std::vector<sim_cached_prompt> take_evicted();  // what left since the last call, oldest first

@@ -26,14 +26,47 @@ void sim_prompts::save(const sim_tokens & tokens) {
     if (cache_->save(tokens, n_bytes)) {
         t_ += n_bytes / p_.swap_out_bps;  // the state copied to host RAM while the loop waits
         res_.peak_cache_bytes = std::max(res_.peak_cache_bytes, (double) cache_->bytes());
+    } else if (tokens.n > 0 && cache_->over_limit(n_bytes) && !cache_->holds(tokens) && disk_.budget != 0) {
+        stream_out(tokens, n_bytes);  // upstream skips it: as the server's on_skip hook, it goes to disk
     }
     spill();
+}
+
+// as the server's stream_prompt(): from the slot's cells to a file, the loop waiting for the write
+void sim_prompts::stream_out(const sim_tokens & tokens, size_t n_bytes) {
+    const auto ids = tokens.ids();
+    for (const auto & f : files_.files) {
+        if (f.ids.size() >= ids.size() && std::equal(ids.begin(), ids.end(), f.ids.begin())) {
+            return;  // a file holds it already
+        }
+    }
+    t_ = std::max(t_, t_write_);  // one write at a time
+    if (prompt_files_give_way(n_bytes, disk_.room(), files_.bytes(), reading_ || files_.ahead() >= 0)) {
+        drop_files(n_bytes);
+    }
+    if (n_bytes > disk_.room()) {
+        res_.n_prompt_cache_disk_skipped++;
+        return;
+    }
+    sim_prompt_file f;
+    f.tokens = tokens;
+    f.ids    = ids;
+    f.bytes  = n_bytes;
+    f.t_written = t_write_ = t_ = disk_.io(t_, n_bytes / p_.disk_write_bps);
+    disk_.bytes += n_bytes;
+    res_.peak_disk_bytes = std::max(res_.peak_disk_bytes, disk_.bytes);
+    files_.files.push_back(std::move(f));
+    res_.n_prompt_cache_spilled++;
+    res_.n_prompt_cache_streamed++;
 }
 
 sim_prompt_load sim_prompts::load(const sim_tokens & held, const sim_tokens & want, int32_t n_room) {
     sim_prompt_load r;
     if (!files_.files.empty()) {
-        lookup(want);  // the hook before upstream searches its RAM cache
+        r = lookup(held, want, n_room);  // the hook before upstream searches its RAM cache
+        if (r.loaded || r.cleared) {
+            return r;  // streamed into the slot: nothing in RAM serves it better
+        }
     }
     const int32_t i = cache_->best_for(held, want);
     if (i < 0) {
@@ -93,13 +126,38 @@ void sim_prompts::step(const sim_tokens * next) {
     }
 }
 
-prompt_read_choice sim_prompts::to_read(const sim_tokens & tokens, const std::vector<prompt_file_view> & files) const {
-    return choose_prompt_read(files, tokens.ids(), cache_->n_common_best(tokens), host_.limits().cache_room(held().parked),
-                              rates_());
+prompt_read_choice sim_prompts::to_read(const sim_tokens & tokens, const std::vector<prompt_file_view> & files,
+                                        size_t n_slot) const {
+    return choose_prompt_read(files, tokens.ids(), std::max(cache_->n_common_best(tokens), n_slot),
+                              host_.limits().cache_room(held().parked), rates_());
 }
 
-void sim_prompts::lookup(const sim_tokens & tokens) {
-    const auto choice = to_read(tokens, files_.views(t_));
+sim_prompt_load sim_prompts::lookup(const sim_tokens & held_tokens, const sim_tokens & tokens, int32_t n_room) {
+    sim_prompt_load r;
+    const auto choice = to_read(tokens, files_.views(t_), held_tokens.common_prefix(tokens));
+    if (choice.stream()) {
+        // as the server's stream_back(): straight into the slot in place of what it held, the loop
+        // waiting for the read; a read ahead of another file is let go
+        const int32_t ahead = files_.ahead();
+        if (ahead >= 0) {
+            files_.files[ahead].ahead = false;
+            host_.pages_freed();
+        }
+        const auto it = files_.files.begin() + choice.file;
+        t_ = std::max(t_, it->t_written);
+        disk_.bytes -= it->bytes;
+        if (it->tokens.n > n_room) {
+            r.cleared = true;  // its cells find no room: the read fails, the file goes, the slot is empty
+        } else {
+            t_ = disk_.io(t_, it->bytes / p_.disk_read_bps);
+            r.loaded = true;
+            r.got    = { it->tokens, it->bytes, true };
+            res_.n_prompt_cache_disk_hits++;
+            res_.n_prompt_cache_streamed_back++;
+        }
+        files_.files.erase(it);
+        return r;
+    }
     const int32_t i = choice.read() ? choice.file : -1;
     const int32_t ahead = files_.ahead();
     const bool was_ahead = i >= 0 && i == ahead;
@@ -108,7 +166,7 @@ void sim_prompts::lookup(const sim_tokens & tokens) {
         host_.pages_freed();
     }
     if (i < 0) {
-        return;
+        return r;
     }
     const size_t n_bytes = files_.files[i].bytes;
     const sim_tokens want = files_.files[i].tokens;
@@ -116,12 +174,12 @@ void sim_prompts::lookup(const sim_tokens & tokens) {
     const bool room = was_ahead || host_.reserve(held(), n_bytes, host_use::prompt_read);
     reading_ = false;
     if (!room) {
-        return;
+        return r;
     }
     spill();  // what gave way went to disk: the files may have moved
     const int32_t j = files_.find(want);
     if (j < 0) {
-        return;
+        return r;
     }
     const auto it = files_.files.begin() + j;
     // its write lands, then its read (or the rest of the read ahead), while the loop waits
@@ -138,6 +196,7 @@ void sim_prompts::lookup(const sim_tokens & tokens) {
     res_.peak_cache_bytes = std::max(res_.peak_cache_bytes, (double) cache_->bytes());
     host_.release(held());
     spill();
+    return r;
 }
 
 void sim_prompts::read_ahead(const sim_tokens * next) {

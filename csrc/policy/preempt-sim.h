@@ -123,6 +123,8 @@ struct sim_result {
     int64_t n_prompt_cache_evicted   = 0;  // cached prompts the host budget made leave RAM (n_prompt_cache_evicted_total)
     int64_t n_prompt_cache_read_ahead = 0; // prompt files read ahead for a waiting request
     int64_t n_prompt_cache_disk_skipped = 0;  // cached prompts dropped for want of disk room
+    int64_t n_prompt_cache_streamed = 0;      // of the spilled, prompts larger than the RAM cache streamed from their slot
+    int64_t n_prompt_cache_streamed_back = 0; // of the disk hits, files streamed straight into a slot
     double  peak_cache_bytes         = 0;  // the RAM cache's bytes
 };
 

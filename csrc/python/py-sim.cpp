@@ -142,6 +142,8 @@ void register_sim(py::module_ & m) {
         .def_readonly("n_prompt_cache_evicted",   &lp::sim_result::n_prompt_cache_evicted)
         .def_readonly("n_prompt_cache_read_ahead", &lp::sim_result::n_prompt_cache_read_ahead)
         .def_readonly("n_prompt_cache_disk_skipped", &lp::sim_result::n_prompt_cache_disk_skipped)
+        .def_readonly("n_prompt_cache_streamed", &lp::sim_result::n_prompt_cache_streamed)
+        .def_readonly("n_prompt_cache_streamed_back", &lp::sim_result::n_prompt_cache_streamed_back)
         .def_readonly("peak_cache_bytes",         &lp::sim_result::peak_cache_bytes)
         .def_readonly("requests",           &lp::sim_result::requests, "a SimRequestResult per request, in the order they arrived")
         .def_readonly("trace",              &lp::sim_result::trace,

@@ -295,6 +295,8 @@ class SimReport:
     prompt_cache_disk_hits: int = 0   # prompt files read back
     prompt_cache_spilled: int = 0     # cached prompts written to the disk tier
     prompt_cache_disk_skipped: int = 0  # cached prompts dropped: no room on disk even with older files gone
+    prompt_cache_streamed: int = 0    # of the spilled, prompts larger than the RAM cache streamed from their slot
+    prompt_cache_streamed_back: int = 0  # of the disk hits, files streamed straight into a slot
     peak_cache_mib: float = 0.0
     per_request: list[dict[str, Any]] = field(default_factory=list, repr=False)
 
@@ -422,6 +424,7 @@ def sim_report(r: Any, arrivals: Sequence[float], *, n_ctx: int, n_parallel: int
         prompt_tokens_computed=r.n_prompt_tokens_computed, prompt_tokens_cached=sum(q.n_prompt_cached for q in reqs),
         prompt_cache_ram_hits=r.n_prompt_cache_ram_hits, prompt_cache_disk_hits=r.n_prompt_cache_disk_hits,
         prompt_cache_spilled=r.n_prompt_cache_spilled, prompt_cache_disk_skipped=r.n_prompt_cache_disk_skipped,
+        prompt_cache_streamed=r.n_prompt_cache_streamed, prompt_cache_streamed_back=r.n_prompt_cache_streamed_back,
         peak_cache_mib=r.peak_cache_bytes / 2**20, per_request=per)
 
 
