@@ -169,6 +169,66 @@ def test_a_smaller_disk_limit_at_restart_removes_the_oldest_kept_prompts_and_say
     assert cached(small, prompts[-2])["timings"]["prompt_n"] <= 2
 
 
+# --- a state larger than RAM: to disk and back one chunk at a time ---
+
+# stories260K holds 640 bytes of state a token: 1,100 words (over 1,700 tokens) are over 1 MiB, and fit
+# its 2,048-token context
+BIG = long_prompt(1100)
+
+
+def test_a_prompt_larger_than_the_ram_cache_comes_back_from_disk_after_other_traffic_and_a_restart(
+        start_server, stories_model: Path, tmp_path: Path) -> None:
+    # the issue's case: upstream skips a prompt larger than --cache-ram ("exceeds cache size limit,
+    # skipping"), so it never reached the disk; now it is streamed from its slot to a file and
+    # streamed straight back into a slot when the conversation returns, across a restart too
+    d = tmp_path / "disk"
+    d.mkdir()
+    args = ["--cache-ram", "1", "--preempt-ram", "1", "--deterministic", "--preempt-disk", str(d), "--cache-persist"]
+    srv = start_server(stories_model, n_ctx=4096, n_parallel=2, extra_args=args)
+    first = cached(srv, BIG)
+    assert first["timings"]["prompt_n"] > 1650
+    for i in range(4):  # other conversations take both slots in turn
+        assert cached(srv, long_prompt(200, shift=11 * i + 3))["tokens_predicted"] == 4
+    line = logged(srv, "larger than the RAM cache streamed to the disk tier")
+    assert float(re.search(r"\(([\d.]+) MiB\)", line).group(1)) > 1.0
+    again = cached(srv, BIG)
+    assert again["timings"]["prompt_n"] <= 2
+    assert again["content"] == first["content"]
+    m = srv.metrics()
+    assert m["n_prompt_cache_streamed_total"] >= 1 and m["n_prompt_cache_streamed_back_total"] >= 1
+    assert m["n_prompt_cache_disk_failures_total"] == 0
+    logged(srv, "streamed back from the disk tier into slot")
+    srv.stop()
+    assert srv.proc.returncode == 0
+    # the next server takes its file back and streams it into a slot: a 1 MiB cache never holds it
+    srv = start_server(stories_model, n_ctx=4096, n_parallel=2, extra_args=args)
+    after = cached(srv, BIG)
+    assert after["timings"]["prompt_n"] <= 2
+    assert after["content"] == first["content"]
+    assert srv.metrics()["n_prompt_cache_streamed_back_total"] == 1
+
+
+def test_a_park_of_a_state_larger_than_the_host_budget_returns_the_unparked_answer(
+        start_server, stories_model: Path, tmp_path: Path) -> None:
+    # --host-kv-ram 1: the state (over 1 MiB) fits no host copy, so each park streams it from the pool
+    # to its file and each resume streams it back, one chunk at a time
+    body = {"prompt": BIG, "n_predict": 24, "temperature": 0, "ignore_eos": True, "cache_prompt": False}
+    ref = start_server(stories_model, n_ctx=4096, n_parallel=2, preempt=False).post("/completion", body).json()
+    srv = start_server(stories_model, n_ctx=4096, n_parallel=2, env={"LLAMA_SERVER_PREEMPT_EVERY": "8"},
+                       extra_args=["--preempt-mode", "swap", "--host-kv-ram", "1", "--preempt-disk", str(tmp_path)])
+    got = srv.post("/completion", body).json()
+    assert got["content"] == ref["content"]
+    m = srv.metrics()
+    by = m.labeled
+    assert m["n_preempt_total"] >= 2
+    assert by["preempt_parks_by_tier_total"]["disk"] == m["n_preempt_total"]
+    assert by["preempt_restores_by_tier_total"]["disk"] == m["n_preempt_total"]
+    assert m["n_disk_write_bytes_total"] == m["n_disk_read_bytes_total"] > m["n_preempt_total"] * (1 << 20)
+    assert m["preempt_ram_bytes"] == 0
+    line = logged(srv, "by a stream to its file")
+    assert float(re.search(r"parked by swap to disk, written \(([\d.]+) MiB", line).group(1)) > 1.0
+
+
 # --- one host budget in every view ---
 
 def test_the_log_and_stats_show_the_host_budget_in_force(start_server, stories_model: Path) -> None:
