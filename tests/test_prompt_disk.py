@@ -191,6 +191,27 @@ def test_a_hybrid_models_cached_prompt_comes_back_from_disk_with_its_checkpoints
     assert re.search(r"\(\d+ shared with this request, \d+ context checkpoints\) read back from the disk tier", log)
 
 
+def test_a_hybrid_models_prompt_larger_than_the_ram_cache_streams_to_disk_and_back_with_its_checkpoints(
+        start_server, qwen35_mtp_model: Path, tmp_path: Path) -> None:
+    # --cache-ram 1: every prompt (~2.4 MiB with its checkpoints, the MTP context's state beside the
+    # target's) is larger than the whole RAM cache, which upstream skips: streamed from its slot to a
+    # file, recurrent state and checkpoints included, and streamed back into a slot when it returns
+    mtp = ["--spec-type", "draft-mtp", "--spec-draft-n-max", "2"]
+    ram = start_server(qwen35_mtp_model, n_ctx=2048, n_parallel=2, extra_args=mtp)
+    _, ram_hit = chat(ram)
+    srv = start_server(qwen35_mtp_model, n_ctx=2048, n_parallel=2,
+                       extra_args=mtp + ["--cache-ram", "1", "--preempt-disk", str(disk_dir(tmp_path))])
+    first, back = chat(srv)
+    assert back["timings"]["prompt_n"] == ram_hit["timings"]["prompt_n"] < first["timings"]["prompt_n"] // 4
+    assert back["content"] == ram_hit["content"]
+    m = srv.metrics()
+    assert m["n_prompt_cache_streamed_total"] >= 1 and m["n_prompt_cache_streamed_back_total"] == 1
+    assert m["prompt_cache_bytes"] == 0  # none of them ever sat in the RAM cache
+    assert m["n_prompt_cache_disk_skipped_total"] == 0 and m["n_prompt_cache_disk_failures_total"] == 0
+    log = logged(srv, "streamed back from the disk tier")
+    assert re.search(r"\(\d+ shared with this request, \d+ context checkpoints\) streamed back from the disk tier", log)
+
+
 # --- --cache-persist: the disk tier's cached prompts across a restart ---
 
 def persist_args(tmp_path: Path, n_ctx: int = 2048) -> dict[str, Any]:
