@@ -52,10 +52,21 @@ def test_top_logprobs_above_the_cap_is_a_400_on_the_chat_api(start_server, stori
     r = srv.post("/v1/chat/completions", {**body, "top_logprobs": 50})
     assert r.status_code == 400
     msg = r.json()["error"]["message"]
-    assert "<= 20" in msg and "top_logprobs" in msg and "--max-logprobs" in msg
+    assert msg.startswith("Field 'top_logprobs'") and "<= 20" in msg and "--max-logprobs" in msg and "got 50" in msg
     ok = srv.post("/v1/chat/completions", {**body, "top_logprobs": 5})
     assert ok.status_code == 200
     assert len(ok.json()["choices"][0]["logprobs"]["content"][0]["top_logprobs"]) == 5
+
+
+def test_logprobs_without_top_logprobs_gets_the_default_within_a_lower_cap(start_server, stories_model: Path) -> None:
+    # upstream answers "logprobs": true alone with 20 alternatives; under --max-logprobs 5 it gets 5, not a 400
+    srv = start_server(stories_model, n_ctx=256, n_parallel=1, extra_args=["--max-logprobs", "5"])
+    body = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2, "logprobs": True}
+    r = srv.post("/v1/chat/completions", body)
+    assert r.status_code == 200, r.text
+    assert len(r.json()["choices"][0]["logprobs"]["content"][0]["top_logprobs"]) == 5
+    over = srv.post("/v1/chat/completions", {**body, "top_logprobs": 6})
+    assert over.status_code == 400 and "<= 5" in over.json()["error"]["message"]
 
 
 def test_max_logprobs_raises_the_cap_and_minus_one_lifts_it(start_server, stories_model: Path) -> None:
@@ -98,6 +109,28 @@ def default_disk_mib(path: Path) -> int:
     free space and 64 GiB."""
     st = os.statvfs(path)
     return min(st.f_blocks * st.f_frsize // 10, st.f_bavail * st.f_frsize // 2, 64 << 30) >> 20
+
+
+def test_the_kept_cache_counts_as_free_space_for_the_default_rule(tmp_path: Path) -> None:
+    # --cache-persist: what the last run kept is taken back or removed at the start, so the rule's
+    # "half the free space" counts it as free (the limit does not shrink by half of it each restart);
+    # only a store's own files in a cache directory of ours alone count, never a link's target
+    from llama_preempt import _core
+    cache = tmp_path / ("llama-preempt-cache-" + "ab12" * 4)
+    cache.mkdir(mode=0o700)
+    (cache / "park-1.kv").write_bytes(b"k" * (3 << 20))
+    (cache / "index").write_bytes(b"i" * 4096)
+    (cache / "notes.txt").write_bytes(b"n" * (5 << 20))  # not a store's file
+    outside = tmp_path / "outside.kv"
+    outside.write_bytes(b"o" * (7 << 20))
+    (cache / "park-2.kv").symlink_to(outside)  # a link is never followed
+    other = tmp_path / "llama-preempt-cache-ffff"
+    other.mkdir(mode=0o777)
+    os.chmod(other, 0o777)  # others may write in it: not ours alone
+    (other / "park-1.kv").write_bytes(b"x" * (2 << 20))
+    want = sum(os.stat(cache / n).st_blocks * 512 for n in ("park-1.kv", "index"))
+    assert _core.kept_cache_bytes(str(tmp_path)) == want >= 3 << 20
+    assert _core.kept_cache_bytes(str(tmp_path / "missing")) == 0
 
 
 def test_the_disk_tiers_default_limit_follows_its_rule_and_props_says_so(

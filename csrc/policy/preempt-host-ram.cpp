@@ -28,12 +28,6 @@ void host_ram::settle(const host_held & held) {
     }
 }
 
-void host_ram::open_cache_for_exit() {
-    if (cache_) {
-        cache_->cap(SIZE_MAX);
-    }
-}
-
 void host_ram::fit(const host_held & held, size_t extra) {
     if (!cache_) {
         return;

@@ -63,8 +63,6 @@ public:
     size_t cache_room(const host_held & held, size_t extra = 0) const {
         return limits_.cache_room(held.parked, extra + held.ahead);
     }
-    // at a clean exit: the cache takes every prompt still in a slot, each then goes to disk
-    void open_cache_for_exit();
 
     const host_budget & limits() const { return limits_; }
     uint64_t n_trims() const { return n_trims_; }  // times freed pages went back to the system

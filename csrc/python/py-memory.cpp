@@ -5,6 +5,7 @@
 
 #include <tuple>
 
+#include "preempt-disk-dir.h"
 #include "preempt-host-ram.h"
 #include "preempt-memory.h"
 
@@ -102,6 +103,9 @@ void register_memory(py::module_ & m) {
               return std::make_tuple(mt.file, mt.n_common);
           }, py::arg("files"), py::arg("tokens"),
           "(file, n_common): the file (tokens, bytes, written) sharing the longest prefix, at least a quarter of its own");
+    m.def("kept_cache_bytes", [](const std::string & dir) { return lp::kept_cache_bytes(dir); }, py::arg("dir"),
+          "--cache-persist: bytes on disk of the files kept in DIR's cache directories (counted as free space by "
+          "--preempt-disk-mib's default rule)");
     m.def("choose_prompt_read", [](const std::vector<py_file> & files, const std::vector<int32_t> & tokens,
                                    size_t n_ram_common, size_t host_room, const lp::cost_rates & rates, bool can_stream) {
               return lp::choose_prompt_read(file_views(files), tokens, n_ram_common, host_room, rates, can_stream);

@@ -145,7 +145,10 @@ inline void resolve_disk_default(common_params & params) {
         params.preempt_disk_mib = -1;
         return;
     }
-    const uint64_t bytes = default_disk_bytes((uint64_t) vfs.f_blocks * vfs.f_frsize, (uint64_t) vfs.f_bavail * vfs.f_frsize);
+    // --cache-persist: what the kept cache holds is this tier's own (taken back or removed at the
+    // start), so it counts as free: the limit does not shrink by half of it at every restart
+    const uint64_t kept = params.preempt_cache_persist ? llama_preempt::kept_cache_bytes(params.preempt_disk_dir) : 0;
+    const uint64_t bytes = default_disk_bytes((uint64_t) vfs.f_blocks * vfs.f_frsize, (uint64_t) vfs.f_bavail * vfs.f_frsize + kept);
     params.preempt_disk_mib = (int32_t) std::max<uint64_t>(1, bytes >> 20);
     params.preempt_disk_mib_default = true;
 }

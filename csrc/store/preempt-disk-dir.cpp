@@ -291,6 +291,34 @@ void close_cache_dir(own_dir & own, const std::vector<std::string> & keep) {
     }
 }
 
+unsigned long long kept_cache_bytes(const std::string & dir) {
+    unsigned long long n = 0;
+    const int parent = open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (parent < 0) {
+        return 0;
+    }
+    for (const auto & name : entries(parent)) {
+        if (!is_cache_name(name.c_str())) {
+            continue;
+        }
+        const int fd = openat(parent, name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+        struct stat st;
+        if (fd >= 0 && fstat(fd, &st) == 0 && ours_alone(st)) {
+            for (const auto & file : entries(fd)) {
+                struct stat fs;
+                if (is_store_file(file.c_str()) && fstatat(fd, file.c_str(), &fs, AT_SYMLINK_NOFOLLOW) == 0 && S_ISREG(fs.st_mode)) {
+                    n += (unsigned long long) fs.st_blocks * 512;  // what the file system counts as used
+                }
+            }
+        }
+        if (fd >= 0) {
+            close(fd);
+        }
+    }
+    close(parent);
+    return n;
+}
+
 std::vector<std::string> store_files(const own_dir & own) {
     std::vector<std::string> out;
     for (const auto & name : entries(own.fd)) {
