@@ -241,6 +241,29 @@ def test_a_prompt_larger_than_the_ram_cache_comes_back_from_disk_after_other_tra
     assert srv.metrics()["n_prompt_cache_streamed_back_total"] == 1
 
 
+def test_a_prompt_file_whose_cells_find_no_room_now_is_kept_not_dropped(
+        start_server, stories_model: Path, tmp_path: Path) -> None:
+    # the conversation returns while the other slot still holds a long one: the pool (2,048 cells) has
+    # no room for its cells before upstream clears the idle slot, so it is prefilled this time, and
+    # its file stays (refused before a byte moved: not a failure, nothing dropped)
+    d = tmp_path / "disk"
+    d.mkdir()
+    srv = start_server(stories_model, n_ctx=2048, n_parallel=2,
+                       extra_args=["--cache-ram", "1", "--preempt-ram", "1", "--deterministic", "--preempt-disk", str(d)])
+    first = cached(srv, BIG)
+    assert cached(srv, long_prompt(700, shift=5))["tokens_predicted"] == 4  # the other slot, its cells kept
+    wait_until(lambda: srv.metrics()["n_prompt_cache_streamed_total"] >= 1, 30, "the first conversation streamed to disk")
+    held = srv.metrics()["prompt_cache_disk_bytes"]
+    assert held > 1 << 20
+    again = cached(srv, BIG)
+    assert again["timings"]["prompt_n"] > 1650 and again["content"] == first["content"]
+    logged(srv, "is not streamed back now, its file kept: ")
+    m = srv.metrics()
+    assert m["n_prompt_cache_streamed_back_total"] == 0 and m["n_prompt_cache_disk_failures_total"] == 0
+    assert m["prompt_cache_disk_bytes"] >= held  # the file is still there
+    assert sum(m.labeled["preempt_disk_failures_total"].values()) == 0
+
+
 def test_a_park_of_a_state_larger_than_the_host_budget_returns_the_unparked_answer(
         start_server, stories_model: Path, tmp_path: Path) -> None:
     # --host-kv-ram 1: the state (over 1 MiB) fits no host copy, so each park streams it from the pool

@@ -144,17 +144,17 @@ sim_prompt_load sim_prompts::lookup(const sim_tokens & held_tokens, const sim_to
             host_.pages_freed();
         }
         const auto it = files_.files.begin() + choice.file;
-        t_ = std::max(t_, it->t_written);
-        disk_.bytes -= it->bytes;
+        r.cleared = true;  // the slot's cells give way first
         if (it->tokens.n > n_room) {
-            r.cleared = true;  // its cells find no room: the read fails, the file goes, the slot is empty
-        } else {
-            t_ = disk_.io(t_, it->bytes / p_.disk_read_bps);
-            r.loaded = true;
-            r.got    = { it->tokens, it->bytes, true };
-            res_.n_prompt_cache_disk_hits++;
-            res_.n_prompt_cache_streamed_back++;
+            return r;  // its cells find no room now: refused before a byte moved, the file stays
         }
+        t_ = std::max(t_, it->t_written);
+        t_ = disk_.io(t_, it->bytes / p_.disk_read_bps);
+        disk_.bytes -= it->bytes;
+        r.loaded = true;
+        r.got    = { it->tokens, it->bytes, true };
+        res_.n_prompt_cache_disk_hits++;
+        res_.n_prompt_cache_streamed_back++;
         files_.files.erase(it);
         return r;
     }

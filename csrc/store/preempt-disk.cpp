@@ -298,8 +298,10 @@ void disk_store::run() {
                 unlinkat(dir_.fd, f->name.c_str(), 0);
             }
         } else {
-            // a read that failed leaves the file to its owner, who recomputes and removes it
-            f->st = err == disk_error::none ? disk_file::status::read : disk_file::status::failed;
+            // a read that failed leaves the file to its owner, who recomputes and removes it; one the
+            // stream refused before a byte moved leaves it written, as it was
+            f->st = err == disk_error::none    ? disk_file::status::read
+                  : err == disk_error::refused ? disk_file::status::written : disk_file::status::failed;
         }
         f->busy  = false;
         current_ = nullptr;
@@ -449,7 +451,7 @@ disk_error disk_store::do_read(disk_file & f, std::string & why) {
     }
     std::string pushed;
     if (f.stream && !f.stream->begin_read(fd, HEADER, pushed)) {
-        return fail(disk_error::read, f.path + ": its state cannot be taken back: " + pushed);
+        return fail(disk_error::refused, f.path + ": " + pushed);
     }
     disk_hasher h;
     off_t off = HEADER;

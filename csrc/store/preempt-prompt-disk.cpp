@@ -212,6 +212,9 @@ bool prompt_disk::take_streamed(int32_t i, disk_stream & into, std::vector<llama
     if (!ok) {
         why   = e.file->why.empty() ? "its file was not written" : e.file->why;
         error = e.file->error == disk_error::none ? disk_error::read : e.file->error;
+        if (error == disk_error::refused) {
+            return false;  // no room for its cells now: the file is intact and stays
+        }
     } else {
         tokens = std::move(e.tokens);
         t_us   = e.file->t_us;

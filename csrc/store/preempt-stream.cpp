@@ -161,7 +161,7 @@ bool state_stream::begin_read(int fd, size_t at, std::string & why) {
             const size_t got = llama_state_seq_set_data_cb(p.ctx, (const uint8_t *) map + off, p.n, sc_.seq,
                                                            LLAMA_STATE_SEQ_FLAGS_NONE, keep_slices, &p.pieces);
             if (got == 0) {
-                why = "the pool has no room for its cells, or the file is not this model's state";
+                why = "the pool has no room for its cells now";  // (the file is this model's: the cache key says so)
                 ok  = false;
             } else if (!in_order(p.pieces, p.n)) {
                 why = "upstream's serializer listed slices that overlap";
