@@ -58,10 +58,15 @@ def test_the_prefill_wins_when_the_disk_is_slower_than_recomputing() -> None:
 def test_a_file_larger_than_the_host_room_is_streamed_straight_into_the_slot() -> None:
     c = _core.choose_prompt_read([file(SYSTEM, 8 * MIB)], SYSTEM, n_ram_common=0, host_room=4 * MIB, rates=rates())
     assert (c.why, c.file, c.read, c.stream) == (W.STREAM_BACK, 0, False, True)
-    # without a slot to stream into (a read ahead for a waiting request), it waits for one
+    # without a slot to stream into (a read ahead for a waiting request), or cells for its tokens in the
+    # pool now (the other slots' are still held while upstream loads), it is not
+    for cells in (0, len(SYSTEM) - 1):
+        c = _core.choose_prompt_read([file(SYSTEM, 8 * MIB)], SYSTEM, n_ram_common=0, host_room=4 * MIB, rates=rates(),
+                                     stream_cells=cells)
+        assert (c.why, c.file, c.read, c.stream) == (W.NO_ROOM, 0, False, False)
     c = _core.choose_prompt_read([file(SYSTEM, 8 * MIB)], SYSTEM, n_ram_common=0, host_room=4 * MIB, rates=rates(),
-                                 can_stream=False)
-    assert (c.why, c.file, c.read, c.stream) == (W.NO_ROOM, 0, False, False)
+                                 stream_cells=len(SYSTEM))
+    assert c.why == W.STREAM_BACK
     # the cost rule first: a file that would take longer than its prefill is not streamed either
     slow = _core.choose_prompt_read([file(SYSTEM, 8 * MIB)], SYSTEM, n_ram_common=0, host_room=4 * MIB,
                                     rates=rates(disk_read_bps=1e6))

@@ -39,7 +39,7 @@ const char * prompt_read_why_name(prompt_read_why w) {
 }
 
 prompt_read_choice choose_prompt_read(const std::vector<prompt_file_view> & files, const std::vector<int32_t> & tokens,
-                                      size_t n_ram_common, size_t host_room, const cost_rates & rates, bool can_stream) {
+                                      size_t n_ram_common, size_t host_room, const cost_rates & rates, size_t stream_cells) {
     prompt_read_choice c;
     const prompt_match m = match_prompt_file(files, tokens);
     c.file     = m.file;
@@ -51,7 +51,7 @@ prompt_read_choice choose_prompt_read(const std::vector<prompt_file_view> & file
     } else if (!read_cached_prompt(files[m.file].n_bytes, m.n_common - n_ram_common, rates)) {
         c.why = prompt_read_why::prefill_cheaper;
     } else if (files[m.file].n_bytes > host_room) {
-        c.why = can_stream ? prompt_read_why::stream_back : prompt_read_why::no_room;
+        c.why = files[m.file].n_tokens <= stream_cells ? prompt_read_why::stream_back : prompt_read_why::no_room;
     } else {
         c.why = prompt_read_why::read_back;
     }

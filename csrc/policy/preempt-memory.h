@@ -35,7 +35,7 @@ enum class prompt_read_why {
     no_match,         // no file shares enough of its prefix
     ram_as_good,      // the RAM cache already holds as long a prefix
     prefill_cheaper,  // reading the file would take longer than prefilling what it saves (measured rates)
-    no_room,          // its bytes do not fit what parked slots leave of the host budget (and it cannot be streamed)
+    no_room,          // its bytes do not fit what parked slots leave of the host budget, nor its cells the pool's room now
     read_back,        // read it back into the RAM cache
     stream_back,      // larger than what the host budget leaves cached prompts: streamed straight into the slot
 };
@@ -53,10 +53,12 @@ struct prompt_read_choice {
 // For a request's tokens: read back the best matching file when it saves more than the RAM cache's
 // best prefix and the slot's own (`n_ram_common` tokens) and costs less than the prefill it saves
 // by the measured rates: into the RAM cache when it fits `host_room` (the bytes the host budget
-// leaves cached prompts), else streamed straight into the slot when `can_stream` (one chunk of
-// host RAM; not for a read ahead, which has no slot yet).
+// leaves cached prompts), else streamed straight into the slot (one chunk of host RAM) when its
+// tokens fit `stream_cells`, the cells the pool has for the slot now, its own included (the other
+// slots' cells are still held while upstream loads; 0: no slot to stream into, as for a read ahead).
 prompt_read_choice choose_prompt_read(const std::vector<prompt_file_view> & files, const std::vector<int32_t> & tokens,
-                                      size_t n_ram_common, size_t host_room, const cost_rates & rates, bool can_stream = true);
+                                      size_t n_ram_common, size_t host_room, const cost_rates & rates,
+                                      size_t stream_cells = SIZE_MAX);
 
 // What to read ahead this step, for the oldest request waiting for a slot (whose choice is `next`;
 // a default choice when none waits): at most one file's bytes in host memory at a time.

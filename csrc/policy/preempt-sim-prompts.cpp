@@ -127,14 +127,14 @@ void sim_prompts::step(const sim_tokens * next) {
 }
 
 prompt_read_choice sim_prompts::to_read(const sim_tokens & tokens, const std::vector<prompt_file_view> & files,
-                                        size_t n_slot) const {
+                                        size_t n_slot, size_t stream_cells) const {
     return choose_prompt_read(files, tokens.ids(), std::max(cache_->n_common_best(tokens), n_slot),
-                              host_.limits().cache_room(held().parked), rates_());
+                              host_.limits().cache_room(held().parked), rates_(), stream_cells);
 }
 
 sim_prompt_load sim_prompts::lookup(const sim_tokens & held_tokens, const sim_tokens & tokens, int32_t n_room) {
     sim_prompt_load r;
-    const auto choice = to_read(tokens, files_.views(t_), held_tokens.common_prefix(tokens));
+    const auto choice = to_read(tokens, files_.views(t_), held_tokens.common_prefix(tokens), (size_t) std::max(0, n_room));
     if (choice.stream()) {
         // as the server's stream_back(): straight into the slot in place of what it held, the loop
         // waiting for the read; a read ahead of another file is let go
@@ -145,9 +145,6 @@ sim_prompt_load sim_prompts::lookup(const sim_tokens & held_tokens, const sim_to
         }
         const auto it = files_.files.begin() + choice.file;
         r.cleared = true;  // the slot's cells give way first
-        if (it->tokens.n > n_room) {
-            return r;  // its cells find no room now: refused before a byte moved, the file stays
-        }
         t_ = std::max(t_, it->t_written);
         t_ = disk_.io(t_, it->bytes / p_.disk_read_bps);
         disk_.bytes -= it->bytes;

@@ -63,7 +63,8 @@ public:
     void drop_files(size_t n_bytes);     // a disk park needs the room: files give way, oldest first
 
 private:
-    prompt_read_choice to_read(const sim_tokens & tokens, const std::vector<prompt_file_view> & files, size_t n_slot = 0) const;
+    prompt_read_choice to_read(const sim_tokens & tokens, const std::vector<prompt_file_view> & files, size_t n_slot = 0,
+                               size_t stream_cells = 0) const;
     // a file that matches better than RAM and the slot comes back into RAM, or one too large for it
     // straight into the slot (loaded, or cleared when its cells find no room)
     sim_prompt_load lookup(const sim_tokens & held, const sim_tokens & tokens, int32_t n_room);

@@ -107,10 +107,10 @@ void register_memory(py::module_ & m) {
           "--cache-persist: bytes on disk of the files kept in DIR's cache directories (counted as free space by "
           "--preempt-disk-mib's default rule)");
     m.def("choose_prompt_read", [](const std::vector<py_file> & files, const std::vector<int32_t> & tokens,
-                                   size_t n_ram_common, size_t host_room, const lp::cost_rates & rates, bool can_stream) {
-              return lp::choose_prompt_read(file_views(files), tokens, n_ram_common, host_room, rates, can_stream);
+                                   size_t n_ram_common, size_t host_room, const lp::cost_rates & rates, size_t stream_cells) {
+              return lp::choose_prompt_read(file_views(files), tokens, n_ram_common, host_room, rates, stream_cells);
           }, py::arg("files"), py::arg("tokens"), py::arg("n_ram_common"), py::arg("host_room"), py::arg("rates"),
-          py::arg("can_stream") = true,
+          py::arg("stream_cells") = SIZE_MAX,
           "the server's choice for a request: read its best prompt file back (into RAM, or streamed into the slot), or prefill (and why)");
     m.def("choose_read_ahead", [](const std::vector<py_file> & files, const lp::prompt_read_choice & next, int32_t held) {
               const auto a = lp::choose_read_ahead(file_views(files), next, held);

@@ -303,7 +303,13 @@ unsigned long long kept_cache_bytes(const std::string & dir) {
         }
         const int fd = openat(parent, name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
         struct stat st;
-        if (fd >= 0 && fstat(fd, &st) == 0 && ours_alone(st)) {
+        // one a running server holds (its lock taken) is not ours to take back or remove: not free
+        const int lock = fd >= 0 ? openat(fd, LOCK, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC) : -1;
+        const bool held = lock >= 0 && flock(lock, LOCK_SH | LOCK_NB) != 0;
+        if (lock >= 0) {
+            close(lock);  // (a shared lock taken here goes with the descriptor)
+        }
+        if (fd >= 0 && !held && fstat(fd, &st) == 0 && ours_alone(st)) {
             for (const auto & file : entries(fd)) {
                 struct stat fs;
                 if (is_store_file(file.c_str()) && fstatat(fd, file.c_str(), &fs, AT_SYMLINK_NOFOLLOW) == 0 && S_ISREG(fs.st_mode)) {

@@ -55,7 +55,7 @@ bool open_cache_dir(const std::string & dir, const std::string & key, own_dir & 
 void close_cache_dir(own_dir & own, const std::vector<std::string> & keep);
 
 // --cache-persist: the bytes on disk of the files kept in DIR's cache directories (ours alone, a
-// store's files only; never through a link). A new server takes them back or removes them, so its
+// store's files only, none a running server holds; never through a link). A new server takes them back or removes them, so its
 // disk limit's rule counts them as free space.
 unsigned long long kept_cache_bytes(const std::string & dir);
 

@@ -127,7 +127,6 @@ const char * disk_error_name(disk_error e) {
         case disk_error::short_read: return "short_read";
         case disk_error::checksum:   return "checksum";
         case disk_error::cancelled:  return "cancelled";
-        case disk_error::refused:    return "refused";
     }
     return "?";
 }

@@ -194,6 +194,7 @@ disk_result disk_restore_streamed(swap_state & st, const seq_contexts & sc, swap
     if (verify) {
         r.mismatch = into.mismatch();
         r.verified = r.mismatch.found ? copy_check::wrong : copy_check::right;
+        r.report   = into.devices();
     }
     if (r.mismatch.found) {
         r.outcome = disk_outcome::lost;

@@ -48,6 +48,7 @@ struct disk_result {
     int64_t      t_us  = 0;                 // the I/O thread's time for them
     copy_check   verified = copy_check::none;  // LLAMA_SERVER_PREEMPT_VERIFY: the bytes read back against upstream's
     copy_mismatch mismatch;                     //   a streamed restore's check: where the cells first differ from the file's bytes
+    copy_report   report;                       //   and the devices its tensors live on (the guard counts it by them)
 
     bool ok() const { return outcome != disk_outcome::kept_in_ram && outcome != disk_outcome::lost; }
 };

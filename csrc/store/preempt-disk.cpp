@@ -242,9 +242,13 @@ bool disk_store::cancelled() const {
     return cancel_;
 }
 
-// under mu_: a read first (a resume soon waits for it), else the oldest write that may start
+// under mu_: a streamed state first, then a read (a resume soon waits for it), else the oldest write that may start
 std::deque<std::shared_ptr<disk_file>>::iterator disk_store::next_job() {
-    auto it = std::find_if(queue_.begin(), queue_.end(), [](const auto & f) { return f->st == disk_file::status::queued_read; });
+    // a streamed state first: the loop waits for it (it holds the contexts), not for a background write
+    auto it = std::find_if(queue_.begin(), queue_.end(), [](const auto & f) { return f->stream != nullptr; });
+    if (it == queue_.end()) {
+        it = std::find_if(queue_.begin(), queue_.end(), [](const auto & f) { return f->st == disk_file::status::queued_read; });
+    }
     if (it == queue_.end()) {
         it = std::find_if(queue_.begin(), queue_.end(), [](const auto & f) { return !f->held; });
     }
@@ -298,13 +302,12 @@ void disk_store::run() {
                 unlinkat(dir_.fd, f->name.c_str(), 0);
             }
         } else {
-            // a read that failed leaves the file to its owner, who recomputes and removes it; one the
-            // stream refused before a byte moved leaves it written, as it was
-            f->st = err == disk_error::none    ? disk_file::status::read
-                  : err == disk_error::refused ? disk_file::status::written : disk_file::status::failed;
+            // a read that failed leaves the file to its owner, who recomputes and removes it
+            f->st = err == disk_error::none ? disk_file::status::read : disk_file::status::failed;
         }
-        f->busy  = false;
-        current_ = nullptr;
+        f->busy   = false;
+        f->stream = nullptr;  // the caller's, gone once it has waited for this
+        current_  = nullptr;
         cancel_  = false;
         cv_done_.notify_all();
     }
@@ -451,7 +454,7 @@ disk_error disk_store::do_read(disk_file & f, std::string & why) {
     }
     std::string pushed;
     if (f.stream && !f.stream->begin_read(fd, HEADER, pushed)) {
-        return fail(disk_error::refused, f.path + ": " + pushed);
+        return fail(disk_error::read, f.path + ": its state cannot be taken back: " + pushed);
     }
     disk_hasher h;
     off_t off = HEADER;

@@ -38,10 +38,8 @@ enum class disk_fault {
 const char * disk_fault_name(disk_fault f);
 
 // what went wrong with a file (the label of preempt_disk_failures_total)
-// refused: a streamed read's state found no room for its cells before a byte moved (disk_stream::
-// begin_read); the file is intact and stays written, to be read again
-enum class disk_error { none, full, write, read, missing, short_read, checksum, cancelled, refused };
-constexpr int N_DISK_ERRORS = 7;  // none .. checksum: the ones /metrics counts (cancelled and refused are not failures)
+enum class disk_error { none, full, write, read, missing, short_read, checksum, cancelled };
+constexpr int N_DISK_ERRORS = 7;  // none .. checksum: the ones /metrics counts (cancelled is not a failure)
 const char * disk_error_name(disk_error e);
 // a failure /metrics counts (preempt_disk_failures_total{kind})
 inline bool is_disk_failure(disk_error e) { return e != disk_error::none && (int) e < N_DISK_ERRORS; }
@@ -55,7 +53,7 @@ struct disk_stream {
     // a write: bytes [pos, pos + n) of part `part` into `buf`
     virtual bool pull(int part, size_t pos, uint8_t * buf, size_t n, std::string & why) = 0;
     // a read: the file is open as `fd`, checked to be the one written, its first part at byte
-    // `at`; called before any chunk is pushed. False: refused (the file stays written, intact)
+    // `at`; called before any chunk is pushed
     virtual bool begin_read(int fd, size_t at, std::string & why) = 0;
     // a read: bytes [pos, pos + n) of part `part`, in file order (checked against the file's
     // checksum only once the last one is pushed: a failed read leaves what it pushed to undo)

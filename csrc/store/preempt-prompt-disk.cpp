@@ -178,17 +178,17 @@ bool prompt_disk::spill(std::vector<llama_token> tokens, std::vector<uint8_t> &&
 }
 
 bool prompt_disk::write_streamed(std::vector<llama_token> tokens, disk_stream & from, size_t n0, size_t n1, size_t n_tail,
-                                 std::string & why) {
+                                 std::string & why, disk_error & error) {
     entry e;
     e.tokens = std::move(tokens);
     e.n_tail = n_tail;
-    disk_error error = disk_error::none;
     e.file = store_->write(from, n0, n1, why, error);
     if (!e.file) {
         return false;
     }
     if (store_->settle(e.file) != disk_file::status::written) {
-        why = e.file->why;
+        why   = e.file->why;
+        error = e.file->error;
         store_->remove(e.file);
         return false;
     }
@@ -212,9 +212,6 @@ bool prompt_disk::take_streamed(int32_t i, disk_stream & into, std::vector<llama
     if (!ok) {
         why   = e.file->why.empty() ? "its file was not written" : e.file->why;
         error = e.file->error == disk_error::none ? disk_error::read : e.file->error;
-        if (error == disk_error::refused) {
-            return false;  // no room for its cells now: the file is intact and stays
-        }
     } else {
         tokens = std::move(e.tokens);
         t_us   = e.file->t_us;

@@ -46,13 +46,13 @@ public:
 
     // A prompt too large for the RAM cache: its file written now (the loop waits), its bytes pulled
     // from `from` one chunk at a time (preempt-stream.h), never held in host RAM whole. The last
-    // `n_tail` bytes of the second part are the caller's tail. False, with `why`, when the store
-    // has no room for it or the write failed.
-    bool write_streamed(std::vector<llama_token> tokens, disk_stream & from, size_t n0, size_t n1, size_t n_tail, std::string & why);
+    // `n_tail` bytes of the second part are the caller's tail. False, with `why` and `error`
+    // (full: the store has no room for it), when it is not written.
+    bool write_streamed(std::vector<llama_token> tokens, disk_stream & from, size_t n0, size_t n1, size_t n_tail, std::string & why,
+                        disk_error & error);
     // Read file i straight into `into` (the slot's contexts; a read ahead of it is let go first),
-    // then remove it from the disk. Not ok: `why` and `error`; the caller undoes what was pushed,
-    // and the file is gone, unless `into` refused it before a byte moved (disk_error::refused: no
-    // room for its cells now), when it stays as it was.
+    // then remove it from the disk. Not ok: `why` and `error`; the file is gone and the caller
+    // undoes what was pushed.
     bool take_streamed(int32_t i, disk_stream & into, std::vector<llama_token> & tokens, int64_t & t_us, std::string & why,
                        disk_error & error);
     size_t tail_bytes(int32_t i) const { return files_[i].n_tail; }

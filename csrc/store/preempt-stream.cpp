@@ -4,6 +4,7 @@
 #include "ggml-backend.h"
 
 #include <algorithm>
+#include <cerrno>
 #include <cstring>
 
 #include <sys/mman.h>
@@ -12,29 +13,51 @@ namespace llama_preempt {
 
 namespace {
 
-// llama_state_seq_copy_fn: the serializer's slices kept (one piece per row), none copied; the
-// stream moves them chunk by chunk later
+using block = state_stream::block;
+
+// llama_state_seq_copy_fn: the serializer's slices kept as blocks, none copied (the stream moves
+// them chunk by chunk later). The spans of one write_tensor_rows() call come in a row, sharing the
+// tensor, the row count and the strides, each starting inside the first one's row: one block.
 bool keep_slices(const llama_state_seq_slice * slices, size_t n_slices, void * user_data) {
-    auto * out = (std::vector<state_stream::piece> *) user_data;
+    auto * out = (std::vector<block> *) user_data;
     for (size_t i = 0; i < n_slices; ++i) {
         const auto & s = slices[i];
-        for (size_t j = 0; j < std::max<size_t>(1, s.n_rows); ++j) {
-            out->push_back({ s.tensor, s.offset + j * s.row_stride, s.size, s.pos + j * s.pos_stride });
+        const size_t n_rows = std::max<size_t>(1, s.n_rows);
+        if (n_rows > 1 && !out->empty()) {
+            auto & b = out->back();
+            if (b.tensor == s.tensor && b.n_rows == n_rows && b.row_stride == s.row_stride && b.row_size == s.pos_stride &&
+                s.pos >= b.pos && s.pos + s.size <= b.pos + b.row_size) {
+                b.spans.push_back({ s.pos - b.pos, s.offset, s.size });
+                continue;
+            }
         }
+        block b;
+        b.tensor     = s.tensor;
+        b.pos        = s.pos;
+        b.n_rows     = n_rows;
+        b.row_size   = n_rows > 1 ? s.pos_stride : s.size;
+        b.row_stride = s.row_stride;
+        b.spans.push_back({ 0, s.offset, s.size });
+        out->push_back(std::move(b));
     }
     return true;
 }
 
-// the slices in the order of the bytes, each inside the part and none over another: false when
-// the serializer laid out something else
-bool in_order(std::vector<state_stream::piece> & pieces, size_t n) {
-    std::sort(pieces.begin(), pieces.end(), [](const auto & a, const auto & b) { return a.pos < b.pos; });
+// the blocks in the order of the bytes, each inside the part and none over another, each row's
+// spans inside the row: false when the serializer laid out something else
+bool in_order(std::vector<block> & blocks, size_t n) {
+    std::sort(blocks.begin(), blocks.end(), [](const block & a, const block & b) { return a.pos < b.pos; });
     size_t end = 0;
-    for (const auto & p : pieces) {
-        if (p.pos < end || p.size > n || p.pos > n - p.size) {
+    for (const auto & b : blocks) {
+        if (b.pos < end || b.row_size == 0 || b.n_rows > (n - b.pos) / b.row_size) {
             return false;
         }
-        end = p.pos + p.size;
+        for (const auto & sp : b.spans) {
+            if (sp.in_row + sp.size > b.row_size) {
+                return false;
+            }
+        }
+        end = b.end();
     }
     return true;
 }
@@ -58,12 +81,13 @@ state_stream::~state_stream() {
 }
 
 bool state_stream::lay_out(std::string & why) {
-    for (int i = 0; i < 2; ++i) {
-        auto & p = parts_[i];
+    for (auto & p : parts_) {
         if (p.ctx == nullptr || p.n == 0) {
             continue;
         }
-        // an address range of the state's size, never filled: only the pages the records touch take memory
+        // an address range of the state's size, never filled: only the pages the records touch take
+        // memory (MAP_NORESERVE; under vm.overcommit_memory=2 the reservation may fail: the park
+        // recomputes instead)
         void * at = mmap(nullptr, p.n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
         if (at == MAP_FAILED) {
             why = std::string("cannot reserve an address range for its records: ") + strerror(errno);
@@ -73,14 +97,14 @@ bool state_stream::lay_out(std::string & why) {
 #ifdef MADV_NOHUGEPAGE
         madvise(at, p.n, MADV_NOHUGEPAGE);  // a touched record is a page, not 2 MiB
 #endif
-        p.pieces.clear();
+        p.blocks.clear();
         const size_t got = llama_state_seq_get_data_cb(p.ctx, p.records, p.n, sc_.seq, LLAMA_STATE_SEQ_FLAGS_NONE,
-                                                       keep_slices, &p.pieces);
+                                                       keep_slices, &p.blocks);
         if (got != p.n) {
             why = "upstream's serializer did not lay out the state at its size";
             return false;
         }
-        if (!in_order(p.pieces, p.n)) {
+        if (!in_order(p.blocks, p.n)) {
             why = "upstream's serializer laid out slices that overlap";
             return false;
         }
@@ -88,36 +112,41 @@ bool state_stream::lay_out(std::string & why) {
     return true;
 }
 
-template <typename R, typename S> bool state_stream::walk(part_layout & p, size_t pos, size_t n, R && records, S && slice) {
+template <typename R, typename S> void state_stream::walk(const part_layout & p, size_t pos, size_t n, R && records, S && slice) {
     const size_t end = pos + n;
     size_t at = pos;
-    // the first piece that ends after `at`
-    auto it = std::upper_bound(p.pieces.begin(), p.pieces.end(), at, [](size_t v, const piece & q) { return v < q.pos; });
-    if (it != p.pieces.begin() && std::prev(it)->pos + std::prev(it)->size > at) {
+    // the first block that ends after `at`
+    auto it = std::upper_bound(p.blocks.begin(), p.blocks.end(), at, [](size_t v, const block & b) { return v < b.pos; });
+    if (it != p.blocks.begin() && std::prev(it)->end() > at) {
         --it;
     }
-    while (at < end) {
-        if (it == p.pieces.end() || it->pos >= end) {
+    for (; at < end; ++it) {
+        if (it == p.blocks.end() || it->pos >= end) {
             records(at, end - at, at - pos);
-            break;
+            return;
         }
         if (it->pos > at) {
             records(at, it->pos - at, at - pos);
             at = it->pos;
         }
-        const size_t in  = at - it->pos;
-        const size_t len = std::min(it->size - in, end - at);
-        if (!slice(*it, in, len, at - pos)) {
-            return false;
+        // the block's rows that [at, end) covers, and in each the spans it covers
+        const size_t stop = std::min(end, it->end());
+        for (size_t j = (at - it->pos) / it->row_size; j < it->n_rows && it->pos + j * it->row_size < stop; ++j) {
+            const size_t row = it->pos + j * it->row_size;
+            for (const auto & sp : it->spans) {
+                const size_t a = std::max(at, row + sp.in_row);
+                const size_t b = std::min(stop, row + sp.in_row + sp.size);
+                if (a < b) {
+                    slice(it->tensor, sp.off + j * it->row_stride + (a - row - sp.in_row), b - a, a - pos);
+                }
+            }
         }
-        at += len;
-        ++it;
+        at = stop;
     }
-    return true;
 }
 
 bool state_stream::pull(int part, size_t pos, uint8_t * buf, size_t n, std::string & why) {
-    auto & p = parts_[part];
+    const auto & p = parts_[part];
     const size_t n_state = std::min(n, p.n > pos ? p.n - pos : 0);
     if (n_state > 0) {
         if (p.records == nullptr) {
@@ -126,10 +155,7 @@ bool state_stream::pull(int part, size_t pos, uint8_t * buf, size_t n, std::stri
         }
         walk(p, pos, n_state,
              [&](size_t at, size_t len, size_t d) { memcpy(buf + d, p.records + at, len); },
-             [&](const piece & q, size_t in, size_t len, size_t d) {
-                 ggml_backend_tensor_get(q.tensor, buf + d, q.off + in, len);
-                 return true;
-             });
+             [&](ggml_tensor * t, size_t off, size_t len, size_t d) { ggml_backend_tensor_get(t, buf + d, off, len); });
     }
     if (n_state < n) {  // the caller's tail, after the draft part
         const size_t t = pos + n_state - p.n;
@@ -144,6 +170,7 @@ bool state_stream::pull(int part, size_t pos, uint8_t * buf, size_t n, std::stri
 
 bool state_stream::begin_read(int fd, size_t at, std::string & why) {
     const size_t len = at + part_bytes(0) + part_bytes(1);
+    // (the store checked the file's size first: no page of the map lies past its end)
     void * map = mmap(nullptr, len, PROT_READ, MAP_PRIVATE, fd, 0);
     if (map == MAP_FAILED) {
         why = std::string("cannot map its file: ") + strerror(errno);
@@ -157,13 +184,13 @@ bool state_stream::begin_read(int fd, size_t at, std::string & why) {
         auto & p = parts_[i];
         if (p.ctx != nullptr && p.n > 0) {
             // the cells are placed and the records read; the slices are only listed (moved by push())
-            p.pieces.clear();
+            p.blocks.clear();
             const size_t got = llama_state_seq_set_data_cb(p.ctx, (const uint8_t *) map + off, p.n, sc_.seq,
-                                                           LLAMA_STATE_SEQ_FLAGS_NONE, keep_slices, &p.pieces);
+                                                           LLAMA_STATE_SEQ_FLAGS_NONE, keep_slices, &p.blocks);
             if (got == 0) {
-                why = "the pool has no room for its cells now";  // (the file is this model's: the cache key says so)
+                why = "its records do not restore (no room for its cells, or they changed on disk)";
                 ok  = false;
-            } else if (!in_order(p.pieces, p.n)) {
+            } else if (!in_order(p.blocks, p.n)) {
                 why = "upstream's serializer listed slices that overlap";
                 ok  = false;
             }
@@ -175,17 +202,16 @@ bool state_stream::begin_read(int fd, size_t at, std::string & why) {
 }
 
 bool state_stream::push(int part, size_t pos, const uint8_t * buf, size_t n, std::string & why) {
-    auto & p = parts_[part];
+    const auto & p = parts_[part];
     const size_t n_state = std::min(n, p.n > pos ? p.n - pos : 0);
     if (n_state > 0) {
         // the records were read through the map by begin_read(); the slices go into the tensors
         walk(p, pos, n_state, [](size_t, size_t, size_t) {},
-             [&](const piece & q, size_t in, size_t len, size_t d) {
-                 ggml_backend_tensor_set(q.tensor, buf + d, q.off + in, len);
+             [&](ggml_tensor * t, size_t off, size_t len, size_t d) {
+                 ggml_backend_tensor_set(t, buf + d, off, len);
                  if (check_ && !mismatch_.found) {
-                     check_slice(q, in, len, buf + d, part, pos + d);
+                     check_slice(t, off, len, buf + d, part, pos + d);
                  }
-                 return true;
              });
     }
     if (n_state < n) {
@@ -200,9 +226,9 @@ bool state_stream::push(int part, size_t pos, const uint8_t * buf, size_t n, std
 }
 
 // the copy guard's check of a restore: the slice read back from its tensor equals the bytes set
-void state_stream::check_slice(const piece & q, size_t in, size_t len, const uint8_t * want, int part, size_t at) {
+void state_stream::check_slice(ggml_tensor * t, size_t off, size_t len, const uint8_t * want, int part, size_t at) {
     check_buf_.resize(len);
-    ggml_backend_tensor_get(q.tensor, check_buf_.data(), q.off + in, len);
+    ggml_backend_tensor_get(t, check_buf_.data(), off, len);
     if (memcmp(check_buf_.data(), want, len) == 0) {
         return;
     }
@@ -213,8 +239,20 @@ void state_stream::check_slice(const piece & q, size_t in, size_t len, const uin
     mismatch_.found  = true;
     mismatch_.part   = part == 0 ? "target" : "draft";
     mismatch_.pos    = at + i;
-    mismatch_.tensor = ggml_get_name(q.tensor);
-    mismatch_.device = q.tensor->buffer ? ggml_backend_buffer_name(q.tensor->buffer) : "";
+    mismatch_.tensor = ggml_get_name(t);
+    mismatch_.dev    = t->buffer ? ggml_backend_buft_get_device(ggml_backend_buffer_get_type(t->buffer)) : nullptr;
+    mismatch_.device = mismatch_.dev ? ggml_backend_dev_name(mismatch_.dev) : "";
+}
+
+copy_report state_stream::devices() const {
+    copy_report r;
+    for (const auto & p : parts_) {
+        for (const auto & b : p.blocks) {
+            const auto dev = b.tensor->buffer ? ggml_backend_buft_get_device(ggml_backend_buffer_get_type(b.tensor->buffer)) : nullptr;
+            r.on(dev).note(how_slices, b.n_rows * b.row_size);
+        }
+    }
+    return r;
 }
 
 void state_stream::undo() {

@@ -10,7 +10,7 @@
 // of the state's size of which only the touched pages take memory (a write), or are read through
 // a read-only map of the file (a read); the tensor slices move through the store's staging buffer
 // as the I/O thread writes or reads each chunk. Host memory: one chunk (disk_store::CHUNK), the
-// pages the records touch and the slice list (a few words per cell range and layer).
+// pages the records touch and the slice list (a few words per cell range and tensor).
 #pragma once
 
 #include "preempt-disk.h"
@@ -54,25 +54,35 @@ public:
     bool begin_read(int fd, size_t at, std::string & why) override;
     bool push(int part, size_t pos, const uint8_t * buf, size_t n, std::string & why) override;
 
-    // one tensor slice: `size` bytes at `off` in `tensor`, at `pos` in the part's bytes
-    struct piece {
-        ggml_tensor * tensor;
-        size_t        off;
-        size_t        size;
-        size_t        pos;
+    // A run of the state's bytes that lives in one tensor: [pos, pos + n_rows * row_size) of the
+    // part's bytes, row j of it at row_stride * j further in the tensor, each row made of `spans`
+    // (a plain slice: one row, one span). One per serializer call, not one per row: a transposed V
+    // (flash attention off) is a handful of these per layer, not one per V row.
+    struct span {
+        size_t in_row;  // bytes into the row
+        size_t off;     // bytes into the tensor, for row 0
+        size_t size;
     };
+    struct block {
+        ggml_tensor *     tensor = nullptr;
+        size_t            pos = 0, n_rows = 1, row_size = 0, row_stride = 0;
+        std::vector<span> spans;
+        size_t end() const { return pos + n_rows * row_size; }
+    };
+    // the devices the state's tensors live on (the copy guard counts a streamed restore by them)
+    copy_report devices() const;
 
 private:
     struct part_layout {
         llama_context *    ctx = nullptr;
         size_t             n   = 0;        // the state's bytes in this context
         uint8_t *          records = nullptr;  // the reserved range the records land in (a write)
-        std::vector<piece> pieces;         // sorted by pos, none overlapping
+        std::vector<block> blocks;         // sorted by pos, none overlapping
     };
-    // walk bytes [pos, pos + n) of part i in order: records(at, len, dst offset) for the bytes
-    // between slices, slice(piece, at, len, dst offset) for those of a slice
-    void check_slice(const piece & q, size_t in, size_t len, const uint8_t * want, int part, size_t at);
-    template <typename R, typename S> bool walk(part_layout & p, size_t pos, size_t n, R && records, S && slice);
+    void check_slice(ggml_tensor * t, size_t off, size_t len, const uint8_t * want, int part, size_t at);
+    // walk bytes [pos, pos + n) of a part in order: records(at, len, d) for the bytes between the
+    // tensors' runs, slice(tensor, offset in it, len, d) for those of a run (`d`: into the chunk)
+    template <typename R, typename S> void walk(const part_layout & p, size_t pos, size_t n, R && records, S && slice);
 
     seq_contexts         sc_;
     state_sizes          n_;
