@@ -281,7 +281,27 @@ void sim_server::admit() {
 
 // prompt_load() into the slot: what it held is replaced by the cached prompt that serves `tokens` better
 void sim_server::load_prompt(sim_slot & s, const sim_tokens & tokens) {
-    const auto r = prompts.load(s.tokens, tokens, p.n_pool - (cells_used() - s.cells));
+    // as the server's preempt_room_cells(): the other slots' cells, the idle ones as going (upstream
+    // clears them right after the load), cleared now when a file streamed into this one needs them
+    const auto room = [&](int32_t need) {
+        int32_t held = 0;
+        int32_t idle = 0;
+        for (const auto & o : slots) {
+            if (&o != &s) {
+                held += o.cells;
+                idle += o.phase == slot_phase::idle ? o.cells : 0;
+            }
+        }
+        if (need > 0 && idle > 0 && held + need > p.n_pool) {
+            for (auto & o : slots) {
+                if (&o != &s && o.phase == slot_phase::idle) {
+                    clear_idle(o);
+                }
+            }
+        }
+        return std::max(0, p.n_pool - (held - idle));
+    };
+    const auto r = prompts.load(s.tokens, tokens, p.n_pool - (cells_used() - s.cells), room);
     if (r.cleared || r.loaded) {
         s.tokens = r.got.tokens;
         s.cells  = r.got.tokens.n;

@@ -60,10 +60,11 @@ void sim_prompts::stream_out(const sim_tokens & tokens, size_t n_bytes) {
     res_.n_prompt_cache_streamed++;
 }
 
-sim_prompt_load sim_prompts::load(const sim_tokens & held, const sim_tokens & want, int32_t n_room) {
+sim_prompt_load sim_prompts::load(const sim_tokens & held, const sim_tokens & want, int32_t n_room,
+                                  const std::function<int32_t(int32_t)> & room) {
     sim_prompt_load r;
     if (!files_.files.empty()) {
-        r = lookup(held, want, n_room);  // the hook before upstream searches its RAM cache
+        r = lookup(held, want, room);  // the hook before upstream searches its RAM cache
         if (r.loaded || r.cleared) {
             return r;  // streamed into the slot: nothing in RAM serves it better
         }
@@ -132,9 +133,10 @@ prompt_read_choice sim_prompts::to_read(const sim_tokens & tokens, const std::ve
                               host_.limits().cache_room(held().parked), rates_(), stream_cells);
 }
 
-sim_prompt_load sim_prompts::lookup(const sim_tokens & held_tokens, const sim_tokens & tokens, int32_t n_room) {
+sim_prompt_load sim_prompts::lookup(const sim_tokens & held_tokens, const sim_tokens & tokens,
+                                    const std::function<int32_t(int32_t)> & room) {
     sim_prompt_load r;
-    const auto choice = to_read(tokens, files_.views(t_), held_tokens.common_prefix(tokens), (size_t) std::max(0, n_room));
+    const auto choice = to_read(tokens, files_.views(t_), held_tokens.common_prefix(tokens), (size_t) std::max(0, room(0)));
     if (choice.stream()) {
         // as the server's stream_back(): straight into the slot in place of what it held, the loop
         // waiting for the read; a read ahead of another file is let go
@@ -143,7 +145,14 @@ sim_prompt_load sim_prompts::lookup(const sim_tokens & held_tokens, const sim_to
             files_.files[ahead].ahead = false;
             host_.pages_freed();
         }
-        const auto it = files_.files.begin() + choice.file;
+        // the idle slots' prompts go to the cache first if its cells need their room: the files may move
+        const sim_tokens want = files_.files[choice.file].tokens;
+        room(want.n);
+        const int32_t j = files_.find(want);
+        if (j < 0) {
+            return r;
+        }
+        const auto it = files_.files.begin() + j;
         r.cleared = true;  // the slot's cells give way first
         t_ = std::max(t_, it->t_written);
         t_ = disk_.io(t_, it->bytes / p_.disk_read_bps);
@@ -168,9 +177,9 @@ sim_prompt_load sim_prompts::lookup(const sim_tokens & held_tokens, const sim_to
     const size_t n_bytes = files_.files[i].bytes;
     const sim_tokens want = files_.files[i].tokens;
     reading_ = true;  // what the reservation evicts is written without giving way to this file
-    const bool room = was_ahead || host_.reserve(held(), n_bytes, host_use::prompt_read);
+    const bool fits = was_ahead || host_.reserve(held(), n_bytes, host_use::prompt_read);
     reading_ = false;
-    if (!room) {
+    if (!fits) {
         return r;
     }
     spill();  // what gave way went to disk: the files may have moved

@@ -55,8 +55,10 @@ public:
 
     void save(const sim_tokens & tokens);  // prompt_save(): copied to the RAM cache while the loop waits
     // prompt_load(), after the disk lookup: the cached prompt that serves `want` better than the
-    // slot's `held` tokens, when it fits `n_room` cells
-    sim_prompt_load load(const sim_tokens & held, const sim_tokens & want, int32_t n_room);
+    // slot's `held` tokens, when it fits `n_room` cells. `room(need)`: the cells a file streamed
+    // into the slot may take (as the server's preempt_room_cells(); need > 0 makes that room)
+    sim_prompt_load load(const sim_tokens & held, const sim_tokens & want, int32_t n_room,
+                         const std::function<int32_t(int32_t)> & room);
     void update();                       // the RAM cache's limits enforced, what left spilled
     void spill();                        // what left the RAM cache goes to disk (or is dropped)
     void step(const sim_tokens * next);  // once a step: spilled, and a file read ahead for `next` (the oldest waiting)
@@ -67,7 +69,7 @@ private:
                                size_t stream_cells = 0) const;
     // a file that matches better than RAM and the slot comes back into RAM, or one too large for it
     // straight into the slot (loaded, or cleared when its cells find no room)
-    sim_prompt_load lookup(const sim_tokens & held, const sim_tokens & tokens, int32_t n_room);
+    sim_prompt_load lookup(const sim_tokens & held, const sim_tokens & tokens, const std::function<int32_t(int32_t)> & room);
     void stream_out(const sim_tokens & tokens, size_t n_bytes);  // one larger than the RAM cache, to a file now
     void read_ahead(const sim_tokens * next);
 
