@@ -10,8 +10,8 @@ RAM), never whole. Two cases:
 
 - park: the conversation is parked every 8 decode steps (the test knob LLAMA_SERVER_PREEMPT_EVERY)
   and resumed, its state streamed to its file and back each time. Three setups, without a prompt
-  cache (--cache-ram 0): no parks, parks in host RAM (a budget that holds the state: the whole state
-  in RAM), and streamed parks (8 MiB);
+  cache (--cache-ram 0) and with --deterministic (the answers comparable byte for byte): no parks,
+  parks in host RAM (a budget that holds the state: the whole state in RAM), and streamed parks (8 MiB);
 - prompt: the conversation ends, another takes its slot (upstream caches the idle slot's prompt,
   and skips one larger than --cache-ram 8: streamed to the disk tier instead), and the conversation
   returns (streamed from its file straight into a slot). Against the same without a disk tier.
@@ -92,8 +92,9 @@ def warm(url: str, n_words: int) -> None:
 
 
 def park_case(model: Path, disk: Path, name: str, budget_mib: int | None, n_words: int, parks: bool) -> dict[str, Any]:
-    # no prompt cache: what grows is the parks' memory alone
-    extra = ["--preempt-mode", "swap", "--cache-ram", "0", "--preempt-disk", str(disk)]
+    # no prompt cache: what grows is the parks' memory alone; --deterministic: a park inside the
+    # prompt does not change its answer (without it, the rest of the prompt is batched differently)
+    extra = ["--preempt-mode", "swap", "--cache-ram", "0", "--deterministic", "--preempt-disk", str(disk)]
     if budget_mib is not None:
         extra += ["--host-kv-ram", str(budget_mib)]
     env = {"LLAMA_SERVER_PREEMPT_EVERY": "8"} if parks else {}

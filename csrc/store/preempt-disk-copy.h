@@ -35,6 +35,7 @@ struct disk_copy {
     size_t  n_bytes[2] = { 0, 0 };      // the state's two parts (target, draft)
     disk_stage stage = disk_stage::none;  // where its state is, as its file's life goes on
     bool    streamed = false;           // written straight from the contexts (preempt-stream.h): it comes back the same way, never through host RAM
+    stream_layout layout;               //   and where its records lie in the file
     std::vector<uint8_t> ref;           // LLAMA_SERVER_PREEMPT_VERIFY: upstream's serialization at the park (else empty)
 
     disk_copy() = default;
@@ -71,6 +72,7 @@ private:
         n_bytes[0] = n_bytes[1] = 0;
         stage = disk_stage::none;
         streamed = false;
+        layout   = {};
         ref.clear();
         ref.shrink_to_fit();
     }
@@ -81,6 +83,7 @@ private:
         n_bytes[1] = o.n_bytes[1];
         stage      = o.stage;
         streamed   = o.streamed;
+        layout     = std::move(o.layout);
         ref          = std::move(o.ref);
         o.clear();
     }

@@ -164,7 +164,8 @@ disk_result disk_park_streamed(swap_state & st, const seq_contexts & sc, const s
         return r;
     }
     note_write(st, host, r);
-    d.stage = disk_stage::on_disk;  // there never was a host copy
+    d.stage  = disk_stage::on_disk;  // there never was a host copy
+    d.layout = from.layout();
     return r;
 }
 
@@ -172,6 +173,7 @@ disk_result disk_restore_streamed(swap_state & st, const seq_contexts & sc, swap
     disk_result r;
     auto & d = st.disk;
     state_stream into(sc, { d.n_bytes[0], d.n_bytes[1] });
+    into.use_layout(d.layout);
     if (verify) {
         into.check_restore();
     }

@@ -21,6 +21,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 namespace llama_preempt {
@@ -58,6 +59,15 @@ struct disk_stream {
     // a read: bytes [pos, pos + n) of part `part`, in file order (checked against the file's
     // checksum only once the last one is pushed: a failed read leaves what it pushed to undo)
     virtual bool push(int part, size_t pos, const uint8_t * buf, size_t n, std::string & why) = 0;
+};
+
+// Where a written state's records lie in each part (the byte ranges between its tensors' runs),
+// kept beside its file: a read places exactly those pages. Without it (a file taken back after a
+// restart) a read finds them through a read-only map of the file, whose faults may bring in the
+// page cache's large folios around each record: more resident memory for the parse's moment.
+struct stream_layout {
+    std::vector<std::pair<size_t, size_t>> records[2];  // (pos, len), in order
+    bool known = false;
 };
 
 // One parked slot's file, shared between the main loop and the I/O thread. The loop owns the

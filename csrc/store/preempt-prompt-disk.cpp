@@ -178,10 +178,11 @@ bool prompt_disk::spill(std::vector<llama_token> tokens, std::vector<uint8_t> &&
 }
 
 bool prompt_disk::write_streamed(std::vector<llama_token> tokens, disk_stream & from, size_t n0, size_t n1, size_t n_tail,
-                                 std::string & why, disk_error & error) {
+                                 stream_layout layout, std::string & why, disk_error & error) {
     entry e;
     e.tokens = std::move(tokens);
     e.n_tail = n_tail;
+    e.layout = std::move(layout);
     e.file = store_->write(from, n0, n1, why, error);
     if (!e.file) {
         return false;

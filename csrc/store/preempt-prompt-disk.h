@@ -48,14 +48,15 @@ public:
     // from `from` one chunk at a time (preempt-stream.h), never held in host RAM whole. The last
     // `n_tail` bytes of the second part are the caller's tail. False, with `why` and `error`
     // (full: the store has no room for it), when it is not written.
-    bool write_streamed(std::vector<llama_token> tokens, disk_stream & from, size_t n0, size_t n1, size_t n_tail, std::string & why,
-                        disk_error & error);
+    bool write_streamed(std::vector<llama_token> tokens, disk_stream & from, size_t n0, size_t n1, size_t n_tail,
+                        stream_layout layout, std::string & why, disk_error & error);
     // Read file i straight into `into` (the slot's contexts; a read ahead of it is let go first),
     // then remove it from the disk. Not ok: `why` and `error`; the file is gone and the caller
     // undoes what was pushed.
     bool take_streamed(int32_t i, disk_stream & into, std::vector<llama_token> & tokens, int64_t & t_us, std::string & why,
                        disk_error & error);
     size_t tail_bytes(int32_t i) const { return files_[i].n_tail; }
+    const stream_layout & layout_of(int32_t i) const { return files_[i].layout; }  // known for a file streamed out in this run
 
     // the files as the policy's choices see them (oldest first; valid until the next call that adds
     // or drops a file): which matches a request, whether to read it back or ahead, which give way
@@ -117,6 +118,7 @@ private:
         std::shared_ptr<disk_file> file;
         std::vector<uint8_t>       tgt, dft;  // held while the write runs (dft with the tail after it)
         size_t                     n_tail = 0;  // the tail's bytes at the end of the file's second part
+        stream_layout              layout;      // a streamed write's: where its records lie
         prompt_read                ahead;  // read ahead: the buffers its read fills (tokens unused)
         bool                       reading_ahead = false;
         bool                       written = false;

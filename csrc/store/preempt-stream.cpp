@@ -1,6 +1,8 @@
 // llama-preempt: a sequence's state straight between its contexts and its file (preempt-stream.h).
 #include "preempt-stream.h"
 
+#include "preempt-disk-io.h"
+
 #include "ggml-backend.h"
 
 #include <algorithm>
@@ -168,7 +170,72 @@ bool state_stream::pull(int part, size_t pos, uint8_t * buf, size_t n, std::stri
     return true;
 }
 
+stream_layout state_stream::layout() const {
+    stream_layout l;
+    for (int i = 0; i < 2; ++i) {
+        size_t at = 0;
+        for (const auto & b : parts_[i].blocks) {
+            if (b.pos > at) {
+                l.records[i].push_back({ at, b.pos - at });
+            }
+            at = b.end();
+        }
+        if (parts_[i].n > at) {
+            l.records[i].push_back({ at, parts_[i].n - at });
+        }
+    }
+    l.known = true;
+    return l;
+}
+
+// the records read into reservations of each part's size (only their pages are touched), then the
+// serializer places the cells from them as from the file
+bool state_stream::read_records(int fd, size_t at, std::string & why) {
+    size_t off = at;
+    for (int i = 0; i < 2; ++i) {
+        auto & p = parts_[i];
+        if (p.ctx == nullptr || p.n == 0) {
+            off += p.n;
+            continue;
+        }
+        void * m = mmap(nullptr, p.n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+        if (m == MAP_FAILED) {
+            why = std::string("cannot reserve an address range for its records: ") + strerror(errno);
+            return false;
+        }
+        p.records = (uint8_t *) m;
+#ifdef MADV_NOHUGEPAGE
+        madvise(m, p.n, MADV_NOHUGEPAGE);
+#endif
+        for (const auto & [pos, len] : layout_.records[i]) {
+            if (pos + len > p.n || !read_all(fd, p.records + pos, len, (off_t) (off + pos))) {
+                why = "its records cannot be read";
+                return false;
+            }
+        }
+        read_begun_ = true;
+        p.blocks.clear();
+        const size_t got = llama_state_seq_set_data_cb(p.ctx, p.records, p.n, sc_.seq, LLAMA_STATE_SEQ_FLAGS_NONE, keep_slices,
+                                                       &p.blocks);
+        munmap(p.records, p.n);
+        p.records = nullptr;
+        if (got == 0) {
+            why = "its records do not restore (no room for its cells, or they changed on disk)";
+            return false;
+        }
+        if (!in_order(p.blocks, p.n)) {
+            why = "upstream's serializer listed slices that overlap";
+            return false;
+        }
+        off += p.n;
+    }
+    return true;
+}
+
 bool state_stream::begin_read(int fd, size_t at, std::string & why) {
+    if (layout_.known) {
+        return read_records(fd, at, why);
+    }
     const size_t len = at + part_bytes(0) + part_bytes(1);
     // (the store checked the file's size first: no page of the map lies past its end)
     void * map = mmap(nullptr, len, PROT_READ, MAP_PRIVATE, fd, 0);

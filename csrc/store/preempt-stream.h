@@ -38,8 +38,11 @@ public:
     // A write: lay the state out now, while its cells are in place (they must stay until the
     // write is done). False with `why` when upstream cannot serialize it at its size.
     bool lay_out(std::string & why);
-    // a read: its tail's size in the file (before the read is queued)
+    // a write, once laid out: where its records lie (for the read back)
+    stream_layout layout() const;
+    // a read: its tail's size in the file, and where its records lie when known (before the read is queued)
     void expect_tail(size_t n) { tail_.assign(n, 0); }
+    void use_layout(stream_layout l) { layout_ = std::move(l); }
     // a read checked by the copy guard: each slice, once in its tensor, is read back and compared
     // with the file's bytes (one chunk at a time); mismatch() says where the first differed
     void check_restore() { check_ = true; }
@@ -89,6 +92,8 @@ private:
     std::vector<uint8_t> tail_;
     part_layout          parts_[2];
     bool                 read_begun_ = false;
+    stream_layout        layout_;     // a read: where the records lie, when the write was this server's
+    bool read_records(int fd, size_t at, std::string & why);  // into reservations, from layout_
     bool                 check_      = false;
     copy_mismatch        mismatch_;
     std::vector<uint8_t> check_buf_;  // a slice read back for the check (at most one chunk)
