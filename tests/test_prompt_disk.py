@@ -172,19 +172,25 @@ def test_parks_take_the_disk_before_cached_prompts(start_server, stories_model: 
     assert sum(m.labeled["preempt_disk_failures_total"].values()) == 0
 
 
+def hybrid_chat_back(start_server: Any, model: Path, tmp_path: Path, cache_mib: str) -> tuple[Any, Any]:
+    """The hybrid MTP model's chat() against a RAM cache that holds every conversation: the server
+    with --cache-ram `cache_mib` and a disk tier, after its returning prompt answered as the RAM hit
+    did (prompt_n and content)."""
+    mtp = ["--spec-type", "draft-mtp", "--spec-draft-n-max", "2"]
+    _, ram_hit = chat(start_server(model, n_ctx=2048, n_parallel=2, extra_args=mtp))
+    srv = start_server(model, n_ctx=2048, n_parallel=2,
+                       extra_args=mtp + ["--cache-ram", cache_mib, "--preempt-disk", str(disk_dir(tmp_path))])
+    first, back = chat(srv)
+    assert back["timings"]["prompt_n"] == ram_hit["timings"]["prompt_n"] < first["timings"]["prompt_n"] // 4
+    assert back["content"] == ram_hit["content"]
+    return srv, srv.metrics()
+
+
 def test_a_hybrid_models_cached_prompt_comes_back_from_disk_with_its_checkpoints_and_a_ram_hits_answer(
         start_server, qwen35_mtp_model: Path, tmp_path: Path) -> None:
     # recurrent + attention layers: a cached prompt carries context checkpoints (~2.4 MiB a prompt with
     # them); a 5 MiB RAM cache holds two of the seven conversations, the rest go to disk and back
-    mtp = ["--spec-type", "draft-mtp", "--spec-draft-n-max", "2"]
-    ram = start_server(qwen35_mtp_model, n_ctx=2048, n_parallel=2, extra_args=mtp)
-    _, ram_hit = chat(ram)
-    srv = start_server(qwen35_mtp_model, n_ctx=2048, n_parallel=2,
-                       extra_args=mtp + ["--cache-ram", "5", "--preempt-disk", str(disk_dir(tmp_path))])
-    first, back = chat(srv)
-    assert back["timings"]["prompt_n"] == ram_hit["timings"]["prompt_n"] < first["timings"]["prompt_n"] // 4
-    assert back["content"] == ram_hit["content"]
-    m = srv.metrics()
+    srv, m = hybrid_chat_back(start_server, qwen35_mtp_model, tmp_path, "5")
     assert m["n_prompt_cache_spilled_total"] >= 1 and m["n_prompt_cache_disk_hits_total"] == 1
     assert m["n_prompt_cache_disk_skipped_total"] == 0 and m["n_prompt_cache_disk_failures_total"] == 0
     log = logged(srv, "read back from the disk tier")
@@ -196,15 +202,7 @@ def test_a_hybrid_models_prompt_larger_than_the_ram_cache_streams_to_disk_and_ba
     # --cache-ram 1: every prompt (~2.4 MiB with its checkpoints, the MTP context's state beside the
     # target's) is larger than the whole RAM cache, which upstream skips: streamed from its slot to a
     # file, recurrent state and checkpoints included, and streamed back into a slot when it returns
-    mtp = ["--spec-type", "draft-mtp", "--spec-draft-n-max", "2"]
-    ram = start_server(qwen35_mtp_model, n_ctx=2048, n_parallel=2, extra_args=mtp)
-    _, ram_hit = chat(ram)
-    srv = start_server(qwen35_mtp_model, n_ctx=2048, n_parallel=2,
-                       extra_args=mtp + ["--cache-ram", "1", "--preempt-disk", str(disk_dir(tmp_path))])
-    first, back = chat(srv)
-    assert back["timings"]["prompt_n"] == ram_hit["timings"]["prompt_n"] < first["timings"]["prompt_n"] // 4
-    assert back["content"] == ram_hit["content"]
-    m = srv.metrics()
+    srv, m = hybrid_chat_back(start_server, qwen35_mtp_model, tmp_path, "1")
     assert m["n_prompt_cache_streamed_total"] >= 1 and m["n_prompt_cache_streamed_back_total"] == 1
     assert m["prompt_cache_bytes"] == 0  # none of them ever sat in the RAM cache
     assert m["n_prompt_cache_disk_skipped_total"] == 0 and m["n_prompt_cache_disk_failures_total"] == 0

@@ -64,6 +64,21 @@ bool in_order(std::vector<block> & blocks, size_t n) {
     return true;
 }
 
+// An address range of `n` bytes for a state's records, never filled: only the pages they touch
+// take memory (MAP_NORESERVE; under vm.overcommit_memory=2 the reservation may fail: the caller
+// recomputes, or prefills, instead). Null with `why` when it cannot be had.
+uint8_t * reserve_records(size_t n, std::string & why) {
+    void * at = mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (at == MAP_FAILED) {
+        why = std::string("cannot reserve an address range for its records: ") + strerror(errno);
+        return nullptr;
+    }
+#ifdef MADV_NOHUGEPAGE
+    madvise(at, n, MADV_NOHUGEPAGE);  // a touched record is a page, not 2 MiB
+#endif
+    return (uint8_t *) at;
+}
+
 } // namespace
 
 state_stream::state_stream(const seq_contexts & sc, const state_sizes & n, std::vector<uint8_t> tail)
@@ -87,18 +102,9 @@ bool state_stream::lay_out(std::string & why) {
         if (p.ctx == nullptr || p.n == 0) {
             continue;
         }
-        // an address range of the state's size, never filled: only the pages the records touch take
-        // memory (MAP_NORESERVE; under vm.overcommit_memory=2 the reservation may fail: the park
-        // recomputes instead)
-        void * at = mmap(nullptr, p.n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-        if (at == MAP_FAILED) {
-            why = std::string("cannot reserve an address range for its records: ") + strerror(errno);
+        if ((p.records = reserve_records(p.n, why)) == nullptr) {
             return false;
         }
-        p.records = (uint8_t *) at;
-#ifdef MADV_NOHUGEPAGE
-        madvise(at, p.n, MADV_NOHUGEPAGE);  // a touched record is a page, not 2 MiB
-#endif
         p.blocks.clear();
         const size_t got = llama_state_seq_get_data_cb(p.ctx, p.records, p.n, sc_.seq, LLAMA_STATE_SEQ_FLAGS_NONE,
                                                        keep_slices, &p.blocks);
@@ -198,15 +204,9 @@ bool state_stream::read_records(int fd, size_t at, std::string & why) {
             off += p.n;
             continue;
         }
-        void * m = mmap(nullptr, p.n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-        if (m == MAP_FAILED) {
-            why = std::string("cannot reserve an address range for its records: ") + strerror(errno);
+        if ((p.records = reserve_records(p.n, why)) == nullptr) {
             return false;
         }
-        p.records = (uint8_t *) m;
-#ifdef MADV_NOHUGEPAGE
-        madvise(m, p.n, MADV_NOHUGEPAGE);
-#endif
         for (const auto & [pos, len] : layout_.records[i]) {
             if (pos + len > p.n || !read_all(fd, p.records + pos, len, (off_t) (off + pos))) {
                 why = "its records cannot be read";
