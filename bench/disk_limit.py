@@ -19,10 +19,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-import requests
-
 from llama_preempt.server import LlamaServer, ServerConfig
-from results_io import display_path, md_table, smollm2_model, write_results
+from results_io import ask_cached, display_path, md_table, smollm2_model, write_results
 
 WORDS = ("harbour lantern orchard meadow quarry summit canyon glacier tundra estuary delta lagoon prairie savanna "
          "plateau ravine valley marsh").split()
@@ -35,10 +33,7 @@ def conversation(run: int, i: int, n_words: int) -> str:
 
 
 def ask(url: str, prompt: str) -> dict[str, Any]:
-    r = requests.post(url + "/completion", json={"prompt": prompt, "n_predict": 8, "temperature": 0, "cache_prompt": True},
-                      timeout=600)
-    r.raise_for_status()
-    return r.json()
+    return ask_cached(url, prompt, 8)
 
 
 def kept(d: Path) -> tuple[int, int]:

@@ -32,7 +32,7 @@ import requests
 
 from llama_preempt.server import LlamaServer, ServerConfig
 from llama_preempt.simulator import Workload, simulate
-from results_io import display_path, md_table, smollm2_model, write_results
+from results_io import ask_cached, display_path, md_table, smollm2_model, write_results
 
 WARM_WORDS = 2780  # the warm-up prompt's words (document(99, ...)): it fills most of the pool first
 
@@ -57,10 +57,7 @@ def document(user: int, n_words: int) -> str:
 
 
 def ask(url: str, prompt: str) -> dict[str, Any]:
-    r = requests.post(url + "/completion", json={"prompt": prompt, "n_predict": 24, "temperature": 0, "cache_prompt": True},
-                      timeout=600)
-    r.raise_for_status()
-    return r.json()
+    return ask_cached(url, prompt, 24)
 
 
 def after_restart(model: Path, extra: list[str], convo: list[str]) -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""What the benchmark scripts share: their models, and writing results."""
+"""What the benchmark scripts share: their models, a cached completion, and writing results."""
 from __future__ import annotations
 
 import json
@@ -6,6 +6,8 @@ import os
 import platform
 from pathlib import Path
 from typing import Any
+
+import requests
 
 from llama_preempt.models import ModelNotInstalled, local_smollm2, standin_stories260k
 
@@ -37,6 +39,15 @@ def stories_model(explicit: Path | None = None) -> Path:
     if SHARED_STORIES.is_file():
         return SHARED_STORIES
     return standin_stories260k(print).path
+
+
+def ask_cached(url: str, prompt: str, n_predict: int) -> dict[str, Any]:
+    """A greedy completion that reuses and leaves its prompt in the server's cache (cache_prompt):
+    the response's JSON."""
+    r = requests.post(url + "/completion", json={"prompt": prompt, "n_predict": n_predict, "temperature": 0,
+                                                 "cache_prompt": True}, timeout=600)
+    r.raise_for_status()
+    return r.json()
 
 
 def display_path(path: Path) -> str:

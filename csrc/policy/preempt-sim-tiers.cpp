@@ -68,35 +68,28 @@ size_t sim_disk_tier::room() const {
 }
 
 move_result sim_disk_tier::copy_out(const park_order & o) {
-    if (!o.background) {
-        // as the server: it does not fit what parks may hold, so it is streamed from the pool to
-        // its file now (one chunk of host RAM), the loop waiting for the write
-        auto & slot = s.slots[o.id];
-        slot.bytes    = (double) o.bytes;
-        slot.streamed = true;
-        s.prompts.drop_files(o.bytes);  // parks first on disk
-        s.disk.bytes += slot.bytes;
-        s.res.peak_disk_bytes = std::max(s.res.peak_disk_bytes, s.disk.bytes);
-        s.t = s.disk.io(s.t, slot.bytes / s.p.disk_write_bps);
-        return {};
-    }
-    const move_result r = copy_to_host(s, o, host_use::transit);
-    if (!r.ok()) {
-        return r;
+    // written in the background from a host copy that fits what parks may hold; else, as the
+    // server, streamed from the pool to its file now (one chunk of host RAM), the loop waiting
+    if (o.background) {
+        const move_result r = copy_to_host(s, o, host_use::transit);
+        if (!r.ok()) {
+            return r;
+        }
     }
     auto & slot = s.slots[o.id];
-    const double bytes = (double) o.bytes;
+    slot.bytes    = (double) o.bytes;
+    slot.streamed = !o.background;
     s.prompts.drop_files(o.bytes);  // parks first on disk
-    s.disk.bytes += bytes;
+    s.disk.bytes += slot.bytes;
     s.res.peak_disk_bytes = std::max(s.res.peak_disk_bytes, s.disk.bytes);
     // one I/O thread: the write queues behind what it is doing
-    const double t_written = s.disk.io(s.t, bytes / s.p.disk_write_bps);
-    if (!o.background) {
-        s.t = t_written;  // the loop waits for the write
+    const double t_written = s.disk.io(s.t, slot.bytes / s.p.disk_write_bps);
+    if (slot.streamed) {
+        s.t = t_written;
         return {};
     }
     slot.t_io_done = t_written;  // written from the host copy, held until then
-    s.hold_ram(slot, bytes);
+    s.hold_ram(slot, slot.bytes);
     return {};
 }
 
