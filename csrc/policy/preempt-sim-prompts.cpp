@@ -40,24 +40,11 @@ void sim_prompts::stream_out(const sim_tokens & tokens, size_t n_bytes) {
             return;  // a file holds it already
         }
     }
-    t_ = std::max(t_, t_write_);  // one write at a time
-    if (prompt_files_give_way(n_bytes, disk_.room(), files_.bytes(), reading_ || files_.ahead() >= 0)) {
-        drop_files(n_bytes);
+    const double t_written = write_file(tokens, ids, n_bytes);
+    if (t_written >= 0) {
+        t_ = t_written;  // the loop waits for a streamed write
+        res_.n_prompt_cache_streamed++;
     }
-    if (n_bytes > disk_.room()) {
-        res_.n_prompt_cache_disk_skipped++;
-        return;
-    }
-    sim_prompt_file f;
-    f.tokens = tokens;
-    f.ids    = ids;
-    f.bytes  = n_bytes;
-    f.t_written = t_write_ = t_ = disk_.io(t_, n_bytes / p_.disk_write_bps);
-    disk_.bytes += n_bytes;
-    res_.peak_disk_bytes = std::max(res_.peak_disk_bytes, disk_.bytes);
-    files_.files.push_back(std::move(f));
-    res_.n_prompt_cache_spilled++;
-    res_.n_prompt_cache_streamed++;
 }
 
 sim_prompt_load sim_prompts::load(const sim_tokens & held, const sim_tokens & want, int32_t n_room,
@@ -98,26 +85,33 @@ void sim_prompts::spill() {
             host_.pages_freed_later();
             continue;
         }
-        // the write before this one finishes first: one prompt's bytes at most wait outside the cache
-        t_ = std::max(t_, t_write_);
-        // the disk tier's limit: the oldest prompts give way (the policy's choice, as the server's)
-        if (prompt_files_give_way(e.bytes, disk_.room(), files_.bytes(), reading_ || files_.ahead() >= 0)) {
-            drop_files(e.bytes);
-        }
-        if (e.bytes > disk_.room()) {
-            res_.n_prompt_cache_disk_skipped++;
-            continue;
-        }
-        sim_prompt_file f;
-        f.tokens = e.tokens;
-        f.ids    = e.tokens.ids();
-        f.bytes  = e.bytes;
-        f.t_written = t_write_ = disk_.io(t_, e.bytes / p_.disk_write_bps);
-        disk_.bytes += e.bytes;
-        res_.peak_disk_bytes = std::max(res_.peak_disk_bytes, disk_.bytes);
-        files_.files.push_back(std::move(f));
-        res_.n_prompt_cache_spilled++;
+        write_file(e.tokens, e.tokens.ids(), e.bytes);
     }
+}
+
+// a prompt's file on the disk tier, as the server's prompt_disk writes one: the write before it
+// finishes first (one prompt's bytes at most wait outside the cache), the oldest files give way at
+// the tier's limit (the policy's choice), and one with no room even so is dropped. When it was
+// written: its write is done then (-1: dropped).
+double sim_prompts::write_file(const sim_tokens & tokens, std::vector<int32_t> ids, size_t n_bytes) {
+    t_ = std::max(t_, t_write_);
+    if (prompt_files_give_way(n_bytes, disk_.room(), files_.bytes(), reading_ || files_.ahead() >= 0)) {
+        drop_files(n_bytes);
+    }
+    if (n_bytes > disk_.room()) {
+        res_.n_prompt_cache_disk_skipped++;
+        return -1;
+    }
+    sim_prompt_file f;
+    f.tokens = tokens;
+    f.ids    = std::move(ids);
+    f.bytes  = n_bytes;
+    f.t_written = t_write_ = disk_.io(t_, n_bytes / p_.disk_write_bps);
+    disk_.bytes += n_bytes;
+    res_.peak_disk_bytes = std::max(res_.peak_disk_bytes, disk_.bytes);
+    files_.files.push_back(std::move(f));
+    res_.n_prompt_cache_spilled++;
+    return t_write_;
 }
 
 void sim_prompts::step(const sim_tokens * next) {

@@ -71,6 +71,7 @@ private:
     // straight into the slot (loaded, or cleared when its cells find no room)
     sim_prompt_load lookup(const sim_tokens & held, const sim_tokens & tokens, const std::function<int32_t(int32_t)> & room);
     void stream_out(const sim_tokens & tokens, size_t n_bytes);  // one larger than the RAM cache, to a file now
+    double write_file(const sim_tokens & tokens, std::vector<int32_t> ids, size_t n_bytes);  // its write's end (-1: dropped)
     void read_ahead(const sim_tokens * next);
 
     const sim_params &                p_;
