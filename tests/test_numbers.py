@@ -39,7 +39,7 @@ FIELDS: dict[str, tuple[str, tuple[float, float] | None, bool, str | None]] = {
     "t_max_predict_ms":   ("i64", (-1, I64[1]), True, None),
     "top_k":              ("i32", (0, I32[1]), False, "top_k"),
     "seed":               ("u32", None, True, "seed"),
-    "n_probs":            ("i32", None, False, "n_probs"),
+    "n_probs":            ("i32", (0, 20), True, "n_probs"),  # --max-logprobs (default 20): beyond it a 400
     "min_keep":           ("i32", (0, I32[1]), True, "min_keep"),
     "repeat_last_n":      ("i32", (0, I32[1]), True, "repeat_last_n"),
     "dry_allowed_length": ("i32", (0, I32[1]), True, "dry_allowed_length"),
