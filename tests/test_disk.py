@@ -428,7 +428,7 @@ def test_the_engine_parks_to_disk_and_reports_the_tier(stories_model: Path, tmp_
         req = eng.submit("Once upon a time", n_predict=48)
         parks: list[Any] = []
         resumes: list[Any] = []
-        while not req.done:
+        while not req.done():
             rep = eng.step()
             parks += rep.parked
             resumes += rep.resumed

@@ -301,4 +301,4 @@ def test_the_engine_close_with_drain_steps_its_requests_to_the_end(stories_model
     eng = Engine(stories_model, n_ctx=512, n_parallel=2, kv_unified=True)
     req = eng.submit("Once upon a time", n_predict=64, temperature=0, ignore_eos=True)
     eng.close(drain=60)
-    assert req.done and req.completion().n_generated == 64
+    assert req.done() and req.completion().n_generated == 64

@@ -232,7 +232,7 @@ def test_stop_with_a_request_still_parked_cancels_it_and_frees_its_ram(
     assert st.preempt_ram_bytes > 0 and all(s.preempt_mode == "swap" for s in st.parked())
 
     eng.stop()
-    assert streamed.done and plain.done
+    assert streamed.done() and plain.done()
     with pytest.raises(RequestCancelled):
         plain.result()
     with pytest.raises(RequestCancelled):
@@ -325,14 +325,14 @@ def test_stepping_from_two_threads_at_once_raises_and_the_engine_keeps_running(
     deadline = time.monotonic() + 120
 
     def driver() -> None:
-        while not stop.is_set() and not req.done and time.monotonic() < deadline:
+        while not stop.is_set() and not req.done() and time.monotonic() < deadline:
             eng._core.step()
 
     t = threading.Thread(target=driver)
     t.start()
     busy: EngineBusyError | None = None
     try:
-        while busy is None and not req.done:
+        while busy is None and not req.done():
             assert time.monotonic() < deadline, "neither a busy error nor the answer within 120 s"
             try:
                 eng._core.step()

@@ -26,7 +26,7 @@ def test_a_request_cancelled_while_parked_before_its_first_token_frees_everythin
         assert len(eng.stats().parked()) == 1
         assert next(req.sse()) == ": preempted\n\n"
         req.cancel()  # the client goes away while it waits
-        eng.run(lambda: req.done and not any(s.is_processing for s in eng.stats().slots), timeout=30)
+        eng.run(lambda: req.done() and not any(s.is_processing for s in eng.stats().slots), timeout=30)
         st = eng.stats()
         assert st.requests_preempted == 0 and st.preempt_ram_bytes == 0
         for p in parks:

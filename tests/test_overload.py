@@ -22,7 +22,7 @@ def test_an_engine_request_cancelled_is_off_its_slot_at_the_next_step(stories_mo
         # its handler is woken at once and lets go within the wait (a handler that checked only at
         # its 1 s poll would mostly still hold it), with no step run meanwhile
         req.cancel(wait=0.5)
-        assert req.done and req.cancelled
+        assert req.done() and req.cancelled()
         rep = eng.step()
         # the very next step ends it, and decodes nothing more for it
         assert len(rep.cancelled) == 1

@@ -55,7 +55,8 @@ def _only_includes(hunk: str) -> bool:
 _CLIENT_WORDS = _in("preempt-notice.h", "notices", "keepalive", "preempt_slot_action", "SLOT_PARK", "SLOT_UNPARK",
                     "preempt-routes.inc", "handle_slots_preempt", "unknown_slot_action", "props_json",
                     "preempt_observe_final", "client_json_error", "version_line", "preempt-version.h",
-                    "priority", "n_preempt\"", "preempted_ms", "checked_number")
+                    "priority", "n_preempt\"", "preempted_ms", "checked_number", "chat_messages_error")
+_CLIENT_COMMON = _in("the client's mistake")  # common/ hunks that make a caller's error a 400
 _ENGINE_WORDS = _in("preempt-engine.inc", "preempt_note_error", "common_params_parse_ex", "server_prepare_params",
                     "ex_wrapper", "step_report", "preempt-events.h", "preempt_selftest(",
                     "preempt-engine-api.h")
@@ -63,7 +64,7 @@ _ENGINE_WORDS = _in("preempt-engine.inc", "preempt_note_error", "common_params_p
 # in order: each hunk goes to the first topic that takes it
 TOPICS = [
     Topic("flags", "our flags in upstream's parser (csrc/server/preempt-args.inc) and their fields in common_params",
-          lambda f, t: f.startswith("common/") and not _ENGINE_WORDS(t) and not _in("batch_invariant")(t)),
+          lambda f, t: f.startswith("common/") and not _ENGINE_WORDS(t) and not _CLIENT_COMMON(t) and not _in("batch_invariant")(t)),
     Topic("loop-split", "server_queue::start_loop() split into its parts, so a host can run one iteration at a time",
           lambda f, t: (f == "tools/server/server-queue.h" or (f == "tools/server/server-queue.cpp" and "deadline" not in t))
           and "n_waiting" not in t and "peek_deferred" not in t and "wake_waiters" not in t),
@@ -72,7 +73,7 @@ TOPICS = [
                               "tools/server/server-task.cpp") or _in("peek_deferred")(t))
           and (_only_includes(t) or (not _CLIENT_WORDS(t) and not _ENGINE_WORDS(t)))),
     Topic("client-surface", "what clients and operators see: notices, priority, the slot API, /props, errors, timings",
-          lambda f, t: f.startswith("tools/server/") and not _ENGINE_WORDS(t)),
+          lambda f, t: (f.startswith("tools/server/") or (f.startswith("common/") and _CLIENT_COMMON(t))) and not _ENGINE_WORDS(t)),
     Topic("engine", "what the in-process Engine calls instead of copying: step(), the parser, parameter finalisation",
           lambda f, t: f.startswith("tools/server/") or (f.startswith("common/") and not _in("batch_invariant")(t))),
     Topic("state-seq-bulk-copy", "libllama: a sequence state's slices handed to a callback in bulk (could go upstream alone)",

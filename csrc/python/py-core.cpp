@@ -32,6 +32,7 @@ void register_engine(py::module_ & m);  // py-engine.cpp: the in-process server
 void register_events(py::module_ & m);  // py-events.cpp: step events and the exported names
 void register_sim(py::module_ & m);     // py-sim.cpp: the simulator, its results and the policy's enums
 void register_memory(py::module_ & m);  // py-memory.cpp: the memory half's choices (prompt files, the copy guard)
+void register_model(py::module_ & m);   // py-model.cpp: the request fields and the chat messages check
 
 namespace {
 
@@ -44,6 +45,7 @@ PYBIND11_MODULE(_core, m) {
     register_engine(m);
     register_sim(m);
     register_memory(m);
+    register_model(m);
 
     m.def("version", &lp::version, "llama-preempt version compiled into this module");
     m.def("version_line", &lp::version_line, "the identity line llama-server prints at start");

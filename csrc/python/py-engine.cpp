@@ -26,6 +26,7 @@
 #include "py-enums.h"
 #include "py-engine-request.h"
 #include "py-json.h"
+#include "py-model.h"
 
 #include <atomic>
 #include <chrono>
@@ -325,6 +326,9 @@ public:
 
     bool is_closed() const { return closed; }
 
+    const llama_context * lctx() const { check_open(); return ctx->get_llama_context(); }  // for py-model.cpp
+    py::list fields() const { return request_fields(params); }  // this server's limits (n up to its slots)
+
     // cancel what is pending, wait for the handler threads, stop the loop's worker, free the model
     void close() {
         if (closed) {
@@ -584,6 +588,12 @@ void register_engine(py::module_ & m) {
         .def("take_missed", &engine::take_missed, "whether the pipe lost news since the last call (look at every request)")
         .def("n_pending", &engine::n_pending, "requests whose handler has not finished")
         .def("n_queued", &engine::n_queued, "tasks queued for the loop's next step")
+        .def("model_info", [](const engine & e) { return model_info(e.lctx()); }, "n_ctx, n_vocab, token_bos, metadata, ...")
+        .def("tokenize", [](const engine & e, const std::string & text, bool add_special, bool parse_special) {
+            return tokenize(e.lctx(), text, add_special, parse_special); }, "the model's tokens of these bytes")
+        .def("detokenize", [](const engine & e, const std::vector<int32_t> & tokens, bool special) {
+            return detokenize(e.lctx(), tokens, special); }, "the bytes of these tokens' pieces")
+        .def("request_fields", &engine::fields, "the request fields of this server's schema (see _core.request_fields)")
         .def_property_readonly("closed", &engine::is_closed)
         .def("close", &engine::close, "cancel pending requests, stop the loop and free the model and context");
 }

@@ -18,7 +18,10 @@ __version__ = "0.1.0"
 
 # name -> the module that holds it
 _EXPORTS = {
-    "Engine": "engine", "Request": "engine", "RequestError": "engine", "RequestCancelled": "engine",
+    "Engine": "engine", "Llama": "engine",
+    "LLM": "vllm_api", "AsyncLLM": "vllm_api", "AsyncEngineArgs": "vllm_api", "EngineArgs": "vllm_api",
+    "RequestOutput": "reports", "CompletionOutput": "outputs", "RequestOutputKind": "outputs", "Logprob": "outputs",
+    "FieldTypeError": "checks", "FieldValueError": "checks", "Request": "engine", "RequestError": "engine", "RequestCancelled": "engine",
     "GenerateError": "engine", "EngineError": "engine", "EngineClosedError": "engine", "EngineBusyError": "engine",
     "ModelLoadError": "engine", "EngineArgumentError": "engine",
     "AsyncEngine": "aio", "StreamNotice": "aio",
@@ -37,7 +40,11 @@ __all__ = ["__version__", "simulate", *_EXPORTS]
 if TYPE_CHECKING:  # what type checkers and IDEs see; at run time the names load on first use
     from .aio import AsyncEngine, StreamNotice
     from .doctor import DoctorError, DoctorReport, DoctorRoute, run_doctor
-    from .engine import (Engine, EngineArgumentError, EngineBusyError, EngineClosedError, EngineError, GenerateError,
+    from .checks import FieldTypeError, FieldValueError
+    from .outputs import CompletionOutput, Logprob, RequestOutputKind
+    from .reports import Completion as RequestOutput
+    from .vllm_api import LLM, AsyncEngineArgs, AsyncLLM, EngineArgs
+    from .engine import (Engine, Engine as Llama, EngineArgumentError, EngineBusyError, EngineClosedError, EngineError, GenerateError,
                          ModelLoadError, Request, RequestCancelled, RequestError)
     from .reports import (Completion, EndEvent, FailEvent, ParkChoice, ParkEvent, ParkReason, ParkTier, PreemptMode,
                           ResumeEvent, StepReport, StopType, stream_text)

@@ -17,11 +17,13 @@ from __future__ import annotations
 import asyncio
 import os
 import struct
+import warnings
 from dataclasses import dataclass
 from typing import Any, AsyncIterator, Callable, Sequence
 
 from .engine import (Engine, EngineError, GenerateError, Request, RequestCancelled, RequestError, _decode,
                      _sse_data)
+from .outputs import CompletionOutput, RequestOutputKind, output_of
 from .reports import Completion
 from .sampling import SamplingParams, per_prompt
 from .stats import PreemptStats
@@ -48,6 +50,8 @@ class AsyncEngine:
         self._fd = self.engine._core.notify_fd()
         self.engine.start()
         self._events: dict[int, asyncio.Event] = {}
+        self._by_id: dict[str, Request] = {}   # generate()'s requests by request_id, for abort()
+        self._aborted_ids: set[str] = set()
         self._loop: asyncio.AbstractEventLoop | None = None
 
     @classmethod
@@ -87,9 +91,10 @@ class AsyncEngine:
         are request fields (n_predict, temperature, priority, ...). RequestError for an error answer."""
         if fields.pop("stream", False):
             raise ValueError("complete() returns a whole answer: for a stream, use stream()")
+        self.engine.request_rules().check_keywords("complete()", fields)
         req = self._submit(prompt, messages, fields)
         try:
-            await self._until(req, lambda: req.done)
+            await self._until(req, req._is_done)
         finally:
             self._forget(req)
         return req.completion()
@@ -104,7 +109,13 @@ class AsyncEngine:
         the text each adds), and with `notices` the StreamNotice of each park notice. Leaving the
         loop early, or cancelling the task, cancels the request."""
         fields["stream"] = True
+        self.engine.request_rules().check_keywords("stream()", fields)
         req = self._submit(prompt, messages, fields)
+        async for item in self._stream_request(req, notices):
+            yield item
+
+    async def _stream_request(self, req: Request, notices: bool) -> AsyncIterator[Any]:
+        """The chunks of a submitted streaming request (see stream())."""
         h = req._handle
         try:
             await self._until(req, lambda: h.started)
@@ -132,11 +143,96 @@ class AsyncEngine:
                 req.cancel(wait=0)  # the consumer left, or its task was cancelled (never block the event loop)
             self._forget(req)
 
-    async def generate(self, prompts: Sequence[Any], params: SamplingParams | Sequence[SamplingParams] | None = None,
-                       *, return_exceptions: bool = False, **fields: Any) -> list[Any]:
+    def generate(self, prompt: Any, sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+                 request_id: str | None = None, *, priority: int | None = None, **fields: Any) -> Any:
+        """vLLM's AsyncLLM.generate: `async for out in eng.generate(prompt, params, request_id)`, a
+        RequestOutput (Completion) at each step of one request, its text so far (or, with
+        SamplingParams(output_kind=RequestOutputKind.DELTA), only what is new), the last one with
+        `finished` True. `abort(request_id)` stops it (its last output's finish_reason "abort").
+
+        The batch form of earlier releases, `await eng.generate([p1, p2], params)`, still answers
+        (a list of Completions) with a DeprecationWarning: use `await eng.generate_all(...)`."""
+        if isinstance(prompt, (list, tuple)) and not _one_prompt(prompt):
+            warnings.warn("AsyncEngine.generate(list) is vLLM's single-prompt stream now; for the whole list at "
+                          "once, await generate_all(prompts, params)", DeprecationWarning, stacklevel=2)
+            return self.generate_all(prompt, sampling_params, **fields)
+        if isinstance(sampling_params, (list, tuple)):
+            raise TypeError("generate(): one prompt takes one SamplingParams")
+        return self._generate(prompt, sampling_params, request_id, priority, fields)
+
+    async def _generate(self, prompt: Any, params: SamplingParams | None, request_id: str | None,
+                        priority: int | None, fields: dict[str, Any]) -> AsyncIterator[Completion]:
+        params = params or SamplingParams()
+        body = {**params.to_fields(), **fields, "return_tokens": True}
+        if priority is not None:
+            body["priority"] = priority
+        messages = None if _is_text(prompt) else prompt
+        text_prompt = prompt.get("prompt") if isinstance(prompt, dict) and "prompt" in prompt else prompt
+        if isinstance(prompt, dict) and "prompt_token_ids" in prompt:
+            text_prompt = list(prompt["prompt_token_ids"])
+        if isinstance(prompt, dict):
+            messages = None
+        self.engine.request_rules().check_keywords("generate()", fields)
+        req = self._submit(None if messages is not None else text_prompt, messages, {**body, "stream": True})
+        rid = request_id if request_id is not None else req.request_id
+        if rid in self._by_id:
+            req.cancel(wait=0)
+            raise ValueError(f"generate(): request_id {rid!r} is already running")
+        self._by_id[rid] = req
+        kind = params.output_kind
+        n = max(1, params.n)
+        texts, ids, reasons, stops = [""] * n, [[] for _ in range(n)], [None] * n, [None] * n
+        try:
+            async for chunk in self._stream_request(req, False):
+                i = int(chunk.get("index", 0) or 0) % n
+                new_text, new_ids = chunk.get("content", "") or "", [int(t) for t in chunk.get("tokens") or []]
+                texts[i] += new_text
+                ids[i] += new_ids
+                if chunk.get("stop"):
+                    out = output_of(chunk, i, texts[i])
+                    reasons[i], stops[i] = out.finish_reason or "stop", out.stop_reason
+                done = all(r is not None for r in reasons)
+                if kind == RequestOutputKind.FINAL_ONLY and not done:
+                    continue
+                delta = kind == RequestOutputKind.DELTA
+                outs = [CompletionOutput(j, new_text if delta else texts[j], new_ids if delta else list(ids[j]),
+                                         None, None, reasons[j], stops[j])
+                        for j in range(n) if not delta or j == i]
+                out_now = Completion(texts[0], int(chunk.get("tokens_evaluated", 0) or 0), len(ids[0]),
+                                  str(chunk.get("stop_type", "")), chunk.get("timings") or {}, chunk, outs,
+                                  text_prompt if isinstance(text_prompt, str) else None,
+                                  list(text_prompt) if isinstance(text_prompt, list) and _one_prompt(text_prompt)
+                                  and all(isinstance(t, int) for t in text_prompt) else None, rid, done)
+                yield out_now
+                if done:
+                    return
+        except RequestCancelled:
+            if rid not in self._aborted_ids:
+                raise
+            self._aborted_ids.discard(rid)
+            outs = [CompletionOutput(j, texts[j], list(ids[j]), None, None, reasons[j] or "abort", stops[j])
+                    for j in range(n)]
+            yield Completion(texts[0], 0, len(ids[0]), "abort", {}, {}, outs, None, None, rid, True)
+        finally:
+            if self._by_id.get(rid) is req:
+                del self._by_id[rid]
+
+    async def abort(self, request_id: str | Sequence[str]) -> None:
+        """Stop the request(s) started by generate() with these ids, as vLLM's abort; their slots
+        (and any parked state) are freed. An id that is not running is ignored."""
+        for rid in [request_id] if isinstance(request_id, str) else list(request_id):
+            req = self._by_id.get(rid)
+            if req is not None and not req.done():
+                self._aborted_ids.add(rid)
+                req.cancel(wait=0)
+
+    async def generate_all(self, prompts: Sequence[Any],
+                           params: SamplingParams | Sequence[SamplingParams] | None = None,
+                           *, return_exceptions: bool = False, **fields: Any) -> list[Any]:
         """Every prompt at once, the answers in input order (as Engine.generate, vLLM-style params)."""
         if isinstance(prompts, (str, bytes)):
-            raise TypeError("generate(): prompts must be a list; for one prompt, pass [prompt]")
+            raise TypeError("generate_all(): prompts must be a list; for one prompt, pass [prompt]")
+        self.engine.request_rules().check_keywords("generate_all()", fields)
         each = per_prompt(params, len(prompts))
         calls = [self.complete(messages=p, **{**f, **fields}) if not isinstance(p, str)
                  else self.complete(p, **{**f, **fields}) for p, f in zip(prompts, each)]
@@ -151,6 +247,33 @@ class AsyncEngine:
     def stats(self) -> PreemptStats:
         """The preemption stats; never waits for the loop (see Engine.stats, `age_ms`)."""
         return self.engine.stats()
+
+    def slots(self) -> list[dict[str, Any]]:
+        """The slots as /slots shows them (Engine.slots; never waits for the loop)."""
+        return self.engine.slots()
+
+    def metrics(self) -> Any:
+        """/metrics as of the last step boundary (Engine.metrics; never waits for the loop)."""
+        return self.engine.metrics()
+
+    def tokenize(self, text: bytes | str, add_bos: bool = True, special: bool = False) -> list[int]:
+        return self.engine.tokenize(text, add_bos, special)
+
+    def detokenize(self, tokens: Sequence[int], prev_tokens: Sequence[int] | None = None, special: bool = False) -> bytes:
+        return self.engine.detokenize(tokens, prev_tokens, special)
+
+    def model_info(self) -> dict[str, Any]:
+        return self.engine.model_info()
+
+    async def request(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
+        """Any route (Engine.request), awaited on a worker thread."""
+        return await asyncio.to_thread(self.engine.request, method, path, body)
+
+    async def park(self, slot: int) -> dict[str, Any]:
+        return await asyncio.to_thread(self.engine.park, slot)
+
+    async def unpark(self, slot: int) -> dict[str, Any]:
+        return await asyncio.to_thread(self.engine.unpark, slot)
 
     # --- waking on news ---
 
@@ -225,6 +348,17 @@ class AsyncEngine:
         except asyncio.CancelledError:
             req.cancel(wait=0)
             raise
+
+
+def _is_text(prompt: Any) -> bool:
+    """A prompt for /completion: text, token ids, or vLLM's {"prompt": ...} / {"prompt_token_ids": ...}."""
+    return isinstance(prompt, (str, dict)) or (isinstance(prompt, list) and bool(prompt)
+                                                and all(isinstance(t, int) for t in prompt))
+
+
+def _one_prompt(prompt: Any) -> bool:
+    """One prompt (text, token ids, or one chat's messages), not a list of prompts."""
+    return _is_text(prompt) or (isinstance(prompt, list) and bool(prompt) and all(isinstance(m, dict) for m in prompt))
 
 
 def _items(chunk: str, notices: bool) -> list[Any]:

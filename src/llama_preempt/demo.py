@@ -221,7 +221,7 @@ def _run_engine(cfg: DemoConfig, preempt: bool, label: str, chats: list[ChatStat
                 try:
                     for chunk in req.poll():
                         _on_chunk(chat, chunk, cfg.n_tokens)
-                    if req.done:
+                    if req.done():
                         for chunk in req.poll():
                             _on_chunk(chat, chunk, cfg.n_tokens)
                         if chat.state not in ("done", "lost"):

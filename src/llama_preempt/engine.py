@@ -20,11 +20,15 @@ import os
 import shlex
 import threading
 import time
+import warnings
+from dataclasses import replace
 from typing import Any, Callable, Iterator, Sequence, Union
 
 from . import _core
+from .checks import RequestRules, check_messages
+from .errors import RequestError
 from .flags import server_flags
-from .llamacpp_api import LlamaCppCalls
+from .llamacpp_api import LlamaCppCalls, chat_template_of
 from .metrics import MetricsSnapshot, parse_prometheus
 from .reports import (Completion, EndEvent, FailEvent, ParkChoice, ParkEvent, ParkReason, ParkTier,  # noqa: F401
                       PreemptMode, ResumeEvent, StepReport, StopType, stream_text)
@@ -41,25 +45,6 @@ EngineArgumentError = _core.EngineArgumentError   # a bad llama-server flag (a V
 # a flag the Engine adds unless the caller sets it: warnings and errors only (the binary logs info)
 _QUIET = ["-lv", "1"]  # load errors only; once loaded a quiet Engine logs nothing (_core.set_log_verbosity(0))
 _VERBOSITY_FLAGS = {"-lv", "--verbosity", "--log-verbosity", "-v", "--verbose", "--log-verbose"}
-
-
-class RequestError(EngineError):
-    """The server answered the request with an error (the same status, type and message as HTTP)."""
-
-    def __init__(self, status: int, type: str, message: str, body: Any = None) -> None:
-        super().__init__(f"{status} {type}: {message}")
-        self.status = status
-        self.type = type
-        self.message = message
-        self.body = body
-
-    @classmethod
-    def from_body(cls, status: int, body: Any) -> "RequestError":
-        err = body.get("error", {}) if isinstance(body, dict) else {}
-        if not isinstance(err, dict):
-            err = {"message": str(err)}
-        return cls(int(err.get("code", status) or status), str(err.get("type", "error")),
-                   str(err.get("message", body)), body)
 
 
 class GenerateError(RequestError):
@@ -85,23 +70,53 @@ class RequestCancelled(EngineError):
     """The request was cancelled before it finished."""
 
 
+class _Flag:
+    """`req.done()` / `req.cancelled()`, called as on concurrent.futures.Future. Read as a bool
+    without the call (`if req.done:`, the form before 0.2) it still answers, with a
+    DeprecationWarning, for one release."""
+
+    __slots__ = ("_value", "_name")
+
+    def __init__(self, value: bool, name: str) -> None:
+        self._value = value
+        self._name = name
+
+    def __call__(self) -> bool:
+        return self._value
+
+    def __bool__(self) -> bool:
+        warnings.warn(f"Request.{self._name} is a method, as on concurrent.futures.Future: call req.{self._name}() "
+                      f"(reading it as a bool goes away in the next release)", DeprecationWarning, stacklevel=2)
+        return self._value
+
+    def __repr__(self) -> str:
+        return f"<bound method Request.{self._name} of a request: {self._value}>"
+
+
 class Request:
     """A submitted request. `result()` / `stream()` step the engine themselves unless a background
-    loop runs, so a single thread can simply submit and read."""
+    loop runs, so a single thread can simply submit and read. `done()` and `cancelled()` are
+    methods, as on concurrent.futures.Future."""
 
-    def __init__(self, engine: "Engine", handle: Any, path: str, stream: bool) -> None:
+    def __init__(self, engine: "Engine", handle: Any, path: str, stream: bool, request_id: str | None = None) -> None:
         self._engine = engine
         self._handle = handle
         self.path = path
         self.is_stream = stream
+        self.request_id = request_id if request_id is not None else f"req-{handle.id}"
 
     @property
-    def done(self) -> bool:
+    def done(self) -> _Flag:
+        """`req.done()`: whether the request has finished (answered, failed or cancelled)."""
+        return _Flag(bool(self._handle.done), "done")
+
+    @property
+    def cancelled(self) -> _Flag:
+        """`req.cancelled()`: whether the request was cancelled."""
+        return _Flag(bool(self._handle.cancelled), "cancelled")
+
+    def _is_done(self) -> bool:
         return bool(self._handle.done)
-
-    @property
-    def cancelled(self) -> bool:
-        return bool(self._handle.cancelled)
 
     def cancel(self, wait: float = 1.0) -> None:
         """Stop the request as a client disconnect would: its handler stops at once and the loop's
@@ -114,7 +129,7 @@ class Request:
 
     def wait(self, timeout: float | None = None) -> bool:
         """Wait until the request has finished; False if the timeout passed first."""
-        return self._engine._drive(lambda: self._handle.done, self._handle.wait_done, timeout)
+        return self._engine._drive(self._is_done, self._handle.wait_done, timeout)
 
     def result(self, timeout: float | None = None) -> Any:
         """The response body (a dict for completions). Raises RequestError for an error answer,
@@ -214,7 +229,17 @@ def _decode(raw: bytes) -> Any:
         return text
 
 
+# llama-cpp-python's name for the same class: `from llama_preempt import Llama` (assigned after the class)
 Prompt = Union[str, Sequence[dict[str, Any]]]
+
+def _is_prompt(p: Any) -> bool:
+    """A text or token-id prompt (for /completion), not chat messages."""
+    return isinstance(p, str) or (isinstance(p, list) and bool(p) and all(isinstance(t, int) for t in p))
+
+
+# the routes whose request fields submit() checks by the server's schema (any other takes its body as given)
+_CHECKED_PATHS = {"/completion", "/completions", "/v1/completions", "/v1/chat/completions", "/chat/completions",
+                  "/infill"}
 Until = Union[None, Callable[[], bool], Request, Sequence[Request]]
 
 
@@ -232,7 +257,8 @@ class Engine(LlamaCppCalls):
                  preempt_mode: str | None = None, preempt_disk: str | os.PathLike[str] | None = None,
                  preempt_disk_mib: int | None = None, n_threads: int | None = None, n_gpu_layers: int | None = None,
                  seed: int | None = None, n_batch: int | None = None, metrics: bool = True, slots: bool = True,
-                 deterministic: bool = False, verbose: bool = False) -> None:
+                 deterministic: bool = False, verbose: bool = False, chat_format: str | None = None,
+                 embedding: bool = False) -> None:
         if (model is None) == (model_path is None):
             raise TypeError("Engine(): give the model file once, as Engine(path) or Engine(model_path=path) "
                             "(llama_cpp.Llama's name)")
@@ -243,7 +269,8 @@ class Engine(LlamaCppCalls):
                             preempt_mode=preempt_mode, threads=n_threads, n_gpu_layers=n_gpu_layers, seed=seed,
                             preempt_disk=preempt_disk, preempt_disk_mib=preempt_disk_mib, n_batch=n_batch,
                             kv_unified=kv_unified, preempt=preempt, metrics=metrics, slots=slots,
-                            deterministic=deterministic)
+                            deterministic=deterministic, chat_template=chat_template_of(chat_format),
+                            embedding=embedding or None)
         if isinstance(args, (str, bytes)):  # "-c 256 -fa on": split as a shell would
             args = shlex.split(args.decode() if isinstance(args, bytes) else args)
         argv += [str(a) for a in args]
@@ -263,6 +290,8 @@ class Engine(LlamaCppCalls):
         self._on_loop_error: Callable[[], None] | None = None  # AsyncEngine: wake the event loop's waiters
         self._closed = False
         self._draining = False
+        self._rules: RequestRules | None = None
+        self._info: dict[str, Any] | None = None
 
     # --- lifetime ---
 
@@ -294,7 +323,7 @@ class Engine(LlamaCppCalls):
 
     def _pending(self) -> list[Request]:
         with self._requests_lock:
-            return [r for r in self._requests if not r.done]
+            return [r for r in self._requests if not r._is_done()]
 
     def _drain(self, seconds: float) -> None:
         """Let the pending requests finish for up to `seconds` (stepping the loop when no background
@@ -328,10 +357,12 @@ class Engine(LlamaCppCalls):
         if prompt is not None and messages is not None:
             raise TypeError("submit(): give either prompt (for /completion) or messages (for /v1/chat/completions), "
                             "not both")
-        if prompt is not None and not isinstance(prompt, (str, list)):
-            raise TypeError(f"submit(): prompt must be a string (or a list of token ids), got {type(prompt).__name__}")
-        if messages is not None and (isinstance(messages, (str, bytes)) or not all(isinstance(m, dict) for m in messages)):
-            raise TypeError("submit(): messages must be a list of {'role': ..., 'content': ...} dicts")
+        if path is None or path.split("?")[0] in _CHECKED_PATHS:  # the completion routes' fields, checked here
+            rules = self.request_rules()
+            rules.check_keywords("submit()", params)
+            rules.check("submit()", {"prompt": prompt, **params})
+        if messages is not None:
+            check_messages("submit()", messages)
         if not isinstance(stream, bool):
             raise TypeError(f"submit(): stream must be True or False, got {stream!r}")
         if body is not None and not isinstance(body, dict):
@@ -355,7 +386,7 @@ class Engine(LlamaCppCalls):
         req = Request(self, self._core.submit("POST", path, json.dumps(payload), self._thread is None), path,
                       bool(payload.get("stream")))
         with self._requests_lock:
-            self._requests = [r for r in self._requests if not r.done]
+            self._requests = [r for r in self._requests if not r._is_done()]
             self._requests.append(req)
         return req
 
@@ -368,8 +399,21 @@ class Engine(LlamaCppCalls):
                                               self._thread is None), path, False)
         return req.result(timeout)
 
-    def tokenize(self, text: str, add_special: bool = True) -> list[int]:
-        return list(self.request("POST", "/tokenize", {"content": text, "add_special": add_special})["tokens"])
+    def request_rules(self) -> RequestRules:
+        """The request fields this server takes, with their types and limits (upstream's schema and
+        the routes' own): what every call checks its keywords by before it submits."""
+        if self._rules is None:
+            self._check_open()
+            self._rules = RequestRules(self._core.request_fields())
+        return self._rules
+
+    def model_info(self) -> dict[str, Any]:
+        """The loaded model's facts: n_ctx (the KV pool), n_ctx_train, n_embd, n_vocab, token_bos,
+        token_eos, token_nl, add_bos, chat_template and its GGUF metadata."""
+        if self._info is None:
+            self._check_open()
+            self._info = dict(self._core.model_info())
+        return self._info
 
     def slots(self) -> list[dict[str, Any]]:
         """The slots as /slots shows them, as of the last step boundary: never waits for the loop
@@ -476,15 +520,19 @@ class Engine(LlamaCppCalls):
                             "for one prompt, pass [prompt]")
         if fields.get("stream"):
             raise ValueError("generate() returns whole answers: for a stream, submit(..., stream=True).stream()")
+        rules = self.request_rules()
+        rules.check_keywords("generate()", fields)
+        rules.check("generate()", fields)
         each = per_prompt(params, len(prompts))
-        reqs = [self.submit(messages=p, **{**f, **fields}) if not isinstance(p, str) else self.submit(p, **{**f, **fields})
-                for p, f in zip(prompts, each)]
+        # a text prompt goes to /completion, which returns the generated token ids (vLLM's token_ids)
+        reqs = [self.submit(p, **{"return_tokens": True, **f, **fields}) if _is_prompt(p)
+                else self.submit(messages=p, **{**f, **fields}) for p, f in zip(prompts, each)]
         total = len(reqs)
         try:
             if self._thread is None:
                 on_step = None
                 if progress is not None:
-                    on_step = lambda rep: progress(sum(r.done for r in reqs), total, rep)  # noqa: E731
+                    on_step = lambda rep: progress(sum(r._is_done() for r in reqs), total, rep)  # noqa: E731
                 self.run(reqs, timeout=timeout, on_step=on_step)
             else:
                 deadline = None if timeout is None else time.monotonic() + timeout
@@ -493,9 +541,9 @@ class Engine(LlamaCppCalls):
                     if not r.wait(left):
                         raise TimeoutError
                     if progress is not None:
-                        progress(sum(q.done for q in reqs), total, None)
+                        progress(sum(q._is_done() for q in reqs), total, None)
         except TimeoutError:
-            left_over = [r for r in reqs if not r.done]
+            left_over = [r for r in reqs if not r._is_done()]
             for r in left_over:
                 r.cancel(wait=0)  # all at once, then each one's handler lets go
             for r in left_over:
@@ -503,14 +551,23 @@ class Engine(LlamaCppCalls):
             raise TimeoutError(f"generate(): not done within {timeout} s; cancelled the {len(left_over)} of its "
                                f"{total} requests still running") from None
         out: list[Any] = []
-        for r in reqs:
+        for r, p in zip(reqs, prompts):
             try:
-                out.append(r.completion())
+                out.append(self._request_output(r.completion(), p, r.request_id))
             except (RequestError, RequestCancelled) as e:
                 out.append(e)
         if not return_exceptions and any(isinstance(x, Exception) for x in out):
             raise GenerateError(out)
         return out
+
+    def _request_output(self, c: Completion, prompt: Any, request_id: str) -> Completion:
+        """The answer with vLLM's RequestOutput fields: the prompt and its token ids (as the server
+        tokenized a text prompt: start token added, special text parsed) and the request's id."""
+        if isinstance(prompt, str):
+            return replace(c, prompt=prompt, prompt_token_ids=self.tokenize(prompt, special=True), request_id=request_id)
+        if isinstance(prompt, list) and all(isinstance(t, int) for t in prompt):
+            return replace(c, prompt_token_ids=list(prompt), request_id=request_id)
+        return replace(c, request_id=request_id)
 
     # --- background mode ---
 
@@ -575,11 +632,11 @@ class Engine(LlamaCppCalls):
                 return not any(s.is_processing for s in self._core.stats().slots)
             return idle
         if isinstance(until, Request):
-            return lambda: until.done
+            return until._is_done
         if callable(until):
             return until
         reqs = list(until)
-        return lambda: all(r.done for r in reqs)
+        return lambda: all(r._is_done() for r in reqs)
 
     def _drive(self, pred: Callable[[], bool], wait: Callable[[float], bool], timeout: float | None) -> bool:
         """Until pred() holds: step the loop if nobody else does, else wait for the other driver."""
@@ -602,3 +659,6 @@ class Engine(LlamaCppCalls):
             else:
                 wait(0.05 if left is None else max(0.0, min(0.05, left)))
         return True
+
+
+Llama = Engine  # llama_cpp.Llama's calls and constructor keywords (model_path, n_ctx, chat_format, embedding, ...)

@@ -10,23 +10,72 @@ results (a dict, or an iterator of chunk dicts with `stream=True`), so code writ
 They go through the server's own OpenAI routes (/v1/completions, /v1/chat/completions)."""
 from __future__ import annotations
 
+import inspect
 from typing import Any, Iterator, Sequence
 
 # Python callables llama.cpp's server cannot run in its C++ sampler
 _CALLABLES = ("stopping_criteria", "logits_processor")
 
+# llama-cpp-python's chat_format -> llama.cpp's built-in chat template of the same format
+CHAT_FORMATS = {
+    "chatml": "chatml", "qwen": "chatml", "llama-2": "llama2", "llama-3": "llama3", "mistral-instruct": "mistral-v1",
+    "zephyr": "zephyr", "vicuna": "vicuna", "gemma": "gemma", "openchat": "openchat", "chatglm3": "chatglm3",
+    "phi-3": "phi3", "deepseek": "deepseek", "command-r": "command-r",
+}
+
+
+def chat_template_of(chat_format: str | None) -> str | None:
+    """llama-server's --chat-template for a llama-cpp-python chat_format (None: the model's own)."""
+    if chat_format is None:
+        return None
+    if not isinstance(chat_format, str):
+        raise TypeError(f"chat_format must be a string, got {type(chat_format).__name__}")
+    if chat_format not in CHAT_FORMATS:
+        raise ValueError(f"chat_format={chat_format!r} has no llama.cpp template; supported: "
+                         f"{', '.join(sorted(CHAT_FORMATS))} (or leave it None for the model's own template, or pass "
+                         f"args=['--chat-template-file', PATH])")
+    return CHAT_FORMATS[chat_format]
+
 
 def _refuse_callables(where: str, **given: Any) -> None:
     for name in _CALLABLES:
         if given.get(name) is not None:
-            raise TypeError(f"{where}: {name} is not supported by the Engine (llama.cpp's server samples in C++, "
-                            f"without Python callbacks); use stop=, grammar= or logit_bias= instead")
+            raise NotImplementedError(f"{where}: {name} cannot run here: llama.cpp's server samples in C++, without "
+                                      f"Python callbacks; use stop=, grammar=, logit_bias= or response_format= instead")
 
 
-def _common(max_tokens: int | None, temperature: float, top_p: float, top_k: int, min_p: float, typical_p: float,
-            stop: str | Sequence[str] | None, seed: int | None, frequency_penalty: float, presence_penalty: float,
-            repeat_penalty: float, tfs_z: float, mirostat_mode: int, mirostat_tau: float, mirostat_eta: float,
-            grammar: Any, logit_bias: dict[int, float] | None) -> dict[str, Any]:
+def _completion_logprobs(lp: Any, text_start: int) -> Any:
+    """OpenAI's text-completion logprobs (tokens, text_offset, token_logprobs, top_logprobs), as
+    llama_cpp.Llama returns them, from the server's chat-style `{"content": [...]}`."""
+    if not isinstance(lp, dict) or "content" not in lp:
+        return lp
+    tokens, offsets, token_lps, tops = [], [], [], []
+    at = text_start
+    for p in lp["content"]:
+        tokens.append(p.get("token", ""))
+        offsets.append(at)
+        at += len(p.get("token", ""))
+        token_lps.append(p.get("logprob"))
+        tops.append({t.get("token", ""): t.get("logprob") for t in p.get("top_logprobs") or []})
+    return {"tokens": tokens, "text_offset": offsets, "token_logprobs": token_lps, "top_logprobs": tops}
+
+
+def _common(rules: Any, where: str, max_tokens: int | None, temperature: float, top_p: float, top_k: int,
+            min_p: float, typical_p: float, stop: str | Sequence[str] | None, seed: int | None,
+            frequency_penalty: float, presence_penalty: float, repeat_penalty: float, tfs_z: float,
+            mirostat_mode: int, mirostat_tau: float, mirostat_eta: float, grammar: Any,
+            logit_bias: dict[int, float] | None) -> dict[str, Any]:
+    # each by the server's rule, under the name the caller wrote (mirostat_mode is the server's mirostat)
+    given = {"max_tokens": max_tokens, "temperature": temperature, "top_p": top_p, "top_k": top_k, "min_p": min_p,
+             "typical_p": typical_p, "stop": stop, "seed": seed, "frequency_penalty": frequency_penalty,
+             "presence_penalty": presence_penalty, "repeat_penalty": repeat_penalty, "mirostat": mirostat_mode,
+             "mirostat_tau": mirostat_tau, "mirostat_eta": mirostat_eta, "logit_bias": logit_bias,
+             "grammar": grammar if grammar is None or isinstance(grammar, str) else str(getattr(grammar, "_grammar", grammar))}
+    if max_tokens is not None and not isinstance(max_tokens, bool) and isinstance(max_tokens, int) and max_tokens <= 0:
+        given["max_tokens"] = -1
+    rules.check(where, given, shown={"mirostat": "mirostat_mode"})
+    if not isinstance(tfs_z, (int, float)) or isinstance(tfs_z, bool):
+        raise TypeError(f"{where}: tfs_z must be a number, got {tfs_z!r}")
     if tfs_z != 1.0:
         raise ValueError(f"tfs_z={tfs_z}: tail-free sampling was removed from llama.cpp; leave it at 1.0")
     body: dict[str, Any] = {
@@ -42,9 +91,10 @@ def _common(max_tokens: int | None, temperature: float, top_p: float, top_k: int
     if seed is not None:
         body["seed"] = seed
     if grammar is not None:  # a GBNF string, or llama_cpp.LlamaGrammar (its _grammar text)
-        body["grammar"] = grammar if isinstance(grammar, str) else str(getattr(grammar, "_grammar", grammar))
-    if logit_bias:
-        body["logit_bias"] = [[int(k), float(v)] for k, v in logit_bias.items()]
+        body["grammar"] = given["grammar"]
+    if logit_bias:  # {token id: bias} as llama-cpp-python takes it; the server also takes text for a key
+        body["logit_bias"] = [[int(k) if isinstance(k, str) and k.lstrip("-").isdigit() else k, v]
+                              for k, v in logit_bias.items()]
     return body
 
 
@@ -60,6 +110,92 @@ def _without_null_deltas(chunk: dict[str, Any]) -> dict[str, Any]:
 
 class LlamaCppCalls:
     """The mixin that gives the Engine llama-cpp-python's calls; see the module's docstring."""
+
+    # --- the model (llama_cpp.Llama's accessors) ---
+
+    def tokenize(self, text: bytes | str, add_bos: bool = True, special: bool = False, *,
+                 add_special: bool | None = None) -> list[int]:
+        """The model's tokens of `text` (bytes as llama_cpp.Llama takes it, or a str). `add_bos`
+        adds the model's start token where it uses one (`add_special` is llama-server's name for
+        it); `special` parses special-token text such as "<s>" as those tokens."""
+        if isinstance(text, str):
+            text = text.encode("utf-8")
+        if not isinstance(text, (bytes, bytearray)):
+            raise TypeError(f"tokenize(): text must be bytes or a str, got {type(text).__name__}")
+        for name, v in (("add_bos", add_bos), ("special", special), ("add_special", add_special)):
+            if v is not None and not isinstance(v, bool):
+                raise TypeError(f"tokenize(): {name} must be True or False, got {v!r}")
+        return list(self._core.tokenize(bytes(text), add_bos if add_special is None else add_special, special))  # type: ignore[attr-defined]
+
+    def detokenize(self, tokens: Sequence[int], prev_tokens: Sequence[int] | None = None,
+                   special: bool = False) -> bytes:
+        """The bytes of `tokens` (llama_cpp.Llama's: decode them with .decode("utf-8", errors="ignore")
+        where a piece may split a character). With `prev_tokens`, only what `tokens` add after them;
+        `special` renders special tokens ("<s>") instead of dropping them."""
+        if isinstance(tokens, (str, bytes)) or not all(isinstance(t, int) and not isinstance(t, bool) for t in tokens):
+            raise TypeError("detokenize(): tokens must be a list of token ids (int)")
+        if not isinstance(special, bool):
+            raise TypeError(f"detokenize(): special must be True or False, got {special!r}")
+        try:
+            if prev_tokens is not None:
+                before = bytes(self._core.detokenize(list(prev_tokens), special))  # type: ignore[attr-defined]
+                return bytes(self._core.detokenize(list(prev_tokens) + list(tokens), special))[len(before):]  # type: ignore[attr-defined]
+            return bytes(self._core.detokenize(list(tokens), special))  # type: ignore[attr-defined]
+        except ValueError as e:
+            raise ValueError(f"detokenize(): {e}") from None
+
+    def token_bos(self) -> int:
+        return int(self.model_info()["token_bos"])  # type: ignore[attr-defined]
+
+    def token_eos(self) -> int:
+        return int(self.model_info()["token_eos"])  # type: ignore[attr-defined]
+
+    def token_nl(self) -> int:
+        return int(self.model_info()["token_nl"])  # type: ignore[attr-defined]
+
+    def n_ctx(self) -> int:
+        """The context: here the KV pool every slot shares (each request may grow to all of it)."""
+        return int(self.model_info()["n_ctx"])  # type: ignore[attr-defined]
+
+    def n_vocab(self) -> int:
+        return int(self.model_info()["n_vocab"])  # type: ignore[attr-defined]
+
+    def n_embd(self) -> int:
+        return int(self.model_info()["n_embd"])  # type: ignore[attr-defined]
+
+    @property
+    def metadata(self) -> dict[str, str]:
+        """The GGUF metadata, as llama_cpp.Llama.metadata (every value a string)."""
+        return dict(self.model_info()["metadata"])  # type: ignore[attr-defined]
+
+    # --- what this design cannot do, said where it is asked for ---
+
+    def save_state(self) -> Any:
+        raise NotImplementedError("save_state(): the Engine serves many requests in one KV pool, so there is no single "
+                                  "context to save; a slot's state is saved with request('POST', '/slots/0?action=save', "
+                                  "{'filename': ...}) (needs args=['--slot-save-path', DIR]), and a prompt seen before is "
+                                  "reused by the prompt cache without asking")
+
+    def load_state(self, state: Any) -> None:
+        raise NotImplementedError("load_state(): see save_state(); restore a slot with "
+                                  "request('POST', '/slots/0?action=restore', {'filename': ...})")
+
+    def set_cache(self, cache: Any) -> None:
+        raise NotImplementedError("set_cache(): the server keeps its own prompt cache (--cache-ram MiB, and on disk "
+                                  "with --preempt-disk DIR); pass those as args")
+
+    def eval(self, tokens: Sequence[int]) -> None:
+        raise NotImplementedError("eval(): the server's loop decodes every request's tokens itself; submit a prompt "
+                                  "(create_completion, submit) instead")
+
+    def sample(self, *args: Any, **kwargs: Any) -> int:
+        raise NotImplementedError("sample(): sampling runs in the server's C++ sampler; set it per request "
+                                  "(temperature=, top_p=, grammar=, logit_bias=)")
+
+    def reset(self) -> None:
+        raise NotImplementedError("reset(): there is no single context to reset; each request gets its own slot")
+
+    # --- completions ---
 
     def _answer(self, path: str, body: dict[str, Any], stream: bool) -> dict[str, Any] | Iterator[dict[str, Any]]:
         req = self.submit(path=path, body=body, stream=stream)  # type: ignore[attr-defined]
@@ -77,25 +213,39 @@ class LlamaCppCalls:
                           grammar: Any = None, logit_bias: dict[int, float] | None = None,
                           **extra: Any) -> dict[str, Any] | Iterator[dict[str, Any]]:
         """A text completion as llama_cpp.Llama.create_completion answers it: a dict shaped like
-        OpenAI's text_completion, or with stream=True an iterator of its chunks. Extra keywords are
-        request fields of llama-server (`priority`, `n_keep`, ...)."""
-        _refuse_callables("create_completion()", stopping_criteria=stopping_criteria, logits_processor=logits_processor)
+        OpenAI's text_completion, or with stream=True an iterator of its chunks. `echo` puts the
+        prompt before the text; `logprobs` (an int) gives OpenAI's completion logprobs. Extra
+        keywords are request fields of llama-server (`priority`, `n_keep`, `response_format`, ...)."""
+        where = "create_completion()"
+        rules = self.request_rules()  # type: ignore[attr-defined]
+        rules.check_keywords(where, extra, own=_CREATE_COMPLETION_ARGS)
+        _refuse_callables(where, stopping_criteria=stopping_criteria, logits_processor=logits_processor)
         if suffix is not None:
-            raise ValueError("create_completion(suffix=...): fill-in-the-middle goes through the server's /infill "
-                             "route: submit(path='/infill', body={'input_prefix': ..., 'input_suffix': ...})")
-        if not isinstance(prompt, (str, list)):
-            raise TypeError(f"create_completion(): prompt must be a string or a list of token ids, got "
-                            f"{type(prompt).__name__}")
-        body = {"prompt": prompt, **_common(max_tokens, temperature, top_p, top_k, min_p, typical_p, stop, seed,
-                                            frequency_penalty, presence_penalty, repeat_penalty, tfs_z, mirostat_mode,
-                                            mirostat_tau, mirostat_eta, grammar, logit_bias), **extra}
+            raise ValueError(f"{where}: suffix= (fill-in-the-middle) goes through the server's /infill route: "
+                             "submit(path='/infill', body={'input_prefix': ..., 'input_suffix': ...})")
+        rules.check(where, {"prompt": prompt, "echo": echo, "stream": stream, "logprobs": logprobs, "model": model,
+                            **extra})
+        if echo and logprobs is not None:
+            raise ValueError(f"{where}: echo with logprobs would need the prompt tokens' logprobs, which the server "
+                             "does not compute; ask for one or the other")
+        body = {"prompt": prompt, **_common(rules, where, max_tokens, temperature, top_p, top_k, min_p, typical_p,
+                                            stop, seed, frequency_penalty, presence_penalty, repeat_penalty, tfs_z,
+                                            mirostat_mode, mirostat_tau, mirostat_eta, grammar, logit_bias), **extra}
         if logprobs is not None:
             body["logprobs"] = logprobs
-        if echo:
-            body["echo"] = True
         if model is not None:
             body["model"] = model
-        return self._answer("/v1/completions", body, stream)
+        head = ""
+        if echo:  # the server's /v1/completions refuses echo: the prompt's text is put before the answer here
+            head = prompt if isinstance(prompt, str) else self.detokenize(prompt).decode("utf-8", errors="ignore")
+        answer = self._answer("/v1/completions", body, stream)
+        if stream:
+            return _stream_with_head(answer, head)  # type: ignore[arg-type]
+        for choice in answer.get("choices") or []:  # type: ignore[union-attr]
+            choice["text"] = head + choice.get("text", "")
+            if logprobs is not None:
+                choice["logprobs"] = _completion_logprobs(choice.get("logprobs"), len(head))
+        return answer
 
     def __call__(self, prompt: str | list[int], **kwargs: Any) -> dict[str, Any] | Iterator[dict[str, Any]]:
         """`engine(prompt, ...)` is create_completion(prompt, ...), as with llama_cpp.Llama."""
@@ -115,19 +265,85 @@ class LlamaCppCalls:
                                top_logprobs: int | None = None,
                                **extra: Any) -> dict[str, Any] | Iterator[dict[str, Any]]:
         """A chat completion as llama_cpp.Llama.create_chat_completion answers it (the model's own
-        chat template): a chat.completion dict, or with stream=True an iterator of its chunks."""
-        _refuse_callables("create_chat_completion()", logits_processor=logits_processor)
-        if isinstance(messages, (str, bytes)) or not all(isinstance(m, dict) for m in messages):
-            raise TypeError("create_chat_completion(): messages must be a list of {'role': ..., 'content': ...} dicts")
+        chat template, or the Engine's chat_format): a chat.completion dict, or with stream=True an
+        iterator of its chunks. `response_format={"type": "json_object"}` (with a "schema", or
+        {"type": "json_schema", ...}) constrains the answer to JSON; `tools` as the server takes them."""
+        where = "create_chat_completion()"
+        rules = self.request_rules()  # type: ignore[attr-defined]
+        rules.check_keywords(where, extra, own=_CREATE_CHAT_ARGS)
+        _refuse_callables(where, logits_processor=logits_processor)
         if functions is not None or function_call is not None:
-            raise ValueError("create_chat_completion(): functions/function_call are OpenAI's deprecated form; "
-                             "pass tools= and tool_choice=")
-        body = {"messages": list(messages), **_common(max_tokens, temperature, top_p, top_k, min_p, typical_p, stop,
-                                                      seed, frequency_penalty, presence_penalty, repeat_penalty, tfs_z,
-                                                      mirostat_mode, mirostat_tau, mirostat_eta, grammar, logit_bias),
-                **extra}
+            raise ValueError(f"{where}: functions/function_call are OpenAI's deprecated form; pass tools= and tool_choice=")
+        if logprobs is not None and not isinstance(logprobs, bool):
+            raise TypeError(f"{where}: logprobs must be True or False (top_logprobs= says how many), got {logprobs!r}")
+        rules.check(where, {"messages": messages, "tools": tools, "tool_choice": tool_choice, "stream": stream,
+                            "response_format": response_format, "model": model, "top_logprobs": top_logprobs, **extra})
+        body = {"messages": list(messages), **_common(rules, where, max_tokens, temperature, top_p, top_k, min_p,
+                                                      typical_p, stop, seed, frequency_penalty, presence_penalty,
+                                                      repeat_penalty, tfs_z, mirostat_mode, mirostat_tau,
+                                                      mirostat_eta, grammar, logit_bias), **extra}
         for key, value in (("tools", tools), ("tool_choice", tool_choice), ("response_format", response_format),
                            ("model", model), ("logprobs", logprobs), ("top_logprobs", top_logprobs)):
             if value is not None:
                 body[key] = value
         return self._answer("/v1/chat/completions", body, stream)
+
+    # --- embeddings (an Engine started with embedding=True) ---
+
+    def embed(self, input: str | Sequence[str], normalize: bool = False, truncate: bool = True,
+              return_count: bool = False) -> Any:
+        """llama_cpp.Llama.embed: one embedding per input (a list of floats), or for a model
+        without pooling (a text-generation model) one per token (a list of lists), as llama_cpp
+        returns them; `normalize` scales each to length 1. With return_count, (embeddings, n_tokens)."""
+        where = "embed()"
+        inputs = [input] if isinstance(input, str) else input
+        if isinstance(inputs, bytes) or not isinstance(inputs, Sequence) or not all(isinstance(x, str) for x in inputs):
+            raise TypeError(f"{where}: input must be a string or a list of strings")
+        for name, v in (("normalize", normalize), ("truncate", truncate), ("return_count", return_count)):
+            if not isinstance(v, bool):
+                raise TypeError(f"{where}: {name} must be True or False, got {v!r}")
+        body = {"content": list(inputs), "embd_normalize": 2 if normalize else -1}
+        try:
+            answer = self.request("POST", "/embeddings", body)  # type: ignore[attr-defined]
+        except Exception as e:
+            if getattr(e, "status", None) == 501 or "embedding" in str(e).lower():
+                raise ValueError(f"{where}: this Engine does not compute embeddings: start it with embedding=True "
+                                 f"({e})") from None
+            raise
+        out: list[Any] = []
+        n_tokens = 0
+        for item in sorted(answer, key=lambda x: x.get("index", 0)):
+            emb = item["embedding"]
+            n_tokens += len(emb) if emb and isinstance(emb[0], list) else len(self.tokenize(inputs[item.get("index", 0)]))
+            out.append(emb[0] if emb and isinstance(emb[0], list) and len(emb) == 1 and _pooled(self) else emb)
+        result = out[0] if isinstance(input, str) else out
+        return (result, n_tokens) if return_count else result
+
+    def create_embedding(self, input: str | Sequence[str], model: str | None = None) -> dict[str, Any]:
+        """llama_cpp.Llama.create_embedding: OpenAI's embedding list ({"object": "list", "data":
+        [{"embedding": ..., "index": i}], "usage"}), embeddings not normalized as llama_cpp's."""
+        if model is not None and not isinstance(model, str):
+            raise TypeError(f"create_embedding(): model must be a string, got {type(model).__name__}")
+        inputs = [input] if isinstance(input, str) else input
+        embeddings, n_tokens = self.embed(inputs, return_count=True)
+        return {"object": "list", "model": model or self.model_info()["metadata"].get("general.name", ""),  # type: ignore[attr-defined]
+                "data": [{"object": "embedding", "embedding": e, "index": i} for i, e in enumerate(embeddings)],
+                "usage": {"prompt_tokens": n_tokens, "total_tokens": n_tokens}}
+
+
+def _pooled(llm: Any) -> bool:
+    """Whether the server pools each input into one embedding (a pooling type other than none)."""
+    return int(llm.model_info()["pooling"]) != 0
+
+
+def _stream_with_head(chunks: Iterator[dict[str, Any]], head: str) -> Iterator[dict[str, Any]]:
+    """A completion stream with the echoed prompt put before the first chunk's text."""
+    for chunk in chunks:
+        if head and chunk.get("choices"):
+            chunk["choices"][0]["text"] = head + chunk["choices"][0].get("text", "")
+            head = ""
+        yield chunk
+
+
+_CREATE_COMPLETION_ARGS = frozenset(inspect.signature(LlamaCppCalls.create_completion).parameters) - {"self", "extra"}
+_CREATE_CHAT_ARGS = frozenset(inspect.signature(LlamaCppCalls.create_chat_completion).parameters) - {"self", "extra"}

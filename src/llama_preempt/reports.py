@@ -2,10 +2,11 @@
 events) and what a request answered (Completion). `llama_preempt.engine` re-exports them."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from . import _core
+from .outputs import CompletionOutput, output_of, outputs_of_choices
 
 # --- what a step did ---
 
@@ -59,7 +60,9 @@ class StepReport:
 
 @dataclass(frozen=True)
 class Completion:
-    """One finished answer, from any completion endpoint."""
+    """One finished answer, from any completion endpoint. It is also vLLM's RequestOutput:
+    `prompt`, `prompt_token_ids`, `outputs` (one CompletionOutput per sequence: `text`,
+    `token_ids`, `finish_reason`, ...), `finished` and `request_id`."""
 
     text: str
     n_prompt: int
@@ -67,18 +70,32 @@ class Completion:
     stop: str                 # stop_type (/completion) or finish_reason (OpenAI endpoints)
     timings: dict[str, Any] = field(default_factory=dict, repr=False)
     response: dict[str, Any] = field(default_factory=dict, repr=False)  # the server's whole response
+    outputs: list[CompletionOutput] = field(default_factory=list, repr=False)
+    prompt: str | None = field(default=None, repr=False)           # as given (None for chat messages)
+    prompt_token_ids: list[int] | None = field(default=None, repr=False)
+    request_id: str = field(default="", repr=False)
+    finished: bool = field(default=True, repr=False)
+
+    @property
+    def finish_reason(self) -> str | None:
+        """vLLM's finish_reason of the first sequence: "stop", "length" (or "tool_calls")."""
+        return self.outputs[0].finish_reason if self.outputs else None
 
     @classmethod
-    def from_response(cls, body: dict[str, Any]) -> "Completion":
+    def from_response(cls, body: dict[str, Any] | list[dict[str, Any]]) -> "Completion":
+        if isinstance(body, list):  # /completion with n > 1: one answer per sequence
+            first = cls.from_response(body[0])
+            outs = [output_of(b, i) for i, b in enumerate(body)]
+            return replace(first, outputs=outs, n_generated=sum(int(b.get("tokens_predicted", 0)) for b in body))
         timings = body.get("timings") or {}
         if "choices" in body:  # /v1/chat/completions, /v1/completions
             choice = body["choices"][0]
             text = choice["message"].get("content") or "" if "message" in choice else choice.get("text", "")
             usage = body.get("usage") or {}
             return cls(text, int(usage.get("prompt_tokens", 0)), int(usage.get("completion_tokens", 0)),
-                       str(choice.get("finish_reason")), timings, body)
+                       str(choice.get("finish_reason")), timings, body, outputs_of_choices(body))
         return cls(body.get("content", ""), int(body.get("tokens_evaluated", 0)),
-                   int(body.get("tokens_predicted", 0)), str(body.get("stop_type", "")), timings, body)
+                   int(body.get("tokens_predicted", 0)), str(body.get("stop_type", "")), timings, body, [output_of(body)])
 
     @classmethod
     def from_stream(cls, chunks: list[dict[str, Any]]) -> "Completion":
@@ -94,9 +111,15 @@ class Completion:
             # usage only with stream_options.include_usage; llama-server's timings always
             timings = next((c["timings"] for c in reversed(chunks) if c.get("timings")), timings)
             return cls(text, int(usage.get("prompt_tokens", timings.get("prompt_n", 0))),
-                       int(usage.get("completion_tokens", timings.get("predicted_n", 0))), str(reason), timings, last)
+                       int(usage.get("completion_tokens", timings.get("predicted_n", 0))), str(reason), timings, last,
+                       [CompletionOutput(0, text, [], None, None, reason)])
+        ids = [int(t) for c in chunks for t in c.get("tokens") or []]
+        out = replace(output_of(last, 0, text), token_ids=ids)
         return cls(text, int(last.get("tokens_evaluated", 0)), int(last.get("tokens_predicted", 0)),
-                   str(last.get("stop_type", "")), timings, last)
+                   str(last.get("stop_type", "")), timings, last, [out])
+
+
+RequestOutput = Completion  # vLLM's name: a Completion has RequestOutput's fields
 
 
 def stream_text(chunk: dict[str, Any]) -> str:

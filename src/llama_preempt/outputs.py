@@ -1,0 +1,96 @@
+"""vLLM's output shapes, read from the server's answers: a Completion is also a `RequestOutput`
+(`prompt`, `prompt_token_ids`, `outputs`, `finished`, `request_id`), each of its `outputs` a
+`CompletionOutput` (`index`, `text`, `token_ids`, `cumulative_logprob`, `logprobs`,
+`finish_reason`, `stop_reason`), so `o.outputs[0].text` works as in vLLM's quickstart."""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class RequestOutputKind(enum.IntEnum):
+    """What each output of a stream carries, as vLLM's: CUMULATIVE (the text so far, the default),
+    DELTA (only what is new), FINAL_ONLY (one output, at the end)."""
+
+    CUMULATIVE = 0
+    DELTA = 1
+    FINAL_ONLY = 2
+
+
+@dataclass(frozen=True)
+class Logprob:
+    """One token's log-probability, as vLLM's: `rank` 1 is the most likely token."""
+
+    logprob: float
+    rank: int | None = None
+    decoded_token: str | None = None
+
+
+@dataclass
+class CompletionOutput:
+    """One generated sequence of a request (vLLM's CompletionOutput)."""
+
+    index: int
+    text: str
+    token_ids: list[int] = field(default_factory=list)
+    cumulative_logprob: float | None = None
+    logprobs: list[dict[int, Logprob]] | None = None
+    finish_reason: str | None = None   # "stop" (an end token or a stop string), "length", "tool_calls"; None: running
+    stop_reason: str | None = None     # the stop string that ended it (None for an end token or the length)
+
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+def _logprobs(probs: list[dict[str, Any]] | None) -> tuple[list[dict[int, Logprob]] | None, float | None]:
+    """vLLM's per-token logprob dicts (the sampled token and the top ones) and their sum, from the
+    server's `completion_probabilities` or an OpenAI `logprobs.content` list."""
+    if not probs:
+        return None, None
+    out: list[dict[int, Logprob]] = []
+    total = 0.0
+    for p in probs:
+        entry: dict[int, Logprob] = {}
+        for rank, top in enumerate(p.get("top_logprobs") or [], start=1):
+            if "id" in top:
+                entry[int(top["id"])] = Logprob(float(top["logprob"]), rank, top.get("token"))
+        if "id" in p:
+            tid = int(p["id"])
+            rank = next((r for r, t in enumerate(p.get("top_logprobs") or [], start=1) if t.get("id") == tid), None)
+            entry[tid] = Logprob(float(p["logprob"]), rank, p.get("token"))
+        total += float(p.get("logprob", 0.0))
+        out.append(entry)
+    return out, total
+
+
+def _finish(stop_type: str | None, stopping_word: str | None) -> tuple[str | None, str | None]:
+    """vLLM's finish_reason and stop_reason from /completion's stop_type."""
+    if stop_type == "eos":
+        return "stop", None
+    if stop_type == "word":
+        return "stop", stopping_word or None
+    if stop_type == "limit":
+        return "length", None
+    return None, None
+
+
+def output_of(body: dict[str, Any], index: int = 0, text: str | None = None) -> CompletionOutput:
+    """The CompletionOutput of one /completion answer (or a streamed answer's last chunk, with the
+    joined `text`)."""
+    finish, stop_reason = _finish(body.get("stop_type"), body.get("stopping_word"))
+    logprobs, cum = _logprobs(body.get("completion_probabilities"))
+    return CompletionOutput(int(body.get("index", index) or index), body.get("content", "") if text is None else text,
+                            [int(t) for t in body.get("tokens") or []], cum, logprobs, finish, stop_reason)
+
+
+def outputs_of_choices(body: dict[str, Any]) -> list[CompletionOutput]:
+    """One CompletionOutput per choice of an OpenAI-shaped answer (/v1/completions, /v1/chat/completions);
+    these routes return no token ids."""
+    out = []
+    for i, choice in enumerate(body.get("choices") or []):
+        text = choice["message"].get("content") or "" if "message" in choice else choice.get("text", "")
+        lp = choice.get("logprobs")
+        logprobs, cum = _logprobs(lp.get("content") if isinstance(lp, dict) else None)
+        out.append(CompletionOutput(int(choice.get("index", i)), text, [], cum, logprobs, choice.get("finish_reason")))
+    return out

@@ -1,0 +1,173 @@
+"""vLLM's offline classes over the Engine: `LLM` (generate, chat, embed) and `AsyncLLM`
+(`from_engine_args(AsyncEngineArgs(model=...))`, `generate(prompt, sampling_params, request_id)`
+streaming RequestOutputs, `abort`, `shutdown`), so a vLLM program runs by changing its imports
+and the model (a GGUF file):
+
+    from llama_preempt import LLM, SamplingParams     # was: from vllm import LLM, SamplingParams
+    llm = LLM(model="model.gguf")
+    for o in llm.generate(["Hello, my name is"], SamplingParams(temperature=0.8, top_p=0.95)):
+        print(o.prompt, o.outputs[0].text)
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+from .aio import AsyncEngine
+from .checks import check_messages
+from .engine import Engine
+from .reports import Completion
+from .sampling import SamplingParams
+
+# vLLM engine arguments that choose how vLLM runs on its GPUs; llama.cpp has no such choice (its
+# KV pool is n_ctx, max_model_len here), so they are taken and change nothing
+_NO_EFFECT = {"trust_remote_code": False, "enforce_eager": False, "gpu_memory_utilization": 0.9, "dtype": "auto",
+              "swap_space": 4, "disable_log_stats": False}
+
+
+def _engine_kwargs(where: str, model: str | os.PathLike[str], max_model_len: int | None, max_num_seqs: int | None,
+                   seed: int | None, tensor_parallel_size: int, quantization: str | None, tokenizer: str | None,
+                   task: str, extra: dict[str, Any]) -> dict[str, Any]:
+    for name, default in _NO_EFFECT.items():
+        extra.pop(name, default)
+    if tokenizer is not None:
+        raise ValueError(f"{where}: tokenizer= — a GGUF file carries its tokenizer; leave it None")
+    if quantization is not None:
+        raise ValueError(f"{where}: quantization= — a GGUF file's types are fixed when it is made; pick the file")
+    if tensor_parallel_size != 1:
+        raise NotImplementedError(f"{where}: tensor_parallel_size={tensor_parallel_size}: llama.cpp splits a model "
+                                  "over several GPUs by layers or rows: args=['-sm', 'row'] (or 'layer')")
+    if task not in ("auto", "generate", "embed"):
+        raise ValueError(f"{where}: task={task!r}: one of 'auto', 'generate', 'embed'")
+    return {"model": model, "n_ctx": max_model_len, "n_parallel": max_num_seqs, "seed": seed,
+            "embedding": task == "embed", **extra}
+
+
+class LLM(Engine):
+    """vLLM's `LLM` over the Engine: `LLM(model="model.gguf", max_model_len=4096, max_num_seqs=8)`.
+    `generate` returns RequestOutputs (Completion), `chat` renders the model's chat template and
+    generates from it, `embed` needs task="embed". The Engine's own calls work on it too."""
+
+    def __init__(self, model: str | os.PathLike[str], *, max_model_len: int | None = None,
+                 max_num_seqs: int | None = None, seed: int | None = None, tensor_parallel_size: int = 1,
+                 quantization: str | None = None, tokenizer: str | None = None, task: str = "auto",
+                 **kwargs: Any) -> None:
+        super().__init__(**_engine_kwargs("LLM()", model, max_model_len, max_num_seqs, seed, tensor_parallel_size,
+                                          quantization, tokenizer, task, dict(kwargs)))
+
+    def generate(self, prompts: Any, sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+                 use_tqdm: bool = True, **fields: Any) -> list[Any]:
+        """vLLM's generate: a prompt or a list of them (text, {"prompt": text} or
+        {"prompt_token_ids": [...]}), one RequestOutput each, in order. `use_tqdm` is accepted (no
+        progress bar is drawn). The Engine's own keywords (timeout=, return_exceptions=) work too."""
+        if not isinstance(use_tqdm, bool):
+            raise TypeError(f"generate(): use_tqdm must be True or False, got {use_tqdm!r}")
+        return super().generate(_prompts(prompts), sampling_params, **fields)
+
+    def chat(self, messages: Any, sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+             use_tqdm: bool = True, add_generation_prompt: bool = True, **fields: Any) -> list[Completion]:
+        """vLLM's chat: one conversation (a list of messages) or a list of them, each rendered with
+        the model's chat template (or the Engine's chat_format) and generated from; RequestOutputs
+        whose `prompt` is the rendered text."""
+        convs = [messages] if messages and isinstance(messages[0], dict) else list(messages)
+        rendered = []
+        for conv in convs:
+            check_messages("chat()", conv)
+            rendered.append(self.request("POST", "/apply-template", {"messages": conv,
+                                                                      "add_generation_prompt": add_generation_prompt})["prompt"])
+        return self.generate(rendered, sampling_params, use_tqdm=use_tqdm, **fields)
+
+    def embed(self, prompts: Any, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
+        """vLLM's embed: one EmbeddingRequestOutput per prompt (`.outputs.embedding`). The
+        llama-cpp-python form (embed(input, normalize=...)) answers when called with its keywords."""
+        if args or kwargs:
+            return super().embed(prompts, *args, **kwargs)
+        texts = [prompts] if isinstance(prompts, str) else list(prompts)
+        return [EmbeddingRequestOutput(t, EmbeddingOutput(list(e))) for t, e in zip(texts, super().embed(texts))]
+
+    def get_tokenizer(self) -> Any:
+        raise NotImplementedError("get_tokenizer(): the tokenizer is the GGUF's, inside llama.cpp; use "
+                                  "llm.tokenize(text) and llm.detokenize(ids)")
+
+    def beam_search(self, *args: Any, **kwargs: Any) -> Any:
+        raise NotImplementedError("beam_search(): llama.cpp's server samples one sequence per slot; use n= for "
+                                  "several samples")
+
+    def encode(self, *args: Any, **kwargs: Any) -> Any:
+        raise NotImplementedError("encode(): use embed() on an LLM(task='embed')")
+
+    def score(self, *args: Any, **kwargs: Any) -> Any:
+        raise NotImplementedError("score(): start llama-server with --reranking and POST /rerank (request('POST', "
+                                  "'/rerank', {...}) on an Engine(args=['--reranking']))")
+
+    def sleep(self, *args: Any, **kwargs: Any) -> Any:
+        raise NotImplementedError("sleep(): close() frees the model; a new LLM loads it again")
+
+
+@dataclass
+class EmbeddingOutput:
+    embedding: list[float]
+
+
+@dataclass
+class EmbeddingRequestOutput:
+    prompt: str
+    outputs: EmbeddingOutput
+    finished: bool = True
+
+
+@dataclass
+class AsyncEngineArgs:
+    """vLLM's AsyncEngineArgs, for AsyncLLM.from_engine_args; `engine_kwargs` are the Engine's own
+    (n_parallel, preempt_ram_mib, args, ...)."""
+
+    model: str
+    max_model_len: int | None = None
+    max_num_seqs: int | None = None
+    seed: int | None = None
+    tensor_parallel_size: int = 1
+    quantization: str | None = None
+    tokenizer: str | None = None
+    task: str = "auto"
+    enforce_eager: bool = False
+    trust_remote_code: bool = False
+    gpu_memory_utilization: float = 0.9
+    dtype: str = "auto"
+    engine_kwargs: dict[str, Any] = field(default_factory=dict)
+
+
+EngineArgs = AsyncEngineArgs
+
+
+class AsyncLLM(AsyncEngine):
+    """vLLM's AsyncLLM over the AsyncEngine: `AsyncLLM.from_engine_args(AsyncEngineArgs(model=...))`,
+    `async for out in engine.generate(prompt, sampling_params, request_id)`, `await abort(id)`,
+    `shutdown()`."""
+
+    @classmethod
+    def from_engine_args(cls, engine_args: AsyncEngineArgs, **_: Any) -> "AsyncLLM":
+        a = engine_args
+        kw = _engine_kwargs("AsyncLLM.from_engine_args()", a.model, a.max_model_len, a.max_num_seqs, a.seed,
+                            a.tensor_parallel_size, a.quantization, a.tokenizer, a.task, dict(a.engine_kwargs))
+        return cls(kw.pop("model"), **kw)
+
+    def shutdown(self) -> None:
+        """Cancel what is pending and free the model (vLLM's sync shutdown)."""
+        self.engine.close()
+
+
+def _prompts(prompts: Any) -> list[Any]:
+    """vLLM's prompt forms as the Engine's: text, {"prompt": text}, {"prompt_token_ids": [...]}."""
+    items = [prompts] if isinstance(prompts, (str, dict)) else list(prompts)
+    out = []
+    for i, p in enumerate(items):
+        if isinstance(p, dict):
+            if "prompt" in p:
+                p = p["prompt"]
+            elif "prompt_token_ids" in p:
+                p = list(p["prompt_token_ids"])
+            else:
+                raise ValueError(f"generate(): prompts[{i}] must have 'prompt' or 'prompt_token_ids'")
+        out.append(p)
+    return out
