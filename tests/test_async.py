@@ -111,10 +111,12 @@ def test_async_errors_are_the_callers_or_the_servers(stories_model: Path) -> Non
             with pytest.raises(RequestError, match="n_predict"):
                 async for _ in eng.stream("Once", n_predict="many"):
                     pass
-            outs = await eng.generate(["Once", "The dog"], [SamplingParams(max_tokens=2), SamplingParams(max_tokens=4)])
+            outs = await eng.generate_all(["Once", "The dog"], [SamplingParams(max_tokens=2), SamplingParams(max_tokens=4)])
             assert [o.n_generated for o in outs] == [2, 4]
-            with pytest.raises(GenerateError) as g:
-                await eng.generate(["Once", "The dog"], [SamplingParams(max_tokens=2), SamplingParams(max_tokens=2, seed=2**40)])
+            with pytest.raises(ValueError, match="seed"):  # caught at the call, before anything runs
+                SamplingParams(max_tokens=2, seed=2**40)
+            with pytest.raises(GenerateError) as g:  # a token id the model does not have: the server's 400
+                await eng.generate_all(["Once", [10**6]], [SamplingParams(max_tokens=2), SamplingParams(max_tokens=2)])
             assert isinstance(g.value.results[0], Completion) and isinstance(g.value.results[1], RequestError)
 
     asyncio.run(main())

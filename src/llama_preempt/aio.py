@@ -234,8 +234,8 @@ class AsyncEngine:
             raise TypeError("generate_all(): prompts must be a list; for one prompt, pass [prompt]")
         self.engine.request_rules().check_keywords("generate_all()", fields)
         each = per_prompt(params, len(prompts))
-        calls = [self.complete(messages=p, **{**f, **fields}) if not isinstance(p, str)
-                 else self.complete(p, **{**f, **fields}) for p, f in zip(prompts, each)]
+        calls = [self.complete(p, **{**f, **fields}) if _is_text(p) and not isinstance(p, dict)
+                 else self.complete(messages=p, **{**f, **fields}) for p, f in zip(prompts, each)]
         out = list(await asyncio.gather(*calls, return_exceptions=True))
         for x in out:
             if isinstance(x, BaseException) and not isinstance(x, (RequestError, RequestCancelled)):
