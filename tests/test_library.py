@@ -59,8 +59,8 @@ def test_create_chat_completion_answers_as_llama_cpp_python_does(eng: Engine) ->
 
 
 @pytest.mark.parametrize("call, error, needle", [
-    (lambda e: e.create_completion("x", stopping_criteria=lambda *a: False), TypeError, "stopping_criteria"),
-    (lambda e: e.create_completion("x", logits_processor=lambda *a: None), TypeError, "logits_processor"),
+    (lambda e: e.create_completion("x", stopping_criteria=lambda *a: False), NotImplementedError, "stopping_criteria"),
+    (lambda e: e.create_completion("x", logits_processor=lambda *a: None), NotImplementedError, "logits_processor"),
     (lambda e: e.create_completion("x", tfs_z=0.5), ValueError, "tfs_z"),
     (lambda e: e.create_completion("x", suffix="y"), ValueError, "/infill"),
     (lambda e: e.create_completion(42), TypeError, "prompt"),
@@ -138,9 +138,10 @@ def test_a_generate_timeout_cancels_what_it_started_and_says_how_many(eng: Engin
 
 
 def test_a_failed_request_keeps_the_others_answers(eng: Engine) -> None:
-    with pytest.raises(GenerateError) as e:
-        eng.generate(["Once", "The dog"], [SamplingParams(max_tokens=3), SamplingParams(max_tokens=3)],
-                     n_keep=-7)
+    with pytest.raises(ValueError, match="n_keep"):  # beyond the server's limit: refused at the call
+        eng.generate(["Once", "The dog"], n_keep=-7)
+    with pytest.raises(GenerateError) as e:  # token ids the model does not have: the server's 400, each
+        eng.generate([[10**6], [10**6 + 1]], [SamplingParams(max_tokens=3), SamplingParams(max_tokens=3)])
     assert all(isinstance(x, RequestError) for x in e.value.results)
     outs = eng.generate(["Once", long_prompt(2000)], n_predict=3, return_exceptions=True)
     assert isinstance(outs[0], Completion) and isinstance(outs[1], RequestError) and outs[1].status == 400

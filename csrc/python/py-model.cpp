@@ -145,7 +145,7 @@ void register_model(py::module_ & m) {
        "{'names', 'kind', 'min', 'max', 'hard', 'bool_alias', 'desc'} (an Engine's own: EngineCore.request_fields())");
     m.def("chat_messages_error", [](const std::string & messages_json) {
         try {
-            return llama_preempt::chat_messages_error(json::parse(messages_json));
+            return llama_preempt::chat_messages_error(json::parse(messages_json), /* allow_empty = */ false);
         } catch (const common_json_error &) {
             return std::string("'messages' is not JSON");
         }

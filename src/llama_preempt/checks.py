@@ -26,7 +26,7 @@ class FieldTypeError(RequestError, TypeError):
     server would answer."""
 
     def __init__(self, message: str) -> None:
-        super().__init__(400, "invalid_request_error", message)
+        super().__init__(400, "invalid_request_error", message, _error_body(message))
         self.args = (message,)
 
 
@@ -35,8 +35,13 @@ class FieldValueError(RequestError, ValueError):
     RequestError (400) the server would answer."""
 
     def __init__(self, message: str) -> None:
-        super().__init__(400, "invalid_request_error", message)
+        super().__init__(400, "invalid_request_error", message, _error_body(message))
         self.args = (message,)
+
+
+def _error_body(message: str) -> dict[str, Any]:
+    """The error body the server would answer the same request with."""
+    return {"error": {"code": 400, "message": message, "type": "invalid_request_error"}}
 
 
 def _num(x: float) -> str:
@@ -157,8 +162,9 @@ def check_value(where: str, name: str, rule: FieldRule, value: Any) -> None:
     if kind in ("int", "float"):
         if rule.bool_ok and isinstance(value, bool):
             return
-        if kind == "int" and not _is_int(value):
-            raise _kind_error(where, name, "a whole number (int)", value)
+        # the server takes a whole number written as a float (2.0), and refuses 2.5 (checked_number)
+        if kind == "int" and not (_is_int(value) or (isinstance(value, float) and value.is_integer())):
+            raise _kind_error(where, name, "an int (a whole number)", value)
         if kind == "float" and not _is_number(value):
             raise _kind_error(where, name, "a number", value)
         if kind == "float" and not math.isfinite(value):
