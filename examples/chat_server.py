@@ -23,6 +23,10 @@ async def chat(request: web.Request) -> web.StreamResponse:
     messages = body.pop("messages", None)
     if not isinstance(messages, list):
         return web.json_response({"error": {"message": "messages: expected a list", "code": 400}}, status=400)
+    # as llama-server, a field it does not know (OpenAI's "store", "user", ...) is ignored: the library
+    # would call it a mistake in a Python call, but this is an HTTP API
+    known = eng.engine.request_rules().names()
+    body = {k: v for k, v in body.items() if k in known}
     if not body.pop("stream", False):
         try:
             done = await eng.chat(messages, **body)

@@ -117,7 +117,7 @@ py::dict model_info(const llama_context * lctx) {
 
 std::vector<llama_token> tokenize(const llama_context * lctx, const std::string & text, bool add_special, bool parse_special) {
     const llama_vocab * vocab = llama_model_get_vocab(llama_get_model(lctx));
-    py::gil_scoped_release nogil;  // a long text takes a while; the vocabulary is only read
+    // the GIL stays held: close() frees the model with it released, and must not free it under us
     return common_tokenize(vocab, text, add_special, parse_special);
 }
 

@@ -15,6 +15,7 @@ where the request was parked, resumed, or kept alive while parked.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import struct
 import warnings
@@ -22,8 +23,9 @@ from dataclasses import dataclass
 from typing import Any, AsyncIterator, Callable, Sequence
 
 from .engine import (Engine, EngineError, GenerateError, Request, RequestCancelled, RequestError, _decode,
-                     _sse_data)
-from .outputs import CompletionOutput, RequestOutputKind, output_of
+                     _is_prompt, _sse_data, vllm_prompt)
+from .checks import FieldTypeError, FieldValueError
+from .outputs import RequestOutputKind, finish_of, sequence_output
 from .reports import Completion
 from .sampling import SamplingParams, per_prompt
 from .stats import PreemptStats
@@ -51,7 +53,7 @@ class AsyncEngine:
         self.engine.start()
         self._events: dict[int, asyncio.Event] = {}
         self._by_id: dict[str, Request] = {}   # generate()'s requests by request_id, for abort()
-        self._aborted_ids: set[str] = set()
+        self._aborted: set[int] = set()          # the handles abort() cancelled, while their generate() runs
         self._loop: asyncio.AbstractEventLoop | None = None
 
     @classmethod
@@ -70,14 +72,28 @@ class AsyncEngine:
         model, on a worker thread; the requests awaited meanwhile end with RequestCancelled."""
         if self.engine.closed:
             return
-        # the pipe leaves the event loop before it is closed (its number may be reused at once)
-        if self._loop is not None and not self._loop.is_closed():
-            self._loop.remove_reader(self._fd)
-        self._loop = None
+        self._unlisten()
         try:
             await asyncio.to_thread(self.engine.close, drain=drain)
         finally:
             self._wake_all()
+
+    def close(self) -> None:
+        """aclose() without awaiting: blocks while the pending requests are cancelled and the model
+        freed (vLLM's AsyncLLM.shutdown() is this)."""
+        if self.engine.closed:
+            return
+        self._unlisten()
+        try:
+            self.engine.close()
+        finally:
+            self._wake_all()
+
+    def _unlisten(self) -> None:
+        """The pipe leaves the event loop before it is closed (its number may be reused at once)."""
+        if self._loop is not None and not self._loop.is_closed():
+            self._loop.remove_reader(self._fd)
+        self._loop = None
 
     @property
     def closed(self) -> bool:
@@ -143,77 +159,80 @@ class AsyncEngine:
                 req.cancel(wait=0)  # the consumer left, or its task was cancelled (never block the event loop)
             self._forget(req)
 
-    def generate(self, prompt: Any, sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
-                 request_id: str | None = None, *, priority: int | None = None, **fields: Any) -> Any:
+    def generate(self, prompt: Any = None, sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+                 request_id: str | None = None, *, priority: int = 0, **fields: Any) -> Any:
         """vLLM's AsyncLLM.generate: `async for out in eng.generate(prompt, params, request_id)`, a
-        RequestOutput (Completion) at each step of one request, its text so far (or, with
-        SamplingParams(output_kind=RequestOutputKind.DELTA), only what is new), the last one with
-        `finished` True. `abort(request_id)` stops it (its last output's finish_reason "abort").
+        RequestOutput (Completion) at each step of one request (text, token ids or
+        {"prompt": ...} / {"prompt_token_ids": ...}; chat messages are rendered with the model's
+        template first), its text so far (or, with SamplingParams(output_kind=RequestOutputKind.DELTA),
+        only what is new), the last one with `finished` True. `abort(request_id)` stops it (its last
+        output's finish_reason "abort"). `priority` is vLLM's: lower runs first, and is parked last.
 
         The batch form of earlier releases, `await eng.generate([p1, p2], params)`, still answers
         (a list of Completions) with a DeprecationWarning: use `await eng.generate_all(...)`."""
-        if isinstance(prompt, (list, tuple)) and not _one_prompt(prompt):
+        old_form = "prompts" in fields or "params" in fields or "return_exceptions" in fields
+        if old_form or (isinstance(prompt, (list, tuple)) and not _one_prompt(prompt)):
             warnings.warn("AsyncEngine.generate(list) is vLLM's single-prompt stream now; for the whole list at "
                           "once, await generate_all(prompts, params)", DeprecationWarning, stacklevel=2)
-            return self.generate_all(prompt, sampling_params, **fields)
+            prompts = fields.pop("prompts", prompt)
+            return self.generate_all(prompts, fields.pop("params", sampling_params), **fields)
         if isinstance(sampling_params, (list, tuple)):
             raise TypeError("generate(): one prompt takes one SamplingParams")
-        return self._generate(prompt, sampling_params, request_id, priority, fields)
+        if isinstance(priority, bool) or not isinstance(priority, int):
+            raise TypeError(f"generate(): priority must be an int, got {priority!r}")
+        # vLLM runs lower priorities first; the server parks lower priorities first: the opposite sign
+        return self._generate(prompt, sampling_params or SamplingParams(), request_id,
+                              {**fields, "priority": -priority} if priority else fields)
 
-    async def _generate(self, prompt: Any, params: SamplingParams | None, request_id: str | None,
-                        priority: int | None, fields: dict[str, Any]) -> AsyncIterator[Completion]:
-        params = params or SamplingParams()
-        body = {**params.to_fields(), **fields, "return_tokens": True}
-        if priority is not None:
-            body["priority"] = priority
-        messages = None if _is_text(prompt) else prompt
-        text_prompt = prompt.get("prompt") if isinstance(prompt, dict) and "prompt" in prompt else prompt
-        if isinstance(prompt, dict) and "prompt_token_ids" in prompt:
-            text_prompt = list(prompt["prompt_token_ids"])
-        if isinstance(prompt, dict):
-            messages = None
+    async def _generate(self, prompt: Any, params: SamplingParams, request_id: str | None,
+                        fields: dict[str, Any]) -> AsyncIterator[Completion]:
+        if request_id is not None and request_id in self._by_id:
+            raise ValueError(f"generate(): request_id {request_id!r} is already running")
         self.engine.request_rules().check_keywords("generate()", fields)
-        req = self._submit(None if messages is not None else text_prompt, messages, {**body, "stream": True})
+        prompt = vllm_prompt(prompt, "generate()")
+        if not _is_prompt(prompt):  # chat messages: rendered, then generated from, as LLM.chat
+            prompt = await asyncio.to_thread(self.engine.render_chat, prompt)
+        req = self._submit(prompt, None, {**params.to_fields(), **fields, "return_tokens": True, "stream": True})
         rid = request_id if request_id is not None else req.request_id
-        if rid in self._by_id:
-            req.cancel(wait=0)
-            raise ValueError(f"generate(): request_id {rid!r} is already running")
         self._by_id[rid] = req
-        kind = params.output_kind
-        n = max(1, params.n)
-        texts, ids, reasons, stops = [""] * n, [[] for _ in range(n)], [None] * n, [None] * n
+        asked = self.engine.prompt_fields(prompt)  # once: every output of the stream carries them
+        kind, n = params.output_kind, params.n
+        texts, ids, probs = [""] * n, [[] for _ in range(n)], [[] for _ in range(n)]
+        reasons: list[str | None] = [None] * n
+        stops: list[str | None] = [None] * n
         try:
-            async for chunk in self._stream_request(req, False):
-                i = int(chunk.get("index", 0) or 0) % n
-                new_text, new_ids = chunk.get("content", "") or "", [int(t) for t in chunk.get("tokens") or []]
-                texts[i] += new_text
-                ids[i] += new_ids
-                if chunk.get("stop"):
-                    out = output_of(chunk, i, texts[i])
-                    reasons[i], stops[i] = out.finish_reason or "stop", out.stop_reason
-                done = all(r is not None for r in reasons)
-                if kind == RequestOutputKind.FINAL_ONLY and not done:
-                    continue
-                delta = kind == RequestOutputKind.DELTA
-                outs = [CompletionOutput(j, new_text if delta else texts[j], new_ids if delta else list(ids[j]),
-                                         None, None, reasons[j], stops[j])
-                        for j in range(n) if not delta or j == i]
-                out_now = Completion(texts[0], int(chunk.get("tokens_evaluated", 0) or 0), len(ids[0]),
-                                  str(chunk.get("stop_type", "")), chunk.get("timings") or {}, chunk, outs,
-                                  text_prompt if isinstance(text_prompt, str) else None,
-                                  list(text_prompt) if isinstance(text_prompt, list) and _one_prompt(text_prompt)
-                                  and all(isinstance(t, int) for t in text_prompt) else None, rid, done)
-                yield out_now
-                if done:
-                    return
+            async with contextlib.aclosing(self._stream_request(req, False)) as chunks:
+                async for chunk in chunks:
+                    i = int(chunk.get("index", 0) or 0) % n
+                    new_text, new_ids = chunk.get("content", "") or "", [int(t) for t in chunk.get("tokens") or []]
+                    new_probs = chunk.get("completion_probabilities") or []
+                    texts[i] += new_text
+                    ids[i] += new_ids
+                    probs[i] += new_probs
+                    if chunk.get("stop"):
+                        reasons[i], stops[i] = finish_of(chunk)
+                        reasons[i] = reasons[i] or "stop"
+                    done = all(r is not None for r in reasons)
+                    if kind == RequestOutputKind.FINAL_ONLY and not done:
+                        continue
+                    if kind == RequestOutputKind.DELTA:
+                        outs = [sequence_output(i, new_text, new_ids, new_probs, reasons[i], stops[i])]
+                    else:
+                        outs = [sequence_output(j, texts[j], list(ids[j]), probs[j], reasons[j], stops[j])
+                                for j in range(n)]
+                    yield Completion(texts[0], int(chunk.get("tokens_evaluated", 0) or 0), len(ids[0]),
+                                     str(chunk.get("stop_type", "")), chunk.get("timings") or {}, chunk, outs,
+                                     request_id=rid, finished=done, **asked)
+                    if done:
+                        return
         except RequestCancelled:
-            if rid not in self._aborted_ids:
+            if req._handle.id not in self._aborted:
                 raise
-            self._aborted_ids.discard(rid)
-            outs = [CompletionOutput(j, texts[j], list(ids[j]), None, None, reasons[j] or "abort", stops[j])
+            outs = [sequence_output(j, texts[j], list(ids[j]), probs[j], reasons[j] or "abort", stops[j])
                     for j in range(n)]
-            yield Completion(texts[0], 0, len(ids[0]), "abort", {}, {}, outs, None, None, rid, True)
+            yield Completion(texts[0], 0, len(ids[0]), "abort", {}, {}, outs, request_id=rid, finished=True, **asked)
         finally:
+            self._aborted.discard(req._handle.id)
             if self._by_id.get(rid) is req:
                 del self._by_id[rid]
 
@@ -223,22 +242,25 @@ class AsyncEngine:
         for rid in [request_id] if isinstance(request_id, str) else list(request_id):
             req = self._by_id.get(rid)
             if req is not None and not req.done():
-                self._aborted_ids.add(rid)
+                self._aborted.add(req._handle.id)
                 req.cancel(wait=0)
 
     async def generate_all(self, prompts: Sequence[Any],
                            params: SamplingParams | Sequence[SamplingParams] | None = None,
                            *, return_exceptions: bool = False, **fields: Any) -> list[Any]:
-        """Every prompt at once, the answers in input order (as Engine.generate, vLLM-style params)."""
+        """Every prompt at once, the answers in input order (as Engine.generate, vLLM-style params).
+        A mistake in the call (a field's type, malformed messages) is raised, as by Engine.generate."""
         if isinstance(prompts, (str, bytes)):
             raise TypeError("generate_all(): prompts must be a list; for one prompt, pass [prompt]")
         self.engine.request_rules().check_keywords("generate_all()", fields)
         each = per_prompt(params, len(prompts))
-        calls = [self.complete(p, **{**f, **fields}) if _is_text(p) and not isinstance(p, dict)
+        prompts = [vllm_prompt(p, f"generate_all(): prompts[{i}]") for i, p in enumerate(prompts)]
+        calls = [self.complete(p, **{**f, **fields}) if _is_prompt(p)
                  else self.complete(messages=p, **{**f, **fields}) for p, f in zip(prompts, each)]
         out = list(await asyncio.gather(*calls, return_exceptions=True))
         for x in out:
-            if isinstance(x, BaseException) and not isinstance(x, (RequestError, RequestCancelled)):
+            if isinstance(x, (FieldTypeError, FieldValueError)) or \
+                    (isinstance(x, BaseException) and not isinstance(x, (RequestError, RequestCancelled))):
                 raise x
         if not return_exceptions and any(isinstance(x, Exception) for x in out):
             raise GenerateError(out)
@@ -350,15 +372,9 @@ class AsyncEngine:
             raise
 
 
-def _is_text(prompt: Any) -> bool:
-    """A prompt for /completion: text, token ids, or vLLM's {"prompt": ...} / {"prompt_token_ids": ...}."""
-    return isinstance(prompt, (str, dict)) or (isinstance(prompt, list) and bool(prompt)
-                                                and all(isinstance(t, int) for t in prompt))
-
-
 def _one_prompt(prompt: Any) -> bool:
     """One prompt (text, token ids, or one chat's messages), not a list of prompts."""
-    return _is_text(prompt) or (isinstance(prompt, list) and bool(prompt) and all(isinstance(m, dict) for m in prompt))
+    return _is_prompt(prompt) or (isinstance(prompt, list) and bool(prompt) and all(isinstance(m, dict) for m in prompt))
 
 
 def _items(chunk: str, notices: bool) -> list[Any]:

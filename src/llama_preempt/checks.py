@@ -54,7 +54,7 @@ ROUTE_FIELDS: dict[str, str] = {
     "parallel_tool_calls": "bool", "response_format": "dict", "top_logprobs": "int", "model": "str", "user": "str",
     "id_slot": "int", "chat_template_kwargs": "dict", "add_generation_prompt": "bool", "reasoning_effort": "str",
     "input_extra": "list", "input_prefix": "str", "input_suffix": "str", "multimodal_data": "list",
-    "metadata": "dict", "n_cmpl": "int",
+    "metadata": "dict", "n_cmpl": "int", "thinking_budget_tokens": "int",
 }
 
 # the shapes of the schema's JSON fields (a handler reads each; it skips what it cannot read)
@@ -108,8 +108,6 @@ class RequestRules:
             rule = self.fields.get(name)
             if rule is not None and value is not None:
                 check_value(where, (shown or {}).get(name, name), rule, value)
-        if fields.get("messages") is not None:
-            check_messages(where, fields["messages"])
 
 
 def _rules_of(entry: Mapping[str, Any], prefix: str = "") -> dict[str, FieldRule]:
@@ -232,14 +230,18 @@ def _check_logit_bias(where: str, name: str, value: Any) -> None:
 
 
 def _check_prompt(where: str, name: str, value: Any) -> None:
-    """A string, token ids, or a list of either (several prompts)."""
+    """What the server tokenizes as a prompt (server-common.cpp, tokenize_input_prompts): a string,
+    token ids, a mix of both in one list, a multimodal {"prompt_string": ...}, or a list of these
+    (several prompts)."""
+    def piece(p: Any) -> bool:
+        return isinstance(p, str) or _is_int(p)
+
     def one(p: Any) -> bool:
-        return isinstance(p, str) or (isinstance(p, list) and all(_is_int(t) for t in p))
+        return (isinstance(p, str) or (isinstance(p, list) and all(piece(t) for t in p))
+                or (isinstance(p, dict) and isinstance(p.get("prompt_string"), str)))
 
     if one(value) or (isinstance(value, list) and value and all(one(p) for p in value)):
         return
-    if isinstance(value, dict) and isinstance(value.get("prompt_string"), str):
-        return  # a multimodal prompt: {"prompt_string": ..., "multimodal_data": [...]}
     raise _kind_error(where, name, "a string or a list of token ids (int)", value)
 
 

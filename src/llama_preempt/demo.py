@@ -205,7 +205,7 @@ def _run_engine(cfg: DemoConfig, preempt: bool, label: str, chats: list[ChatStat
                 preempt_ram_mib=cfg.preempt_ram_mib, preempt_mode=cfg.preempt_mode, n_threads=cfg.threads, seed=cfg.seed,
                 deterministic=cfg.deterministic, verbose=cfg.verbose) as eng:
         bodies = _bodies(cfg)
-        check_config(cfg, (len(eng.tokenize(eng.request("POST", "/apply-template", {"messages": b["messages"]})["prompt"]))
+        check_config(cfg, (len(eng.tokenize(eng.request("POST", "/apply-template", {"messages": b["messages"]})["prompt"], special=True))
                            for b in bodies))
         t0 = time.perf_counter()
         reqs = [eng.submit(path="/v1/chat/completions", body=b) for b in bodies]  # each returns once queued

@@ -28,7 +28,7 @@ from . import _core
 from .checks import RequestRules, check_messages
 from .errors import RequestError
 from .flags import server_flags
-from .llamacpp_api import LlamaCppCalls, chat_template_of
+from .llamacpp_api import LlamaCppCalls, chat_format_flags
 from .metrics import MetricsSnapshot, parse_prometheus
 from .reports import (Completion, EndEvent, FailEvent, ParkChoice, ParkEvent, ParkReason, ParkTier,  # noqa: F401
                       PreemptMode, ResumeEvent, StepReport, StopType, stream_text)
@@ -71,26 +71,46 @@ class RequestCancelled(EngineError):
 
 
 class _Flag:
-    """`req.done()` / `req.cancelled()`, called as on concurrent.futures.Future. Read as a bool
+    """`req.done()` / `req.cancelled()`, called as on concurrent.futures.Future, and usable as a
+    predicate (`eng.run(req.done)`): it reads the request each time. Read as a bool or a number
     without the call (`if req.done:`, the form before 0.2) it still answers, with a
     DeprecationWarning, for one release."""
 
-    __slots__ = ("_value", "_name")
+    __slots__ = ("_handle", "_name")
 
-    def __init__(self, value: bool, name: str) -> None:
-        self._value = value
+    def __init__(self, handle: Any, name: str) -> None:
+        self._handle = handle
         self._name = name
 
     def __call__(self) -> bool:
-        return self._value
+        return bool(getattr(self._handle, self._name))
+
+    def _deprecated(self) -> bool:
+        warnings.warn(f"Request.{self._name} is a method, as on concurrent.futures.Future: call req.{self._name}() "
+                      f"(reading it as a bool goes away in the next release)", DeprecationWarning, stacklevel=3)
+        return self()
 
     def __bool__(self) -> bool:
-        warnings.warn(f"Request.{self._name} is a method, as on concurrent.futures.Future: call req.{self._name}() "
-                      f"(reading it as a bool goes away in the next release)", DeprecationWarning, stacklevel=2)
-        return self._value
+        return self._deprecated()
+
+    def __int__(self) -> int:
+        return int(self._deprecated())
+
+    __index__ = __int__
+
+    def __eq__(self, other: object) -> bool:
+        return self._deprecated() == other
+
+    def __hash__(self) -> int:
+        return id(self)
+
+    def __add__(self, other: Any) -> Any:  # sum(r.done for r in reqs)
+        return int(self._deprecated()) + other
+
+    __radd__ = __add__
 
     def __repr__(self) -> str:
-        return f"<bound method Request.{self._name} of a request: {self._value}>"
+        return f"<bound method Request.{self._name} of a request: {self()}>"
 
 
 class Request:
@@ -108,12 +128,12 @@ class Request:
     @property
     def done(self) -> _Flag:
         """`req.done()`: whether the request has finished (answered, failed or cancelled)."""
-        return _Flag(bool(self._handle.done), "done")
+        return _Flag(self._handle, "done")
 
     @property
     def cancelled(self) -> _Flag:
         """`req.cancelled()`: whether the request was cancelled."""
-        return _Flag(bool(self._handle.cancelled), "cancelled")
+        return _Flag(self._handle, "cancelled")
 
     def _is_done(self) -> bool:
         return bool(self._handle.done)
@@ -237,6 +257,18 @@ def _is_prompt(p: Any) -> bool:
     return isinstance(p, str) or (isinstance(p, list) and bool(p) and all(isinstance(t, int) for t in p))
 
 
+def vllm_prompt(p: Any, where: str) -> Any:
+    """vLLM's prompt dicts as the Engine's prompts: {"prompt": text} is the text, {"prompt_token_ids":
+    [...]} the ids; anything else as given."""
+    if not isinstance(p, dict):
+        return p
+    if "prompt" in p:
+        return p["prompt"]
+    if "prompt_token_ids" in p:
+        return list(p["prompt_token_ids"])
+    raise ValueError(f"{where}: a prompt dict must have 'prompt' or 'prompt_token_ids', got keys {sorted(p)}")
+
+
 # the routes whose request fields submit() checks by the server's schema (any other takes its body as given)
 _CHECKED_PATHS = {"/completion", "/completions", "/v1/completions", "/v1/chat/completions", "/chat/completions",
                   "/infill"}
@@ -269,8 +301,8 @@ class Engine(LlamaCppCalls):
                             preempt_mode=preempt_mode, threads=n_threads, n_gpu_layers=n_gpu_layers, seed=seed,
                             preempt_disk=preempt_disk, preempt_disk_mib=preempt_disk_mib, n_batch=n_batch,
                             kv_unified=kv_unified, preempt=preempt, metrics=metrics, slots=slots,
-                            deterministic=deterministic, chat_template=chat_template_of(chat_format),
-                            embedding=embedding or None)
+                            deterministic=deterministic, embedding=embedding or None)
+        argv += chat_format_flags(chat_format)
         if isinstance(args, (str, bytes)):  # "-c 256 -fa on": split as a shell would
             args = shlex.split(args.decode() if isinstance(args, bytes) else args)
         argv += [str(a) for a in args]
@@ -399,6 +431,16 @@ class Engine(LlamaCppCalls):
                                               self._thread is None), path, False)
         return req.result(timeout)
 
+    def render_chat(self, messages: Sequence[dict[str, Any]], add_generation_prompt: bool = True,
+                    **template_fields: Any) -> str:
+        """Chat messages as the prompt text the model's chat template (or chat_format) makes of them
+        (/apply-template), for generating from it as vLLM's chat does; `template_fields` (tools,
+        chat_template_kwargs, ...) go to the template."""
+        body = {"messages": list(messages), "add_generation_prompt": add_generation_prompt,
+                **{k: v for k, v in template_fields.items() if v is not None}}
+        self.request_rules().check("render_chat()", body)
+        return str(self.request("POST", "/apply-template", body)["prompt"])
+
     def request_rules(self) -> RequestRules:
         """The request fields this server takes, with their types and limits (upstream's schema and
         the routes' own): what every call checks its keywords by before it submits."""
@@ -525,8 +567,15 @@ class Engine(LlamaCppCalls):
         rules.check("generate()", fields)
         each = per_prompt(params, len(prompts))
         # a text prompt goes to /completion, which returns the generated token ids (vLLM's token_ids)
-        reqs = [self.submit(p, **{"return_tokens": True, **f, **fields}) if _is_prompt(p)
-                else self.submit(messages=p, **{**f, **fields}) for p, f in zip(prompts, each)]
+        reqs: list[Request] = []
+        try:
+            for p, f in zip(prompts, each):
+                reqs.append(self.submit(p, **{"return_tokens": True, **f, **fields}) if _is_prompt(p)
+                            else self.submit(messages=p, **{**f, **fields}))
+        except Exception:  # a later prompt refused at the call: the ones already started do not run on
+            for r in reqs:
+                r.cancel(wait=0)
+            raise
         total = len(reqs)
         try:
             if self._thread is None:
@@ -561,13 +610,18 @@ class Engine(LlamaCppCalls):
         return out
 
     def _request_output(self, c: Completion, prompt: Any, request_id: str) -> Completion:
-        """The answer with vLLM's RequestOutput fields: the prompt and its token ids (as the server
-        tokenized a text prompt: start token added, special text parsed) and the request's id."""
+        """The answer with vLLM's RequestOutput fields: the request's id and its prompt_fields()."""
+        return replace(c, request_id=request_id, **self.prompt_fields(prompt))
+
+    def prompt_fields(self, prompt: Any) -> dict[str, Any]:
+        """vLLM's `prompt` and `prompt_token_ids` of a prompt: a text prompt's tokens as the server
+        tokenizes it (start token added, special text parsed); token ids as given; chat messages
+        have neither here."""
         if isinstance(prompt, str):
-            return replace(c, prompt=prompt, prompt_token_ids=self.tokenize(prompt, special=True), request_id=request_id)
-        if isinstance(prompt, list) and all(isinstance(t, int) for t in prompt):
-            return replace(c, prompt_token_ids=list(prompt), request_id=request_id)
-        return replace(c, request_id=request_id)
+            return {"prompt": prompt, "prompt_token_ids": self.tokenize(prompt, special=True)}
+        if _is_prompt(prompt):
+            return {"prompt": None, "prompt_token_ids": list(prompt)}
+        return {"prompt": None, "prompt_token_ids": None}
 
     # --- background mode ---
 

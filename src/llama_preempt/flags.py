@@ -11,7 +11,6 @@ _VALUE_FLAGS = (
     ("preempt_ram_mib", "--preempt-ram"), ("preempt_mode", "--preempt-mode"), ("preempt_disk", "--preempt-disk"),
     ("preempt_disk_mib", "--preempt-disk-mib"), ("n_predict", "-n"),
     ("seed", "--seed"), ("threads", "-t"), ("n_gpu_layers", "-ngl"), ("cache_ram_mib", "--cache-ram"),
-    ("chat_template", "--chat-template"),
 )
 # on/off flags: setting name -> (flag when True, flag when False)
 _SWITCHES = (

@@ -24,17 +24,21 @@ CHAT_FORMATS = {
 }
 
 
-def chat_template_of(chat_format: str | None) -> str | None:
-    """llama-server's --chat-template for a llama-cpp-python chat_format (None: the model's own)."""
+def chat_format_flags(chat_format: str | None) -> list[str]:
+    """llama-server's flags for a llama-cpp-python chat_format (none: the model's own template).
+    llama.cpp knows its built-in templates by name only without Jinja (with Jinja, the default, a
+    name is read as template source; chatml alone is recognized either way), so any other format
+    turns Jinja off, as llama-cpp-python's formats are plain formats too (no tools)."""
     if chat_format is None:
-        return None
+        return []
     if not isinstance(chat_format, str):
         raise TypeError(f"chat_format must be a string, got {type(chat_format).__name__}")
     if chat_format not in CHAT_FORMATS:
         raise ValueError(f"chat_format={chat_format!r} has no llama.cpp template; supported: "
                          f"{', '.join(sorted(CHAT_FORMATS))} (or leave it None for the model's own template, or pass "
                          f"args=['--chat-template-file', PATH])")
-    return CHAT_FORMATS[chat_format]
+    name = CHAT_FORMATS[chat_format]
+    return ["--chat-template", name] + ([] if name == "chatml" else ["--no-jinja"])
 
 
 def _refuse_callables(where: str, **given: Any) -> None:
@@ -138,11 +142,17 @@ class LlamaCppCalls:
             raise TypeError(f"detokenize(): special must be True or False, got {special!r}")
         try:
             if prev_tokens is not None:
-                before = bytes(self._core.detokenize(list(prev_tokens), special))  # type: ignore[attr-defined]
-                return bytes(self._core.detokenize(list(prev_tokens) + list(tokens), special))[len(before):]  # type: ignore[attr-defined]
-            return bytes(self._core.detokenize(list(tokens), special))  # type: ignore[attr-defined]
+                before = self._pieces(list(prev_tokens), special)
+                return self._pieces(list(prev_tokens) + list(tokens), special)[len(before):]
+            return self._pieces(list(tokens), special)
         except ValueError as e:
             raise ValueError(f"detokenize(): {e}") from None
+
+    def _pieces(self, tokens: list[int], special: bool) -> bytes:
+        """The tokens' bytes, without the space a sentencepiece model puts after its start token
+        (llama_cpp.Llama drops it the same way, so detokenize(tokenize(b"x")) == b"x")."""
+        out = bytes(self._core.detokenize(tokens, special))  # type: ignore[attr-defined]
+        return out[1:] if tokens and tokens[0] == self.token_bos() and out[:1] == b" " else out
 
     def token_bos(self) -> int:
         return int(self.model_info()["token_bos"])  # type: ignore[attr-defined]
@@ -238,14 +248,13 @@ class LlamaCppCalls:
         head = ""
         if echo:  # the server's /v1/completions refuses echo: the prompt's text is put before the answer here
             head = prompt if isinstance(prompt, str) else self.detokenize(prompt).decode("utf-8", errors="ignore")
+        if "response_format" in body:  # the chat route reads it; /v1/completions takes the schema itself
+            schema = _json_schema_of(where, body.pop("response_format"))
+            if schema is not None:
+                body["json_schema"] = schema
         answer = self._answer("/v1/completions", body, stream)
-        if stream:
-            return _stream_with_head(answer, head)  # type: ignore[arg-type]
-        for choice in answer.get("choices") or []:  # type: ignore[union-attr]
-            choice["text"] = head + choice.get("text", "")
-            if logprobs is not None:
-                choice["logprobs"] = _completion_logprobs(choice.get("logprobs"), len(head))
-        return answer
+        chunks = _completion_chunks(answer if stream else iter([answer]), head, logprobs is not None)  # type: ignore[arg-type]
+        return chunks if stream else next(chunks)
 
     def __call__(self, prompt: str | list[int], **kwargs: Any) -> dict[str, Any] | Iterator[dict[str, Any]]:
         """`engine(prompt, ...)` is create_completion(prompt, ...), as with llama_cpp.Llama."""
@@ -312,10 +321,11 @@ class LlamaCppCalls:
             raise
         out: list[Any] = []
         n_tokens = 0
+        pooled = int(self.model_info()["pooling"]) != 0  # type: ignore[attr-defined]  # else: one vector per token
         for item in sorted(answer, key=lambda x: x.get("index", 0)):
             emb = item["embedding"]
-            n_tokens += len(emb) if emb and isinstance(emb[0], list) else len(self.tokenize(inputs[item.get("index", 0)]))
-            out.append(emb[0] if emb and isinstance(emb[0], list) and len(emb) == 1 and _pooled(self) else emb)
+            n_tokens += len(self.tokenize(inputs[item.get("index", 0)])) if pooled else len(emb)
+            out.append(emb[0] if pooled else emb)
         result = out[0] if isinstance(input, str) else out
         return (result, n_tokens) if return_count else result
 
@@ -331,17 +341,34 @@ class LlamaCppCalls:
                 "usage": {"prompt_tokens": n_tokens, "total_tokens": n_tokens}}
 
 
-def _pooled(llm: Any) -> bool:
-    """Whether the server pools each input into one embedding (a pooling type other than none)."""
-    return int(llm.model_info()["pooling"]) != 0
+def _json_schema_of(where: str, response_format: dict[str, Any]) -> dict[str, Any] | None:
+    """The JSON schema an OpenAI response_format asks for (None: plain text), read as llama-server's
+    chat route reads it (server-common.cpp, oaicompat_chat_params_parse)."""
+    kind = response_format.get("type")
+    if kind == "json_object":
+        return response_format.get("schema") or {"type": "object"}
+    if kind == "json_schema":
+        return (response_format.get("json_schema") or {}).get("schema") or {"type": "object"}
+    if kind in (None, "text"):
+        return None
+    raise ValueError(f"{where}: response_format type must be 'text', 'json_object' or 'json_schema', got {kind!r}")
 
 
-def _stream_with_head(chunks: Iterator[dict[str, Any]], head: str) -> Iterator[dict[str, Any]]:
-    """A completion stream with the echoed prompt put before the first chunk's text."""
+def _completion_chunks(chunks: Iterator[dict[str, Any]], head: str, logprobs: bool) -> Iterator[dict[str, Any]]:
+    """A completion answer, or its stream's chunks, as llama_cpp gives them: the echoed prompt
+    before each choice's first text, and OpenAI's completion logprobs (text_offset counted over the
+    whole text)."""
+    length: dict[int, int] = {}  # choice index -> the length of its text so far, the echoed prompt included
     for chunk in chunks:
-        if head and chunk.get("choices"):
-            chunk["choices"][0]["text"] = head + chunk["choices"][0].get("text", "")
-            head = ""
+        for choice in chunk.get("choices") or []:
+            i = int(choice.get("index", 0))
+            text = choice.get("text", "")
+            if i not in length:
+                length[i] = len(head)
+                choice["text"] = head + text
+            if logprobs:
+                choice["logprobs"] = _completion_logprobs(choice.get("logprobs"), length[i])
+            length[i] += len(text)
         yield chunk
 
 

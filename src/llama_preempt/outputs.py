@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import enum
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -43,7 +44,7 @@ class CompletionOutput:
         return self.finish_reason is not None
 
 
-def _logprobs(probs: list[dict[str, Any]] | None) -> tuple[list[dict[int, Logprob]] | None, float | None]:
+def logprobs_of(probs: list[dict[str, Any]] | None) -> tuple[list[dict[int, Logprob]] | None, float | None]:
     """vLLM's per-token logprob dicts (the sampled token and the top ones) and their sum, from the
     server's `completion_probabilities` or an OpenAI `logprobs.content` list."""
     if not probs:
@@ -51,21 +52,31 @@ def _logprobs(probs: list[dict[str, Any]] | None) -> tuple[list[dict[int, Logpro
     out: list[dict[int, Logprob]] = []
     total = 0.0
     for p in probs:
+        tops = p.get("top_logprobs") or p.get("top_probs") or []  # top_probs: post_sampling_probs
         entry: dict[int, Logprob] = {}
-        for rank, top in enumerate(p.get("top_logprobs") or [], start=1):
+        for rank, top in enumerate(tops, start=1):
             if "id" in top:
-                entry[int(top["id"])] = Logprob(float(top["logprob"]), rank, top.get("token"))
+                entry[int(top["id"])] = Logprob(_log_of(top), rank, top.get("token"))
         if "id" in p:
             tid = int(p["id"])
-            rank = next((r for r, t in enumerate(p.get("top_logprobs") or [], start=1) if t.get("id") == tid), None)
-            entry[tid] = Logprob(float(p["logprob"]), rank, p.get("token"))
-        total += float(p.get("logprob", 0.0))
+            rank = next((r for r, t in enumerate(tops, start=1) if t.get("id") == tid), None)
+            entry[tid] = Logprob(_log_of(p), rank, p.get("token"))
+        total += _log_of(p)
         out.append(entry)
     return out, total
 
 
-def _finish(stop_type: str | None, stopping_word: str | None) -> tuple[str | None, str | None]:
-    """vLLM's finish_reason and stop_reason from /completion's stop_type."""
+def _log_of(p: dict[str, Any]) -> float:
+    """A token's log-probability: `logprob`, or the log of `prob` (post_sampling_probs)."""
+    if "logprob" in p:
+        return float(p["logprob"])
+    prob = float(p.get("prob", 0.0))
+    return math.log(prob) if prob > 0 else -math.inf
+
+
+def finish_of(body: dict[str, Any]) -> tuple[str | None, str | None]:
+    """vLLM's finish_reason and stop_reason from /completion's stop_type (and stopping_word)."""
+    stop_type, stopping_word = body.get("stop_type"), body.get("stopping_word")
     if stop_type == "eos":
         return "stop", None
     if stop_type == "word":
@@ -75,13 +86,20 @@ def _finish(stop_type: str | None, stopping_word: str | None) -> tuple[str | Non
     return None, None
 
 
+def sequence_output(index: int, text: str, token_ids: list[int], probs: list[dict[str, Any]] | None,
+                    finish_reason: str | None, stop_reason: str | None) -> CompletionOutput:
+    """One sequence's CompletionOutput, its logprobs (and their sum) read from the server's
+    per-token probabilities."""
+    logprobs, cum = logprobs_of(probs)
+    return CompletionOutput(index, text, token_ids, cum, logprobs, finish_reason, stop_reason)
+
+
 def output_of(body: dict[str, Any], index: int = 0, text: str | None = None) -> CompletionOutput:
     """The CompletionOutput of one /completion answer (or a streamed answer's last chunk, with the
     joined `text`)."""
-    finish, stop_reason = _finish(body.get("stop_type"), body.get("stopping_word"))
-    logprobs, cum = _logprobs(body.get("completion_probabilities"))
-    return CompletionOutput(int(body.get("index", index) or index), body.get("content", "") if text is None else text,
-                            [int(t) for t in body.get("tokens") or []], cum, logprobs, finish, stop_reason)
+    return sequence_output(int(body.get("index", index) or index), body.get("content", "") if text is None else text,
+                           [int(t) for t in body.get("tokens") or []], body.get("completion_probabilities"),
+                           *finish_of(body))
 
 
 def outputs_of_choices(body: dict[str, Any]) -> list[CompletionOutput]:
@@ -91,6 +109,6 @@ def outputs_of_choices(body: dict[str, Any]) -> list[CompletionOutput]:
     for i, choice in enumerate(body.get("choices") or []):
         text = choice["message"].get("content") or "" if "message" in choice else choice.get("text", "")
         lp = choice.get("logprobs")
-        logprobs, cum = _logprobs(lp.get("content") if isinstance(lp, dict) else None)
-        out.append(CompletionOutput(int(choice.get("index", i)), text, [], cum, logprobs, choice.get("finish_reason")))
+        out.append(sequence_output(int(choice.get("index", i)), text, [], lp.get("content") if isinstance(lp, dict)
+                                   else None, choice.get("finish_reason"), None))
     return out

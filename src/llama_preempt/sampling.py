@@ -26,7 +26,7 @@ class SamplingParams:
     """
 
     n: int = 1                            # sequences per prompt (the server's n_cmpl, up to its slots)
-    max_tokens: int | None = 16           # tokens to generate at most (None: until the context ends)
+    max_tokens: int | None = 16           # tokens to generate at most (None, or -1 as before: until the context ends)
     temperature: float | None = None      # 0: greedy
     top_p: float | None = None
     top_k: int | None = None              # 0: off
@@ -50,7 +50,7 @@ class SamplingParams:
             if f.name in _LOCAL or v is None:
                 continue
             rule = rules.fields.get(_SERVER_NAMES.get(f.name, f.name))
-            if f.name == "n":  # its limit is the Engine's slots, checked when submitted
+            if f.name in ("n", "logprobs"):  # their limits are the Engine's (its slots, --max-logprobs): at submit
                 rule = rule and replace(rule, hard=False)
             if rule is not None:
                 check_value(where, f.name, rule, v)
@@ -59,9 +59,9 @@ class SamplingParams:
         # vLLM's own rules (SamplingParams._verify_args)
         if self.n < 1:
             raise FieldValueError(f"{where}: n must be at least 1, got {self.n}")
-        if self.max_tokens is not None and self.max_tokens < 1:
-            raise FieldValueError(f"{where}: max_tokens must be at least 1, got {self.max_tokens} (None: until the "
-                                  "context ends; to only prefill a prompt, submit(prompt, n_predict=0))")
+        if self.max_tokens is not None and self.max_tokens < 1 and self.max_tokens != -1:
+            raise FieldValueError(f"{where}: max_tokens must be at least 1, got {self.max_tokens} (None or -1: until "
+                                  "the context ends; to only prefill a prompt, submit(prompt, n_predict=0))")
         if self.temperature is not None and self.temperature < 0:
             raise FieldValueError(f"{where}: temperature must be >= 0, got {self.temperature}")
         if self.top_p is not None and not 0 < self.top_p <= 1:

@@ -15,8 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from .aio import AsyncEngine
-from .checks import check_messages
-from .engine import Engine
+from .engine import Engine, vllm_prompt
 from .reports import Completion
 from .sampling import SamplingParams
 
@@ -66,21 +65,23 @@ class LLM(Engine):
         return super().generate(_prompts(prompts), sampling_params, **fields)
 
     def chat(self, messages: Any, sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
-             use_tqdm: bool = True, add_generation_prompt: bool = True, **fields: Any) -> list[Completion]:
+             use_tqdm: bool = True, add_generation_prompt: bool = True, chat_template_kwargs: dict[str, Any] | None = None,
+             tools: list[dict[str, Any]] | None = None, **fields: Any) -> list[Completion]:
         """vLLM's chat: one conversation (a list of messages) or a list of them, each rendered with
-        the model's chat template (or the Engine's chat_format) and generated from; RequestOutputs
-        whose `prompt` is the rendered text."""
-        convs = [messages] if messages and isinstance(messages[0], dict) else list(messages)
-        rendered = []
-        for conv in convs:
-            check_messages("chat()", conv)
-            rendered.append(self.request("POST", "/apply-template", {"messages": conv,
-                                                                      "add_generation_prompt": add_generation_prompt})["prompt"])
+        the model's chat template (or the Engine's chat_format; `tools` and `chat_template_kwargs`
+        go to the template) and generated from; RequestOutputs whose `prompt` is the rendered text."""
+        if not isinstance(messages, (list, tuple)) or not messages:
+            raise ValueError("chat(): messages must be a conversation (a list of messages) or a list of them, "
+                             "and not empty")
+        convs = [messages] if isinstance(messages[0], dict) else list(messages)
+        rendered = [self.render_chat(conv, add_generation_prompt, chat_template_kwargs=chat_template_kwargs,
+                                     tools=tools) for conv in convs]
         return self.generate(rendered, sampling_params, use_tqdm=use_tqdm, **fields)
 
     def embed(self, prompts: Any, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
         """vLLM's embed: one EmbeddingRequestOutput per prompt (`.outputs.embedding`). The
         llama-cpp-python form (embed(input, normalize=...)) answers when called with its keywords."""
+        kwargs.pop("use_tqdm", None)  # vLLM's: no bar is drawn
         if args or kwargs:
             return super().embed(prompts, *args, **kwargs)
         texts = [prompts] if isinstance(prompts, str) else list(prompts)
@@ -134,6 +135,7 @@ class AsyncEngineArgs:
     trust_remote_code: bool = False
     gpu_memory_utilization: float = 0.9
     dtype: str = "auto"
+    disable_log_stats: bool = False
     engine_kwargs: dict[str, Any] = field(default_factory=dict)
 
 
@@ -153,21 +155,11 @@ class AsyncLLM(AsyncEngine):
         return cls(kw.pop("model"), **kw)
 
     def shutdown(self) -> None:
-        """Cancel what is pending and free the model (vLLM's sync shutdown)."""
-        self.engine.close()
+        """Cancel what is pending and free the model (vLLM's sync shutdown): AsyncEngine.close()."""
+        self.close()
 
 
 def _prompts(prompts: Any) -> list[Any]:
     """vLLM's prompt forms as the Engine's: text, {"prompt": text}, {"prompt_token_ids": [...]}."""
     items = [prompts] if isinstance(prompts, (str, dict)) else list(prompts)
-    out = []
-    for i, p in enumerate(items):
-        if isinstance(p, dict):
-            if "prompt" in p:
-                p = p["prompt"]
-            elif "prompt_token_ids" in p:
-                p = list(p["prompt_token_ids"])
-            else:
-                raise ValueError(f"generate(): prompts[{i}] must have 'prompt' or 'prompt_token_ids'")
-        out.append(p)
-    return out
+    return [vllm_prompt(p, f"generate(): prompts[{i}]") for i, p in enumerate(items)]
