@@ -87,6 +87,19 @@ def test_embeddings_come_from_an_engine_started_for_them(stories_model: Path) ->
         assert out["usage"]["prompt_tokens"] == len(eng.tokenize(b"Hello, world!"))
 
 
+def test_llama_takes_llama_cpps_constructor_keywords_as_server_flags(stories_model: Path) -> None:
+    with Llama(model_path=str(stories_model), n_ctx=256, n_parallel=2, use_mmap=False, use_mlock=False,
+               flash_attn=False, type_k=1, last_n_tokens_size=32, seed=7, verbose=False, logits_all=True) as llm:
+        for flags in (["--load-mode", "none"], ["-fa", "off"], ["-ctk", "f16"], ["--repeat-last-n", "32"], ["--seed", "7"]):
+            at = llm.args.index(flags[0])
+            assert llm.args[at:at + len(flags)] == flags, llm.args
+        assert llm("Once", max_tokens=2)["choices"][0]["text"]
+    with pytest.raises(TypeError, match="did you mean 'use_mmap'"):
+        Llama(model_path=str(stories_model), use_mmapp=False)
+    with pytest.raises(NotImplementedError, match="chat_format"):
+        Llama(model_path=str(stories_model), chat_handler=object())
+
+
 def test_what_one_context_could_do_is_refused_saying_what_to_use(llm: LLM) -> None:
     for call in (llm.save_state, lambda: llm.load_state(None), lambda: llm.eval([1]), llm.reset):
         with pytest.raises(NotImplementedError, match="slot|request|submit"):

@@ -18,7 +18,7 @@ __version__ = "0.1.0"
 
 # name -> the module that holds it
 _EXPORTS = {
-    "Engine": "engine", "Llama": "engine",
+    "Engine": "engine", "Llama": "llama",
     "LLM": "vllm_api", "AsyncLLM": "vllm_api", "AsyncEngineArgs": "vllm_api", "EngineArgs": "vllm_api",
     "RequestOutput": "reports", "CompletionOutput": "outputs", "RequestOutputKind": "outputs", "Logprob": "outputs",
     "FieldTypeError": "checks", "FieldValueError": "checks", "Request": "engine", "RequestError": "engine", "RequestCancelled": "engine",
@@ -44,7 +44,8 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time the names load
     from .outputs import CompletionOutput, Logprob, RequestOutputKind
     from .reports import Completion as RequestOutput
     from .vllm_api import LLM, AsyncEngineArgs, AsyncLLM, EngineArgs
-    from .engine import (Engine, Engine as Llama, EngineArgumentError, EngineBusyError, EngineClosedError, EngineError, GenerateError,
+    from .llama import Llama
+    from .engine import (Engine, EngineArgumentError, EngineBusyError, EngineClosedError, EngineError, GenerateError,
                          ModelLoadError, Request, RequestCancelled, RequestError)
     from .reports import (Completion, EndEvent, FailEvent, ParkChoice, ParkEvent, ParkReason, ParkTier, PreemptMode,
                           ResumeEvent, StepReport, StopType, stream_text)

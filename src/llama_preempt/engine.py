@@ -249,7 +249,6 @@ def _decode(raw: bytes) -> Any:
         return text
 
 
-# llama-cpp-python's name for the same class: `from llama_preempt import Llama` (assigned after the class)
 Prompt = Union[str, Sequence[dict[str, Any]]]
 
 def _is_prompt(p: Any) -> bool:
@@ -714,5 +713,3 @@ class Engine(LlamaCppCalls):
                 wait(0.05 if left is None else max(0.0, min(0.05, left)))
         return True
 
-
-Llama = Engine  # llama_cpp.Llama's calls and constructor keywords (model_path, n_ctx, chat_format, embedding, ...)

@@ -1,0 +1,137 @@
+"""llama-cpp-python's `Llama` constructor over the Engine: every keyword of `llama_cpp.Llama(...)`
+is taken, as the llama-server flag that does the same, or refused saying what to use instead, so
+
+    from llama_preempt import Llama        # was: from llama_cpp import Llama
+    llm = Llama(model_path="model.gguf", n_ctx=2048, n_gpu_layers=-1, flash_attn=True, use_mlock=True)
+
+runs as it did, now with many requests at once and preemption underneath. The calls are the
+Engine's (`llm(prompt)`, `create_chat_completion`, `tokenize`, ...). `n_ctx` is the KV pool every
+slot shares (default: the model's trained context, not llama_cpp's 512).
+"""
+from __future__ import annotations
+
+import inspect
+import os
+import shlex
+from typing import Any, Callable
+
+from .checks import closest
+from .engine import Engine
+
+_GGML_TYPES = {0: "f32", 1: "f16", 2: "q4_0", 3: "q4_1", 6: "q5_0", 7: "q5_1", 8: "q8_0", 30: "bf16"}
+_SPLIT_MODES = {0: "none", 1: "layer", 2: "row"}
+_POOLING = {0: "none", 1: "mean", 2: "cls", 3: "last", 4: "rank"}
+_ROPE_SCALING = {0: "none", 1: "linear", 2: "yarn", 3: "longrope"}
+
+
+def _named(table: dict[int, str], flag: str) -> Callable[[Any], list[str]]:
+    """A flag whose value llama_cpp gives as its enum's int (or already as the name)."""
+    def to_flag(v: Any) -> list[str]:
+        if isinstance(v, str):
+            return [flag, v]
+        if v not in table:
+            raise ValueError(f"Llama(): {v!r} is not one of {sorted(table)} ({', '.join(table.values())})")
+        return [flag, table[v]]
+    return to_flag
+
+
+def _kv_override(overrides: dict[str, Any]) -> list[str]:
+    out: list[str] = []
+    for key, v in overrides.items():
+        kind = "bool" if isinstance(v, bool) else "int" if isinstance(v, int) else "float" if isinstance(v, float) else "str"
+        out += ["--override-kv", f"{key}={kind}:{str(v).lower() if kind == 'bool' else v}"]
+    return out
+
+
+def _refuse(why: str) -> Callable[[Any], list[str]]:
+    def refused(v: Any) -> list[str]:
+        raise NotImplementedError(why)
+    return refused
+
+
+# llama_cpp.Llama keyword -> (its default: nothing to pass, the flags of another value)
+_KEYWORDS: dict[str, tuple[Any, Callable[[Any], list[str]]]] = {
+    "split_mode": (1, _named(_SPLIT_MODES, "-sm")),
+    "main_gpu": (0, lambda v: ["-mg", str(v)]),
+    "tensor_split": (None, lambda v: ["-ts", ",".join(str(x) for x in v)]),
+    "rpc_servers": (None, lambda v: ["--rpc", v if isinstance(v, str) else ",".join(v)]),
+    "vocab_only": (False, _refuse("Llama(vocab_only=True): the Engine serves requests and needs the weights; to "
+                                  "tokenize only, load the model and call tokenize()")),
+    "use_mmap": (True, lambda v: []),   # below: the two are llama-server's one --load-mode
+    "use_mlock": (False, lambda v: []),
+    "kv_overrides": (None, _kv_override),
+    "n_ubatch": (512, lambda v: ["-ub", str(v)]),
+    "n_threads_batch": (None, lambda v: ["-tb", str(v)]),
+    "rope_scaling_type": (-1, _named(_ROPE_SCALING, "--rope-scaling")),
+    "pooling_type": (-1, _named(_POOLING, "--pooling")),
+    "rope_freq_base": (0.0, lambda v: ["--rope-freq-base", str(v)]),
+    "rope_freq_scale": (0.0, lambda v: ["--rope-freq-scale", str(v)]),
+    "yarn_ext_factor": (-1.0, lambda v: ["--yarn-ext-factor", str(v)]),
+    "yarn_attn_factor": (1.0, lambda v: ["--yarn-attn-factor", str(v)]),
+    "yarn_beta_fast": (32.0, lambda v: ["--yarn-beta-fast", str(v)]),
+    "yarn_beta_slow": (1.0, lambda v: ["--yarn-beta-slow", str(v)]),
+    "yarn_orig_ctx": (0, lambda v: ["--yarn-orig-ctx", str(v)]),
+    "logits_all": (False, lambda v: []),  # logprobs are asked per request (logprobs=N): nothing to keep
+    "offload_kqv": (True, lambda v: [] if v else ["--no-kv-offload"]),
+    "flash_attn": (None, lambda v: ["-fa", "on" if v else "off"]),  # None: llama.cpp's own choice (auto)
+    "op_offload": (None, lambda v: [] if v else ["--no-op-offload"]),
+    "swa_full": (None, lambda v: ["--swa-full"] if v else []),
+    "no_perf": (False, lambda v: ["--no-perf"] if v else []),
+    "last_n_tokens_size": (64, lambda v: ["--repeat-last-n", str(v)]),
+    "lora_base": (None, _refuse("Llama(lora_base=...): llama.cpp applies an adapter to the model itself; pass "
+                                "lora_path= alone")),
+    "lora_scale": (1.0, lambda v: []),  # read with lora_path
+    "lora_path": (None, lambda v: []),  # below, with its scale
+    "numa": (False, lambda v: ["--numa", v if isinstance(v, str) else "distribute"] if v else []),
+    "chat_handler": (None, _refuse("Llama(chat_handler=...): a Python chat handler cannot run in llama.cpp's C++ "
+                                   "server; use chat_format= or args=['--chat-template-file', PATH]")),
+    "draft_model": (None, _refuse("Llama(draft_model=...): speculative decoding is the server's: "
+                                  "args=['-md', DRAFT.gguf] or args=['--spec-type', 'draft-mtp']")),
+    "tokenizer": (None, _refuse("Llama(tokenizer=...): the tokenizer is the GGUF's, inside llama.cpp")),
+    "type_k": (None, _named(_GGML_TYPES, "-ctk")),
+    "type_v": (None, _named(_GGML_TYPES, "-ctv")),
+    "spm_infill": (False, lambda v: ["--spm-infill"] if v else []),
+}
+_LLAMA_SEED_DEFAULT = 0xFFFFFFFF  # llama_cpp.LLAMA_DEFAULT_SEED: a random seed
+
+
+def llama_flags(**given: Any) -> list[str]:
+    """The llama-server flags of llama_cpp.Llama keywords (those at their default give none)."""
+    argv: list[str] = []
+    for name, value in given.items():
+        default, to_flags = _KEYWORDS[name]
+        if value is not None and value != default:
+            argv += to_flags(value)
+    mmap, mlock = given.get("use_mmap", True), given.get("use_mlock", False)
+    if (mmap, mlock) != (True, False):
+        argv += ["--load-mode", {(False, False): "none", (False, True): "mlock", (True, True): "mmap+mlock"}[
+            (bool(mmap), bool(mlock))]]
+    if given.get("lora_path"):
+        scale = given.get("lora_scale", 1.0)
+        argv += ["--lora", given["lora_path"]] if scale == 1.0 else ["--lora-scaled", given["lora_path"], str(scale)]
+    return argv
+
+
+class Llama(Engine):
+    """llama_cpp.Llama over the Engine; see the module's docstring. The Engine's own keywords
+    (n_parallel, preempt_ram_mib, args, ...) are taken too."""
+
+    def __init__(self, model_path: str | os.PathLike[str], *, n_gpu_layers: int = 0,
+                 seed: int = _LLAMA_SEED_DEFAULT, n_ctx: int | None = None, n_batch: int | None = None,
+                 n_threads: int | None = None, embedding: bool = False, chat_format: str | None = None,
+                 verbose: bool = True, **kwargs: Any) -> None:
+        llama = {k: kwargs.pop(k) for k in list(kwargs) if k in _KEYWORDS}
+        own = set(inspect.signature(Engine.__init__).parameters) - {"self", "model", "model_path"}
+        for name in kwargs:
+            if name not in own:
+                raise TypeError(f"Llama() got an unexpected keyword argument {name!r}"
+                                f"{closest(name, own | set(_KEYWORDS) | {'n_gpu_layers', 'seed', 'n_ctx'})}")
+        args = kwargs.pop("args", ())
+        argv = shlex.split(args) if isinstance(args, str) else [str(a) for a in args]
+        # llama_cpp's -1 is every layer (llama-server's "all"; its own -1 is "auto"); its 0, the CPU, is
+        # left to llama.cpp's own choice, which is the CPU where no GPU is
+        if n_gpu_layers:
+            argv += ["-ngl", "all" if n_gpu_layers == -1 else str(n_gpu_layers)]
+        super().__init__(model_path=model_path, args=[*argv, *llama_flags(**llama)],
+                         seed=None if seed == _LLAMA_SEED_DEFAULT else seed, n_ctx=n_ctx, n_batch=n_batch,
+                         n_threads=n_threads, embedding=embedding, chat_format=chat_format, verbose=verbose, **kwargs)
