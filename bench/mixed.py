@@ -15,7 +15,12 @@ more short requests than slots). One pool of --ctx cells, served these ways:
   request (so nothing can fail); the rest wait for a slot;
 - auto: llama-preempt's defaults, --parallel slots over the unified pool: the oldest slots decode,
   as many as the measured step cost pays for, the rest pause; a slot is parked when the pool fills;
-- auto, width off (--width-off N): the same with every slot decoding at once (width-loss=0).
+- auto, width off (--width-off N): the same with every slot decoding at once (width-loss=0);
+- more cells that separate causes (--cell, repeatable): `unified:N` (one pool, --no-preempt: upstream's
+  unified server, every slot decoding), `auto:N`, each optionally `+width0` (width-loss=0) and `+sparse`
+  (LLAMA_ATTN_SPARSE_SPAN=1: flash attention gathers each sequence's own cells in the unified pool).
+
+With --log-dir each cell's server log and its final /metrics are kept there.
 
 Per cell and run: completed, tokens/s over the whole run, TTFT, time to second token and
 end-to-end latency (p50, p99, from each request's arrival), the longest gap between two tokens of
@@ -153,6 +158,33 @@ def goals(split: list[dict[str, Any]], cell: list[dict[str, Any]], n_requests: i
     ]
 
 
+def extra_cell(spec: str, server: Callable[..., LlamaServer],
+               sched_args: Callable[..., list[str]]) -> tuple[str, Callable[[], LlamaServer], dict[str, Any]]:
+    """A --cell: `auto:N` or `unified:N` (one pool, --no-preempt), with `+width0` and `+sparse`."""
+    head, *opts = spec.split("+")
+    kind, _, n = head.partition(":")
+    if kind not in ("auto", "unified") or not n.isdigit() or any(o not in ("width0", "sparse") for o in opts):
+        raise SystemExit(f"--cell {spec!r}: expected KIND:N[+width0][+sparse] with KIND auto or unified")
+    n_par = int(n)
+    env = {"LLAMA_ATTN_SPARSE_SPAN": "1"} if "sparse" in opts else {}
+    extra = sched_args("width-loss=0") if "width0" in opts else sched_args()
+    label = (f"auto, {n_par} slots" if kind == "auto" else f"unified, {n_par} slots, no preempt") + \
+        "".join({"width0": ", width off", "sparse": ", sparse span"}[o] for o in opts)
+    if kind == "unified":
+        return label, lambda: server(None, n_par, True, preempt=False, env=env), {}
+    # the simulator models neither the sparse span nor --no-preempt's timing: only plain auto cells are simulated
+    sim = {} if "sparse" in opts else {"n_parallel": n_par, "sched": "width-loss=0" if "width0" in opts else None}
+    return label, lambda: server(None, n_par, True, extra, env=env), sim
+
+
+def keep_cell_record(log_dir: Path, label: str, srv: LlamaServer) -> None:
+    """The cell's /metrics (raw) and /slots beside its server log, named after the cell."""
+    slug = "".join(c if c.isalnum() else "_" for c in label).strip("_")
+    (log_dir / f"{slug}.metrics.txt").write_text(srv.get("/metrics").text)
+    (log_dir / f"{slug}.slots.json").write_text(srv.get("/slots").text)
+    (log_dir / f"{slug}.server-log.name").write_text(srv.log_path.name + "\n")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="stories260K and a smaller pool")
@@ -170,6 +202,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--prompt-median", type=int, default=None, help="prompt words, median (default 64, --quick 48)")
     ap.add_argument("--gen-median", type=int, default=48, help="answer tokens, median")
     ap.add_argument("--sched", default=None, help="--preempt-sched for the auto cells (default: the server's)")
+    ap.add_argument("--cell", action="append", default=[], metavar="KIND:N[+width0][+sparse]",
+                    help="an extra cell: KIND auto or unified (one pool, --no-preempt); +width0: every slot "
+                         "decodes; +sparse: LLAMA_ATTN_SPARSE_SPAN=1 (repeatable)")
+    ap.add_argument("--log-dir", type=Path, default=None, help="keep each cell's server log and /metrics here")
     ap.add_argument("--no-stock", action="store_true", help="leave out the stock cell")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--seed", type=int, default=7)
@@ -191,10 +227,11 @@ def main(argv: list[str] | None = None) -> int:
         keys = [k for k in (args.sched, *extra) if k]
         return ["--preempt-sched", ",".join(keys)] if keys else []
 
-    def server(binary: Path | None, n_parallel: int, unified: bool, extra: list[str] | None = None) -> LlamaServer:
+    def server(binary: Path | None, n_parallel: int, unified: bool, extra: list[str] | None = None,
+               preempt: bool | None = None, env: dict[str, str] | None = None) -> LlamaServer:
         cfg = ServerConfig(model=model, n_ctx=ctx, n_parallel=n_parallel, kv_unified=unified, threads=args.threads,
-                           seed=1234, extra_args=extra or [])
-        return LlamaServer(cfg, binary=binary)
+                           seed=1234, extra_args=extra or [], preempt=preempt, env=env or {})
+        return LlamaServer(cfg, binary=binary, log_dir=args.log_dir)
 
     # the workload in tokens (as the model counts them), and the simulator's costs: our server's own
     # fit of its steps under a calibration load (simulate --calibrate)
@@ -224,12 +261,16 @@ def main(argv: list[str] | None = None) -> int:
         off = ",".join(k for k in (args.sched, "width-loss=0") if k)
         cells.append((f"auto, {n_par} slots, width off", lambda n_par=n_par: server(None, n_par, True, sched_args("width-loss=0")),
                       {"n_parallel": n_par, "sched": off}))
+    for spec in args.cell:
+        cells.append(extra_cell(spec, server, sched_args))
     runs: dict[str, list[dict[str, Any]]] = {c: [] for c, _, _ in cells}
     for run in range(args.runs):  # interleaved: every cell once per run
         for cell_name, make, _ in cells:
             with make() as srv:
                 out, wall = run_load(srv, prompts, wl)
                 m = srv.metrics() if not cell_name.startswith("stock") else {}
+                if args.log_dir is not None and not cell_name.startswith("stock"):
+                    keep_cell_record(args.log_dir, f"{cell_name} run {run + 1}", srv)
             row = summarize(cell_name, out, wall, m)
             runs[cell_name].append(row)
             console.print(f"run {run + 1}/{args.runs}", row)

@@ -1,0 +1,156 @@
+#!/usr/bin/env bash
+# The device check: one prepared command on a GPU machine (CUDA, no network), from a copy of the
+# working tree that carries our sdist and the test models in .device/ (git-ignored):
+#
+#   here:     bash bench/gpu_check.sh --prepare          # python -m build --sdist, models -> .device/
+#   device:   bash bench/gpu_check.sh OUTDIR WAIT_S      # start, wait up to WAIT_S, collect
+#             bash bench/gpu_check.sh OUTDIR WAIT_S      # again on the same machine: wait, collect
+#
+# The first call starts the phases in the background in their own process group (setsid), so they
+# outlive the command that started them; every call waits up to WAIT_S seconds (or until they are
+# done), then writes what there is so far to OUTDIR/gpu_check.tgz and prints the summary. The phases,
+# in order of value, each bounded, the whole at most GPU_CHECK_DEADLINE_S (default 600) seconds:
+#   build      pip install --no-build-isolation --no-deps --no-index of the sdist with the machine's
+#              Python, CUDA for one architecture (GPU_CHECK_ARCH, default 90-real: H100/H200); the
+#              Llama-3.2-1B-shaped model (random weights, f16) is generated beside it
+#   torch      llama_preempt._core imported beside PyTorch in both orders, the export list, and on a
+#              crash the backtrace and the cross-library symbol bindings
+#   mixed      bench/mixed.py on the 1B shape (480 chats at 200/s into 32,768 cells): the static
+#              split, auto 64, auto 64 with every slot decoding, unified 64 --no-preempt, and each
+#              with the sparse attention span; every cell's server log, /metrics and /slots
+#   doctor     llama-preempt doctor on the 1B shape (fa on/off) and on stories260K (fa on/off)
+#   rpc        the doctor over a local ggml-rpc-server on this build, both logs
+#   suite      the GPU suite (LLAMA_PREEMPT_TEST_GPU_LAYERS=99) on the copy, swap, doctor and RPC tests
+#   bandwidth  bench/swap_bandwidth.py on large states
+#
+# Without a GPU (GPU_CHECK_CPU=1, or no nvidia-smi) the same phases run on the installed CPU build
+# from this tree, with every -ngl ignored by the backend (the build phase is skipped): a check of
+# the script itself. Read the results with: tar -xzf OUTDIR/gpu_check.tgz; cat gpu_check/summary.txt
+set -u
+HERE=$(cd "$(dirname "$0")/.." && pwd)
+
+if [ "${1:-}" = "--prepare" ]; then  # on the development machine, before the device call
+    set -e
+    cd "$HERE"
+    rm -rf .device && mkdir -p .device/models
+    python -m build --sdist --outdir .device > .device/sdist.log 2>&1 || { tail -20 .device/sdist.log; exit 1; }
+    for m in stories260K.gguf tiny-qwen35-mtp.gguf; do
+        [ -f ../shared/models/$m ] && cp ../shared/models/$m .device/models/
+    done
+    du -sh .device
+    exit 0
+fi
+
+OUTDIR=${1:?usage: gpu_check.sh OUTDIR WAIT_S | --prepare}
+WAIT_S=${2:-570}
+W=${GPU_CHECK_WORK:-/tmp/gpu_check}
+R=$W/gpu_check
+
+if [ "${1:-}" != "--phases" ] && [ ! -f "$W/started" ]; then
+    mkdir -p "$R"; date +%s > "$W/started"
+    setsid nohup bash "$HERE/bench/gpu_check.sh" --phases "$HERE" > "$R/runner.log" 2>&1 < /dev/null &
+fi
+
+if [ "${1:-}" != "--phases" ]; then  # wait, then collect what there is
+    end=$(( $(date +%s) + WAIT_S ))
+    while [ ! -f "$R/DONE" ] && [ "$(date +%s)" -lt "$end" ]; do sleep 2; done
+    mkdir -p "$OUTDIR"
+    tar -czf "$OUTDIR/gpu_check.tgz" -C "$W" gpu_check 2>/dev/null
+    cat "$R/summary.txt" 2>/dev/null
+    [ -f "$R/DONE" ] && echo "gpu_check: done" || echo "gpu_check: still running (call again to collect)"
+    exit 0
+fi
+
+# ---- the phases (in the background, own process group) ----
+REPO=$2
+T0=$(date +%s); DEADLINE=$((T0 + ${GPU_CHECK_DEADLINE_S:-600}))
+log() { echo "[$(( $(date +%s) - T0 ))s] $*" >> "$R/summary.txt"; }
+left() { echo $(( DEADLINE - $(date +%s) )); }
+phase() {  # phase NAME MAX_S CMD: CMD with at most MAX_S seconds (less if the deadline is nearer)
+    local name=$1 max=$2; shift 2
+    local l; l=$(left); [ "$l" -lt "$max" ] && max=$l
+    if [ "$max" -lt 15 ]; then log "$name: skipped (no time left)"; return; fi
+    log "$name: start (max ${max}s)"
+    local t; t=$(date +%s)
+    timeout -k 5 "$max" bash -c "$*" > "$R/$name.txt" 2>&1
+    log "$name: rc=$? in $(( $(date +%s) - t ))s"
+}
+export PYTHONUNBUFFERED=1 PYTEST_DISABLE_PLUGIN_AUTOLOAD=1
+CPU=${GPU_CHECK_CPU:-0}
+command -v nvidia-smi > /dev/null || CPU=1
+{ nvidia-smi; nvcc --version; python3 --version; nproc; free -g; python3 -m pip list 2>/dev/null | grep -i -E "torch|numpy|pytest|requests|rich|gguf"; } > "$R/machine.txt" 2>&1
+NPROC=$(nproc)
+M=$W/llama-1b.gguf
+
+if [ "$CPU" = 1 ]; then
+    log "no GPU (GPU_CHECK_CPU=1 or no nvidia-smi): the installed build, from $REPO"
+    SRC=$REPO
+    MODELS=$(cd "$REPO/../shared/models" 2>/dev/null && pwd || echo "$REPO/.device/models")
+    PY=python
+    python -m llama_preempt.testmodel "$M" --shape llama-3.2-1b --f16 --n-ctx-train 32768 > "$R/model.txt" 2>&1
+    log "model: rc=$?"
+else
+    PY=python3
+    cd "$W" && rm -rf src && mkdir src && tar -xzf "$REPO"/.device/llama_preempt-*.tar.gz -C src \
+        || { log "extract failed"; touch "$R/DONE"; exit 1; }
+    SRC=$(echo "$W"/src/llama_preempt-*)
+    MODELS=$REPO/.device/models
+    mkdir -p "$W/src/shared" && ln -sfn "$MODELS" "$W/src/shared/models"   # tests look in ../shared/models
+    export CMAKE_ARGS="-DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=${GPU_CHECK_ARCH:-90-real}"
+    export CMAKE_BUILD_PARALLEL_LEVEL=$NPROC
+    # the model (random weights, Llama-3.2-1B's KV geometry) is written while the build runs
+    (cd "$SRC" && PYTHONPATH=$SRC/src:$SRC/vendor/llama.cpp/gguf-py python3 -m llama_preempt.testmodel "$M" \
+        --shape llama-3.2-1b --f16 --n-ctx-train 32768 > "$R/model.txt" 2>&1; echo "rc=$?" >> "$R/model.txt") &
+    MODEL_PID=$!
+    phase build 480 "cd $SRC && python3 -m pip install --no-build-isolation --no-deps --no-index -v ."
+    wait $MODEL_PID; log "model: $(tail -1 "$R/model.txt")"
+fi
+command -v llama-server > /dev/null || { log "no llama-server: the build failed (build.txt)"; tail -40 "$R/build.txt" > "$R/build_tail.txt" 2>/dev/null; touch "$R/DONE"; exit 1; }
+cd "$SRC"
+NGL=99
+STORIES=$MODELS/stories260K.gguf
+
+# importing _core beside PyTorch (issue 51): both orders, exports, and what binds across on a crash
+phase torch 40 "
+$PY -c 'import torch; print(\"torch\", torch.__version__, \"cuda\", torch.cuda.is_available())' || echo 'no torch here'
+CORE=\$($PY -c 'import importlib.util as u; print(u.find_spec(\"llama_preempt._core\").origin)')
+echo \"exports: \$(nm -D --defined-only \$CORE | wc -l) defined dynamic symbols in \$CORE\"
+nm -D --defined-only \$CORE | awk '{print \$3}' | grep -v -E '^(ggml_|llama_|gguf_|_Z)' | head -20
+for order in 'import llama_preempt._core, torch' 'import torch; import llama_preempt._core' 'import numpy, llama_preempt._core, torch; import llama_preempt; print(llama_preempt.__version__)'; do
+    $PY -X faulthandler -c \"\$order; print('ok')\"; echo \"[\$order] rc=\$?\"
+done
+if command -v gdb > /dev/null; then
+    gdb -q -batch -ex run -ex bt --args $PY -c 'import llama_preempt._core, torch' 2>&1 | tail -40
+fi
+LD_DEBUG=bindings $PY -c 'import llama_preempt._core, torch' 2>&1 | grep 'binding file' | grep -v \"file [^ ]*_core[^ ]* .* to [^ ]*_core\" | grep '_core' | head -60
+"
+
+# the overload cells (issue 50): what separates the causes, each cell's log and /metrics kept
+mkdir -p "$R/mixed"
+phase mixed 230 "LLAMA_ARG_N_GPU_LAYERS=$NGL $PY bench/mixed.py --model $M --ctx 32768 --requests 480 --rate 200 \
+    --prompt-median 64 --gen-median 48 --parallel 64 --width-off 64 --no-stock --threads 8 --seed 4 --name mixed_gpu \
+    --cell unified:64 --cell unified:64+sparse --cell auto:64+sparse --cell auto:64+width0+sparse --log-dir $R/mixed;
+    cp bench/results/mixed_gpu* $R/mixed/"
+
+# the doctor: the 1B shape and stories260K, fa on and off
+phase doctor 90 "for fa in on off; do echo \"== 1B fa \$fa\"; llama-preempt doctor -m $M -ngl $NGL -fa \$fa -c 4096; echo rc=\$?;
+    echo \"== stories260K fa \$fa\"; llama-preempt doctor -m $STORIES -ngl $NGL -fa \$fa; echo rc=\$?; done"
+
+# RPC on this build: one local ggml-rpc-server, the doctor through it; both logs
+phase rpc 45 "
+P=\$($PY -c 'from llama_preempt.server import free_port; print(free_port())')
+GGML_RPC_DEBUG=1 llama-preempt rpc-server -H 127.0.0.1 -p \$P > $R/rpc_server.log 2>&1 &
+RP=\$!
+for i in \$(seq 100); do (echo > /dev/tcp/127.0.0.1/\$P) 2>/dev/null && break; sleep 0.1; done
+llama-preempt doctor -m $STORIES --rpc 127.0.0.1:\$P -ngl $NGL; echo rc=\$?
+kill \$RP; wait \$RP; echo rpc-server rc=\$?
+"
+
+# the GPU suite
+phase suite 200 "LLAMA_PREEMPT_TEST_GPU_LAYERS=$NGL $PY -m pytest -q -p no:cacheprovider -rf tests/test_swap_copy.py tests/test_swap.py tests/test_doctor.py tests/test_rpc.py"
+
+# SWAP bandwidth on large states
+phase bandwidth 120 "$PY bench/swap_bandwidth.py --model $M --gpu-layers $NGL --threads $NPROC --out $R --name swap_bandwidth_gpu --ctx 16384 --prompt-words 2400"
+
+log "all phases done"
+touch "$R/DONE"
