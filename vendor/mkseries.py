@@ -81,6 +81,10 @@ TOPICS = [
           lambda f, t: f.startswith("src/") and _in("n_kv_max", "n_kv_seq_max")(t)),
     Topic("state-seq-bulk-copy", "libllama: a sequence state's slices handed to a callback in bulk (could go upstream alone)",
           lambda f, t: (f.startswith("include/") or f.startswith("src/")) and not _in("batch_invariant", "kv_order")(t)),
+    Topic("rpc-supports-op", "ggml-rpc: the client asks the remote device whether it runs an op (cached; protocol 7.1), so "
+          "an op the device lacks stays local instead of aborting the server (could go upstream alone)",
+          lambda f, t: f in ("ggml/src/ggml-rpc/ggml-rpc.cpp", "ggml/include/ggml-rpc.h")
+          and _in("supports_op", "SUPPORTS_OP", "server_minor", "MINOR_VERSION")(t)),
     Topic("rpc-graph-reuse-after-free", "ggml-rpc: the client sends its graph again after a buffer free (fixes a crash)",
           lambda f, t: f == "ggml/src/ggml-rpc/ggml-rpc.cpp"),
     Topic("batch-invariant", "ggml-cpu and libllama: batch-invariant kernels and a KV visiting order, so a sequence's "
