@@ -52,15 +52,22 @@ size_t preempt_config::pool_cap() const {
     return knobs.route == copy_route::per_slice ? 0 : std::min<size_t>(ram_budget / 4, (size_t) 512 << 20);
 }
 
-// LLAMA_SERVER_PREEMPT_CORRUPT=memcpy|graphs|slices[:restore]
+// LLAMA_SERVER_PREEMPT_CORRUPT=bulk|graphs|slices[:park|:restore]: a route, hit by whatever means it
+// takes on each device, so every device proves its own route catches a flipped byte
 static bool parse_copy_corrupt(const std::string & v, copy_faults & f) {
     const size_t colon = v.find(':');
-    const std::string how = v.substr(0, colon);
+    const std::string route = v.substr(0, colon);
     const std::string dir = colon == std::string::npos ? "" : v.substr(colon + 1);
-    f.corrupt_how = how == "memcpy" ? how_memcpy : how == "graphs" ? how_graphs : how == "slices" ? how_slices : 0;
     f.corrupt_restore = dir == "restore";
+    if (route == "bulk") {
+        f.corrupt_route = (int) copy_route::bulk,      f.corrupt_how = how_memcpy | how_graphs;
+    } else if (route == "graphs") {
+        f.corrupt_route = (int) copy_route::graph,     f.corrupt_how = how_graphs;
+    } else if (route == "slices") {
+        f.corrupt_route = (int) copy_route::per_slice, f.corrupt_how = how_slices;
+    }
     if (f.corrupt_how == 0 || !(dir.empty() || dir == "restore" || dir == "park")) {
-        f.corrupt_how = 0;
+        f.corrupt_how = 0, f.corrupt_route = -1;
         return false;
     }
     return true;
@@ -96,7 +103,7 @@ preempt_config make_preempt_config(const common_params & params, bool has_memory
     cfg.knobs.faults.refuse_gather = env_int("LLAMA_SERVER_PREEMPT_REFUSE_GATHER") > 0;
     if (const char * env = getenv("LLAMA_SERVER_PREEMPT_CORRUPT")) {
         if (!parse_copy_corrupt(env, cfg.knobs.faults)) {
-            CFG_WRN("preemption: ignoring LLAMA_SERVER_PREEMPT_CORRUPT='%s' (want memcpy, graphs or slices, optionally :restore)\n", env);
+            CFG_WRN("preemption: ignoring LLAMA_SERVER_PREEMPT_CORRUPT='%s' (want bulk, graphs or slices, optionally :restore)\n", env);
         }
     }
     cfg.knobs.swap.copy_in_flight_us  = (int64_t) env_int("LLAMA_SERVER_PREEMPT_COPY_HOLD_MS") * 1000;
@@ -195,9 +202,10 @@ void log_preempt_config(const preempt_config & cfg, size_t n_slots, int32_t n_ct
     const struct { bool set; std::string what; } knobs[] = {
         { cfg.knobs.verify_all, "LLAMA_SERVER_PREEMPT_VERIFY checks every swap park and restore byte for byte" },
         { cfg.knobs.faults.refuse_gather, "LLAMA_SERVER_PREEMPT_REFUSE_GATHER makes every device refuse the gather graph" },
-        { cfg.knobs.faults.corrupt_how != 0, string_format("LLAMA_SERVER_PREEMPT_CORRUPT flips a byte of every %s %s",
-                                                    copy_how_name(cfg.knobs.faults.corrupt_how),
-                                                    cfg.knobs.faults.corrupt_restore ? "restore" : "park") },
+        { cfg.knobs.faults.corrupt_how != 0, string_format("LLAMA_SERVER_PREEMPT_CORRUPT flips a byte of every %s by the %s route (%s)",
+                                                    cfg.knobs.faults.corrupt_restore ? "restore" : "park",
+                                                    copy_route_name((copy_route) cfg.knobs.faults.corrupt_route),
+                                                    copy_how_name(cfg.knobs.faults.corrupt_how)) },
         { cfg.knobs.disk.fault != disk_fault::none, string_format("LLAMA_SERVER_PREEMPT_DISK_FAIL=%s makes every disk park meet that failure",
                                                             disk_fault_name(cfg.knobs.disk.fault)) },
         { cfg.knobs.disk.hold_us > 0, string_format("LLAMA_SERVER_PREEMPT_DISK_HOLD_MS keeps each disk write in flight for %lld ms",

@@ -8,6 +8,7 @@
 #include "ggml.h"
 
 #include <algorithm>
+#include <cstring>
 #include <filesystem>
 #include <map>
 #include <memory>
@@ -40,7 +41,11 @@ struct bench_seq {
     int32_t                    n_gen  = 16;
     int32_t                    n_park = 6;  // tokens generated before the park
     bool                       scatter = false;
+    size_t                     chunk   = 16;     // the prompt's tokens decoded at a time (between the neighbour's when scattered)
+    bool                       beside  = false;  // each generated token decoded in one batch with a token of the neighbour's
 };
+
+using step_logits = std::vector<std::vector<float>>;  // one row of logits per generated token
 
 bool decode(llama_context * ctx, llama_seq_id seq, const std::vector<llama_token> & toks, size_t from, size_t to, llama_pos pos0,
             bool logits_last) {
@@ -65,16 +70,33 @@ bool decode(llama_context * ctx, llama_seq_id seq, const std::vector<llama_token
     return true;
 }
 
-llama_token greedy(const bench_seq & bs) {
+// the next greedy token from the last decode's logits (the sequence's token is always the batch's last)
+llama_token greedy(const bench_seq & bs, step_logits * rows = nullptr) {
     const float * logits = llama_get_logits_ith(bs.ctx, -1);
     const int32_t n_vocab = llama_vocab_n_tokens(bs.vocab);
+    if (rows) {
+        rows->emplace_back(logits, logits + n_vocab);
+    }
     return (llama_token) (std::max_element(logits, logits + n_vocab) - logits);
+}
+
+// one generated token of the sequence in a batch with the neighbour's next token (its logits not wanted)
+bool decode_beside(const bench_seq & bs, llama_token tok, llama_pos pos) {
+    const llama_pos pos_a = llama_memory_seq_pos_max(llama_get_memory(bs.ctx), FILL_A) + 1;
+    llama_batch b = llama_batch_init(2, 0, 1);
+    b.token[0] = bs.fill_a[(size_t) pos_a % bs.fill_a.size()], b.pos[0] = pos_a, b.n_seq_id[0] = 1, b.seq_id[0][0] = FILL_A;
+    b.logits[0] = false;
+    b.token[1] = tok, b.pos[1] = pos, b.n_seq_id[1] = 1, b.seq_id[1][0] = SEQ, b.logits[1] = true;
+    b.n_tokens = 2;
+    const int rc = llama_decode(bs.ctx, b);
+    llama_batch_free(b);
+    return rc == 0;
 }
 
 // the prompt in the pool, its cells between a neighbour's when there is room for one
 bool fill(const bench_seq & bs) {
     llama_memory_clear(llama_get_memory(bs.ctx), true);
-    const size_t chunk = bs.scatter ? 16 : bs.prompt.size();
+    const size_t chunk = bs.scatter || bs.chunk < bs.prompt.size() ? bs.chunk : bs.prompt.size();
     for (size_t i = 0; i < bs.prompt.size(); i += chunk) {
         const size_t to = std::min(bs.prompt.size(), i + chunk);
         if (bs.scatter && i < bs.fill_a.size() &&
@@ -89,23 +111,64 @@ bool fill(const bench_seq & bs) {
     return true;
 }
 
-// greedy tokens [from, to) of the answer; `answer` holds the ones before
-bool generate(const bench_seq & bs, std::vector<llama_token> & answer, int32_t to) {
+// while the sequence is parked, another takes cells (its own may go to it)
+bool disturb(const bench_seq & bs) {
+    return !bs.scatter || decode(bs.ctx, FILL_B, bs.fill_b, 0, bs.fill_b.size(), 0, false);
+}
+
+// greedy tokens [from, to) of the answer; `answer` holds the ones before (each token's logits into `rows`)
+bool generate(const bench_seq & bs, std::vector<llama_token> & answer, int32_t to, step_logits * rows = nullptr) {
     while ((int32_t) answer.size() < to) {
         if (!answer.empty()) {
             const std::vector<llama_token> last = { answer.back() };
-            if (!decode(bs.ctx, SEQ, last, 0, 1, (llama_pos) (bs.prompt.size() + answer.size() - 1), true)) {
+            const llama_pos pos = (llama_pos) (bs.prompt.size() + answer.size() - 1);
+            const bool ok = bs.beside && bs.scatter ? decode_beside(bs, last[0], pos) : decode(bs.ctx, SEQ, last, 0, 1, pos, true);
+            if (!ok) {
                 return false;
             }
         }
-        answer.push_back(greedy(bs));
+        answer.push_back(greedy(bs, rows));
     }
     return true;
 }
 
-// while the sequence is parked, another takes cells (its own may go to it)
-bool disturb(const bench_seq & bs) {
-    return !bs.scatter || decode(bs.ctx, FILL_B, bs.fill_b, 0, bs.fill_b.size(), 0, false);
+// the unparked answer from a fresh pool (its logits too)
+bool unparked_answer(const bench_seq & bs, std::vector<llama_token> & answer, step_logits * rows) {
+    answer.clear();
+    return fill(bs) && generate(bs, answer, bs.n_park, rows) && disturb(bs) && generate(bs, answer, bs.n_gen, rows);
+}
+
+template <typename T> int32_t first_difference(const std::vector<T> & a, const std::vector<T> & b) {
+    for (size_t i = 0; i < std::min(a.size(), b.size()); ++i) {
+        if (a[i] != b[i]) {
+            return (int32_t) i;
+        }
+    }
+    return a.size() == b.size() ? -1 : (int32_t) std::min(a.size(), b.size());
+}
+
+// The control (selftest_control): the unparked run again in another layout and other batches; its
+// logits compared with the first's bit for bit
+selftest_control run_control(const bench_seq & bs, const std::vector<llama_token> & want, const step_logits & want_logits) {
+    selftest_control c;
+    bench_seq other = bs;
+    other.chunk  = bs.scatter ? bs.chunk / 2 : 7;  // the cells elsewhere, the prompt in other batches
+    other.beside = true;                           // and each token beside the neighbour's (when there is one)
+    std::vector<llama_token> answer;
+    step_logits rows;
+    if (!unparked_answer(other, answer, &rows)) {
+        return c;
+    }
+    c.tried = true;
+    c.first_token_diff = first_difference(answer, want);
+    for (size_t i = 0; i < std::min(rows.size(), want_logits.size()) && c.first_logits_diff < 0; ++i) {
+        if (rows[i].size() != want_logits[i].size() ||
+            memcmp(rows[i].data(), want_logits[i].data(), rows[i].size() * sizeof(float)) != 0) {
+            c.first_logits_diff = (int32_t) i;
+        }
+    }
+    c.batch_invariant = c.first_logits_diff < 0 && c.first_token_diff < 0;
+    return c;
 }
 
 void note_devices(selftest_row & row, const copy_report & rep) {
@@ -227,12 +290,7 @@ selftest_row run_case(const selftest_input & in, const bench_seq & bs, const rou
         return row;
     }
     row.same_answer = answer == want;
-    for (size_t i = 0; i < answer.size() && !row.same_answer; ++i) {
-        if (answer[i] != want[i]) {
-            row.first_diff = (int32_t) i;
-            break;
-        }
-    }
+    row.first_diff  = first_difference(answer, want);
     return row;
 }
 
@@ -279,15 +337,16 @@ selftest_result run_selftest(const selftest_input & in) {
                                 "copier, and the serving guard checks it)");
     }
 
-    // the unparked answer
+    // the unparked answer, and the control: the same without a park in another layout and other batches
     std::vector<llama_token> want;
-    if (!fill(bs) || !generate(bs, want, bs.n_park)) {
+    step_logits want_logits;
+    if (!unparked_answer(bs, want, &want_logits)) {
         res.not_tried.push_back("everything: the model could not decode the test prompt");
         return res;
     }
-    if (!disturb(bs) || !generate(bs, want, bs.n_gen)) {
-        res.not_tried.push_back("everything: the model could not decode the test prompt");
-        return res;
+    res.control = run_control(bs, want, want_logits);
+    if (!res.control.tried) {
+        res.not_tried.push_back("the control (the unparked answer in other batches): the model could not decode it");
     }
 
     const route_case cases[] = {
@@ -309,7 +368,13 @@ selftest_result run_selftest(const selftest_input & in) {
             res.rows.push_back(row);
             continue;
         }
-        res.rows.push_back(run_case(in, bs, rc, want));
+        selftest_row row = run_case(in, bs, rc, want);
+        // every copy exact, yet another answer: a wrong copy only where the backend's answers do not follow the batch
+        if (row.tried && row.verified == copy_check::right && !row.same_answer && row.answer_must_match &&
+            res.control.tried && !res.control.batch_invariant) {
+            row.answer_explained = true;
+        }
+        res.rows.push_back(row);
     }
     llama_memory_clear(llama_get_memory(in.ctx), true);
 

@@ -58,9 +58,23 @@ struct selftest_row {
     bool        same_answer = false;
     int32_t     first_diff  = -1;      // the first generated token that differs from the unparked answer
     bool        answer_must_match = true;  // false for recompute (it may differ on some models)
+    bool        answer_explained  = false; // every copy exact, and the backend's answers follow the batch (the control)
     std::string note;
 
-    bool ok() const { return !tried || (verified != copy_check::wrong && (same_answer || !answer_must_match)); }
+    bool ok() const {
+        return !tried || (verified != copy_check::wrong && (same_answer || !answer_must_match || answer_explained));
+    }
+};
+
+// The control: the unparked answer once more, with the sequence's cells placed elsewhere and its
+// tokens decoded in other batches, no park. Where the backend's numerics follow the batch (CUDA's
+// attention and matrix kernels, the CPU's tiled ones without --deterministic) its logits change bit
+// for bit, and so may a parked answer although every copy was exact.
+struct selftest_control {
+    bool    tried = false;
+    bool    batch_invariant = true;
+    int32_t first_logits_diff = -1;  // the first generated token whose logits differ from the unparked run's
+    int32_t first_token_diff  = -1;  // the first generated token that differs
 };
 
 struct selftest_result {
@@ -68,6 +82,7 @@ struct selftest_result {
     std::vector<link_speed>   links;
     std::vector<std::string>  not_tried;  // what the whole test could not do, and why
     std::vector<std::string>  device_notes;  // what a device lacks, and the route it takes instead
+    selftest_control          control;
     int32_t n_prompt = 0, n_gen = 0, n_seqs = 0;
     bool ok() const;
 };

@@ -236,7 +236,7 @@ bool seq_copier::run_group(ggml_backend_t backend, const llama_state_seq_slice *
         one_slice_at_a_time(s, *r, buf, to_host, report, dm, report.why_fallback);
     }
     // LLAMA_SERVER_PREEMPT_CORRUPT on the graphs: a park's byte is flipped once its transfer landed
-    const bool flip = to_host && !moved.empty() && (faults_.corrupt_how & how_graphs) && !faults_.corrupt_restore && !flipped_;
+    const bool flip = to_host && !moved.empty() && faults_.corrupts(route_, how_graphs) && !faults_.corrupt_restore && !flipped_;
     flipped_ |= flip;
 
     if (!to_host || moved.empty()) {
@@ -280,7 +280,7 @@ bool seq_copier::run_group(ggml_backend_t backend, const llama_state_seq_slice *
 }
 
 void seq_copier::corrupt(const llama_state_seq_slice * s, const void * run, uint8_t * buf, bool to_host, unsigned how, bool & done) {
-    if (done || !(faults_.corrupt_how & how) || to_host == faults_.corrupt_restore) {
+    if (done || !faults_.corrupts(route_, how) || to_host == faults_.corrupt_restore) {
         return;
     }
     const auto * r = (const slice_run *) run;

@@ -66,8 +66,14 @@ struct device_move {
 // the doctor catch them: a device that refuses the gather graph, and a byte flipped after a copy.
 struct copy_faults {
     bool     refuse_gather   = false;  // LLAMA_SERVER_PREEMPT_REFUSE_GATHER: every device lacks the gather's ops
-    unsigned corrupt_how     = 0;      // LLAMA_SERVER_PREEMPT_CORRUPT=ROUTE: copy_how bits whose copies get one byte flipped
+    // LLAMA_SERVER_PREEMPT_CORRUPT=ROUTE: the copies a copier of that route makes by the means the route
+    // itself uses on each device (bulk: memcpy on the host, device graphs on a GPU) get one byte flipped;
+    // a device the guard moved to single slices is no longer hit
+    unsigned corrupt_how     = 0;      // copy_how bits of the route's own means
+    int      corrupt_route   = -1;     // the copy_route hit (-1: none)
     bool     corrupt_restore = false;  //   ROUTE:restore flips a restored byte in the tensor, else a parked byte in the buffer
+
+    bool corrupts(copy_route route, unsigned how) const { return (int) route == corrupt_route && (corrupt_how & how); }
 };
 
 // what one gather or scatter did, for the logs and the bench

@@ -32,14 +32,14 @@ _EXPORTS = {
     "PreemptStats": "stats", "SlotStats": "stats",
     "LlamaServer": "server", "ServerConfig": "server", "ServerStartError": "server",
     "Workload": "simulator", "SimReport": "simulator",
-    "run_doctor": "doctor", "DoctorReport": "doctor", "DoctorRoute": "doctor", "DoctorError": "doctor",
+    "run_doctor": "doctor", "DoctorReport": "doctor", "DoctorRoute": "doctor", "DoctorControl": "doctor", "DoctorError": "doctor",
 }
 
 __all__ = ["__version__", "simulate", *_EXPORTS]
 
 if TYPE_CHECKING:  # what type checkers and IDEs see; at run time the names load on first use
     from .aio import AsyncEngine, StreamNotice
-    from .doctor import DoctorError, DoctorReport, DoctorRoute, run_doctor
+    from .doctor import DoctorControl, DoctorError, DoctorReport, DoctorRoute, run_doctor
     from .checks import FieldTypeError, FieldValueError
     from .outputs import CompletionOutput, Logprob, RequestOutputKind
     from .reports import Completion as RequestOutput

@@ -45,9 +45,20 @@ class DoctorRoute:
     same_answer: bool
     first_diff: int
     answer_must_match: bool
+    answer_explained: bool  # every copy exact and the answer differs as the backend's answers follow the batch (the control)
     ok: bool
     note: str
     devices: tuple[DoctorDevice, ...]
+
+
+@dataclass(frozen=True)
+class DoctorControl:
+    """The unparked answer recomputed in another layout and other batches, no park: whether this
+    backend's answers follow the batch (then a SWAP answer may differ although every copy is exact)."""
+    tried: bool
+    batch_invariant: bool   # the same logits, bit for bit
+    first_logits_diff: int  # the first generated token whose logits differ (-1: none)
+    first_token_diff: int   # the first generated token that differs (-1: none)
 
 
 @dataclass(frozen=True)
@@ -59,6 +70,7 @@ class DoctorReport:
     links: tuple[Mapping[str, Any], ...]  # {"device", "what" (memcpy, device_to_host, host_to_device), "gbps", "pinned"}
     not_tried: tuple[str, ...]
     device_notes: tuple[str, ...]  # what a device lacks (asynchronous copies, events, pinned memory) and what it does instead
+    control: DoctorControl
     text: str            # the table and the report, as printed
 
     def route(self, name: str) -> DoctorRoute:
@@ -72,7 +84,7 @@ class DoctorReport:
         routes = tuple(DoctorRoute(**{**r, "devices": tuple(DoctorDevice(**x) for x in r["devices"])}) for r in d["routes"])
         return cls(ok=bool(d["ok"]), returncode=returncode, build=d["build"], routes=routes,
                    links=tuple(d["links"]), not_tried=tuple(d["not_tried"]), device_notes=tuple(d["device_notes"]),
-                   text=text)
+                   control=DoctorControl(**d["control"]), text=text)
 
 
 def run_doctor(server_args: Sequence[str], *, env: Mapping[str, str] | None = None, timeout: float = 600,
