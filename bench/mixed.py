@@ -17,8 +17,7 @@ more short requests than slots). One pool of --ctx cells, served these ways:
   as many as the measured step cost pays for, the rest pause; a slot is parked when the pool fills;
 - auto, width off (--width-off N): the same with every slot decoding at once (width-loss=0);
 - more cells that separate causes (--cell, repeatable): `unified:N` (one pool, --no-preempt: upstream's
-  unified server, every slot decoding), `auto:N`, each optionally `+width0` (width-loss=0), `+sparse`
-  (LLAMA_ATTN_SPARSE_SPAN=1: flash attention gathers each sequence's own cells in the unified pool) and
+  unified server, every slot decoding), `auto:N`, each optionally `+width0` (width-loss=0) and
   `+bsample` (--backend-sampling: upstream's sampling on the device instead of the host).
 
 With --log-dir each cell's server log and its final /metrics are kept there.
@@ -161,23 +160,22 @@ def goals(split: list[dict[str, Any]], cell: list[dict[str, Any]], n_requests: i
 
 def extra_cell(spec: str, server: Callable[..., LlamaServer],
                sched_args: Callable[..., list[str]]) -> tuple[str, Callable[[], LlamaServer], dict[str, Any]]:
-    """A --cell: `auto:N` or `unified:N` (one pool, --no-preempt), with `+width0`, `+sparse` and `+bsample`."""
-    names = {"width0": ", width off", "sparse": ", sparse span", "bsample": ", backend sampling"}
+    """A --cell: `auto:N` or `unified:N` (one pool, --no-preempt), with `+width0` and `+bsample`."""
+    names = {"width0": ", width off", "bsample": ", backend sampling"}
     head, *opts = spec.split("+")
     kind, _, n = head.partition(":")
     if kind not in ("auto", "unified") or not n.isdigit() or any(o not in names for o in opts):
-        raise SystemExit(f"--cell {spec!r}: expected KIND:N[+width0][+sparse][+bsample] with KIND auto or unified")
+        raise SystemExit(f"--cell {spec!r}: expected KIND:N[+width0][+bsample] with KIND auto or unified")
     n_par = int(n)
-    env = {"LLAMA_ATTN_SPARSE_SPAN": "1"} if "sparse" in opts else {}
     flags = ["--backend-sampling"] if "bsample" in opts else []
     extra = (sched_args("width-loss=0") if "width0" in opts else sched_args()) + flags
     label = (f"auto, {n_par} slots" if kind == "auto" else f"unified, {n_par} slots, no preempt") + \
         "".join(names[o] for o in opts)
     if kind == "unified":
-        return label, lambda: server(None, n_par, True, flags, preempt=False, env=env), {}
-    # the simulator models neither the sparse span nor --no-preempt's timing: only plain auto cells are simulated
-    sim = {} if "sparse" in opts else {"n_parallel": n_par, "sched": "width-loss=0" if "width0" in opts else None}
-    return label, lambda: server(None, n_par, True, extra, env=env), sim
+        return label, lambda: server(None, n_par, True, flags, preempt=False), {}
+    # the simulator does not model --no-preempt's timing (its --no-preempt is the failure mode): not simulated
+    return label, lambda: server(None, n_par, True, extra), {"n_parallel": n_par,
+                                                            "sched": "width-loss=0" if "width0" in opts else None}
 
 
 def keep_cell_record(log_dir: Path, label: str, srv: LlamaServer) -> None:
@@ -205,9 +203,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--prompt-median", type=int, default=None, help="prompt words, median (default 64, --quick 48)")
     ap.add_argument("--gen-median", type=int, default=48, help="answer tokens, median")
     ap.add_argument("--sched", default=None, help="--preempt-sched for the auto cells (default: the server's)")
-    ap.add_argument("--cell", action="append", default=[], metavar="KIND:N[+width0][+sparse][+bsample]",
+    ap.add_argument("--cell", action="append", default=[], metavar="KIND:N[+width0][+bsample]",
                     help="an extra cell: KIND auto or unified (one pool, --no-preempt); +width0: every slot "
-                         "decodes; +sparse: LLAMA_ATTN_SPARSE_SPAN=1; +bsample: --backend-sampling (repeatable)")
+                         "decodes; +bsample: --backend-sampling (repeatable)")
     ap.add_argument("--log-dir", type=Path, default=None, help="keep each cell's server log and /metrics here")
     ap.add_argument("--no-stock", action="store_true", help="leave out the stock cell")
     ap.add_argument("--threads", type=int, default=2)
@@ -231,9 +229,9 @@ def main(argv: list[str] | None = None) -> int:
         return ["--preempt-sched", ",".join(keys)] if keys else []
 
     def server(binary: Path | None, n_parallel: int, unified: bool, extra: list[str] | None = None,
-               preempt: bool | None = None, env: dict[str, str] | None = None) -> LlamaServer:
+               preempt: bool | None = None) -> LlamaServer:
         cfg = ServerConfig(model=model, n_ctx=ctx, n_parallel=n_parallel, kv_unified=unified, threads=args.threads,
-                           seed=1234, extra_args=extra or [], preempt=preempt, env=env or {})
+                           seed=1234, extra_args=extra or [], preempt=preempt)
         return LlamaServer(cfg, binary=binary, log_dir=args.log_dir)
 
     # the workload in tokens (as the model counts them), and the simulator's costs: our server's own

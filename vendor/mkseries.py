@@ -76,9 +76,6 @@ TOPICS = [
           lambda f, t: (f.startswith("tools/server/") or (f.startswith("common/") and _CLIENT_COMMON(t))) and not _ENGINE_WORDS(t)),
     Topic("engine", "what the in-process Engine calls instead of copying: step(), the parser, parameter finalisation",
           lambda f, t: f.startswith("tools/server/") or (f.startswith("common/") and not _in("batch_invariant")(t))),
-    Topic("sparse-attention-span", "libllama: in a unified pool, flash attention told the most cells a query sees, so CUDA "
-          "gathers a sequence's own cells instead of the whole pool (opt-in while measured; could go upstream alone)",
-          lambda f, t: f.startswith("src/") and _in("n_kv_max", "n_kv_seq_max")(t)),
     Topic("state-seq-bulk-copy", "libllama: a sequence state's slices handed to a callback in bulk (could go upstream alone)",
           lambda f, t: (f.startswith("include/") or f.startswith("src/")) and not _in("batch_invariant", "kv_order")(t)),
     Topic("rpc-supports-op", "ggml-rpc: the client asks the remote device whether it runs an op (cached; protocol 7.1), so "
