@@ -34,3 +34,15 @@ def test_the_rpc_client_asks_the_remote_device_which_ops_it_runs_once_per_shape(
         n_again = len(re.findall(r"\[supports_op\]", rpc.log_text())) - n_asked
         assert 0 <= n_again < n_asked / 2, (n_asked, n_again)
         assert first["tokens_predicted"] == again["tokens_predicted"] == 16
+
+
+def test_deterministic_says_which_devices_keep_their_own_kernels(start_server, stories_model: Path, tmp_path: Path) -> None:
+    # the batch-invariant kernels are the CPU's: layers on another device are named at start
+    with RpcServer(log_dir=tmp_path) as rpc:
+        srv = start_server(stories_model, n_ctx=512, n_parallel=2, deterministic=True,
+                           extra_args=["--rpc", rpc.endpoint, "-ngl", "99", "-dev", "RPC0"])
+        log = srv.log_text()
+    assert "deterministic: the batch-invariant kernels are the CPU's; the layers on RPC0 run that device's own kernels" in log
+    # on the CPU alone nothing is said
+    cpu = start_server(stories_model, n_ctx=512, n_parallel=2, deterministic=True, extra_args=["-dev", "none"])
+    assert "the batch-invariant kernels are the CPU's" not in cpu.log_text()
