@@ -94,14 +94,36 @@ def start_server(tmp_path: Path) -> Iterator[ServerFactory]:
 RpcFactory = Callable[..., RpcServer]
 
 
+class RpcServerOn(RpcServer):
+    """A ggml-rpc-server serving the one device named (its -d), or its default when None: the
+    build's accelerators (CUDA0, ...) where it has any, else its CPU."""
+
+    def __init__(self, *, device: str | None = None, **kw: object) -> None:
+        super().__init__(**kw)  # type: ignore[arg-type]
+        self.device = device
+
+    def command(self) -> list[str]:
+        return [*super().command(), *(["-d", self.device] if self.device else [])]
+
+
+# an RPC server whose answers do not depend on the batch: its CPU (on every build) with the
+# batch-invariant kernels, for a llama-server run with --deterministic (docs/design.md)
+BATCH_INVARIANT_RPC = {"device": "CPU", "env": {"GGML_CPU_BATCH_INVARIANT": "1"}}
+
+
 @pytest.fixture
 def start_rpc(tmp_path: Path) -> Iterator[RpcFactory]:
     """Start ggml-rpc-server children (llama.cpp's RPC device) on free loopback ports; all are
-    stopped afterwards."""
+    stopped afterwards. `device`: the one device it serves (default: its own choice, a GPU build's
+    accelerator, else the CPU); `env`: its environment's additions.
+
+        rpc = start_rpc()                          # the build's device behind RPC
+        rpc = start_rpc(**BATCH_INVARIANT_RPC)     # the CPU, batch-invariant, on every build
+    """
     started: list[RpcServer] = []
 
-    def start(threads: int = 1) -> RpcServer:
-        rpc = RpcServer(threads=threads, log_dir=tmp_path)
+    def start(threads: int = 1, device: str | None = None, env: dict[str, str] | None = None) -> RpcServer:
+        rpc = RpcServerOn(threads=threads, log_dir=tmp_path, device=device, env=env)
         started.append(rpc)
         return rpc.start()
 

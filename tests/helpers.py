@@ -3,9 +3,11 @@ the CLI, the stats view, fake HTTP servers and RSS."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import http.server
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -17,6 +19,7 @@ from typing import Any, Callable, Iterator, TypeVar
 
 import requests
 
+from llama_preempt.binary import server_binary
 from llama_preempt.server import LlamaServer, ServerConfig
 
 T = TypeVar("T")
@@ -32,14 +35,53 @@ WORDS = ("once upon a time there was a little girl named lily she loved to play 
 ALL_DECODE = ["--preempt-sched", "width-loss=0"]
 
 
+GPU_LAYERS_KNOB = "LLAMA_PREEMPT_TEST_GPU_LAYERS"
+# flags with which a test places the layers (or the KV) itself; the knob then leaves it alone
+PLACEMENT_FLAGS = ("-ngl", "--gpu-layers", "--n-gpu-layers", "-dev", "--device")
+
+
+def gpu_layers() -> str | None:
+    """LLAMA_PREEMPT_TEST_GPU_LAYERS: the -ngl that new_server() gives the tests' servers; None when unset."""
+    return os.environ.get(GPU_LAYERS_KNOB) or None
+
+
+@functools.lru_cache(maxsize=1)
+def build_devices() -> tuple[str, ...]:
+    """The devices this build's llama-server can offload to, as `llama-server --list-devices` names
+    them (CUDA0, Vulkan0, ...); none on a CPU build. RPC devices appear only with --rpc."""
+    out = subprocess.run([str(server_binary()), "--list-devices"], capture_output=True, text=True, timeout=60)
+    listed = out.stdout.split("Available devices:", 1)[-1]
+    return tuple(d for d in re.findall(r"^\s+([A-Za-z][\w.-]*): ", listed, re.M) if not d.startswith("RPC"))
+
+
+def offload_devices() -> tuple[str, ...]:
+    """Where the knob puts the layers of new_server()'s servers, and so their KV cells: the build's
+    devices when LLAMA_PREEMPT_TEST_GPU_LAYERS is a positive N (llama.cpp offloads to all of them),
+    none when it is unset or 0, or the build has no device (the CPU: cells in host memory)."""
+    ngl = gpu_layers()
+    if ngl is None or ngl.strip() == "0":
+        return ()
+    return build_devices()
+
+
+def layers_on_the_cpu() -> bool:
+    """new_server()'s layers and cells stay on the CPU (the knob unset, or no device to offload to):
+    its kernels are the CPU's, which --deterministic makes batch-invariant, so a request's answer
+    does not depend on the batches it ran in. Not so on a GPU, whose kernels (cuBLAS, CUDA flash
+    attention) choose by the batch's shape (docs/design.md, --deterministic, its limits)."""
+    return not offload_devices()
+
+
 def new_server(model: Path, log_dir: Path, *, port: int | None = None, **config: Any) -> LlamaServer:
     """A llama-server for the tests, not started yet: ServerConfig(model=model, **config) on `port`
     (a free one by default), its log in log_dir. LLAMA_PREEMPT_TEST_GPU_LAYERS=N offloads it (-ngl N):
     on a GPU build this runs the SWAP tests through the device copy path (CI has no GPU and leaves
-    it unset). The `start_server` fixture starts these and stops them after the test."""
-    ngl = os.environ.get("LLAMA_PREEMPT_TEST_GPU_LAYERS")
-    if ngl:
-        config["extra_args"] = ["-ngl", ngl, *config.get("extra_args", [])]
+    it unset); a test that places the layers itself (-ngl, -dev: on_rpc(), -ngl 0) keeps its
+    placement. The `start_server` fixture starts these and stops them after the test."""
+    ngl = gpu_layers()
+    extra = list(config.get("extra_args", []))
+    if ngl and not any(a in PLACEMENT_FLAGS for a in extra):
+        config["extra_args"] = ["-ngl", ngl, *extra]
     return LlamaServer(ServerConfig(model=model, **config), port=port, log_dir=log_dir)
 
 
@@ -143,6 +185,13 @@ def park_lines(srv: Any, timeout: float = 15) -> list[str]:
         [x for x in srv.log_text().splitlines() if "parked by " in x]), timeout, f"{n} park lines in the log")
 
 
+def swap_parks(srv: Any) -> list[tuple[int, str]]:
+    """(cell ranges, how it was copied: "memcpy", "device graphs", ...) of every swap park in the log,
+    to RAM or to disk."""
+    line = r"parked by swap(?: to disk[a-z ,]*)? \([^)]* in (\d+) cell ranges\) in [\d.]+ ms by ([a-z ,]+), reason"
+    return [(int(n), how) for n, how in re.findall(line, "\n".join(park_lines(srv)))]
+
+
 def wait_for_slot(srv: LlamaServer, key: str, timeout: float = 60) -> dict[str, Any]:
     """The /slots entry of the first slot seen with `key` true ("is_processing", "is_preempted")."""
     return wait_until(lambda: next((s for s in srv.slots() if s[key]), None), timeout, f"a slot with {key}")
@@ -205,13 +254,19 @@ def assert_forced_swaps_give_the_unparked_answer(ref_srv: LlamaServer, srv: Llam
 THREE_PROMPTS = ["Once upon a time", "The little dog", "A girl named Lily"]
 
 
-def assert_restored_ahead_exactly(ref_srv: LlamaServer, srv: LlamaServer) -> Any:
-    """Three prompts decoding together on a server without preemption and on one whose parked
-    slots are held a little (so the next to resume is uploaded ahead, every park byte-verified):
-    the same answers, and at least one restore that only scattered; the parked server's metrics."""
-    refs = [complete(ref_srv, p, 48).json()["content"] for p in THREE_PROMPTS]
+def assert_restored_ahead_exactly(ref_srv: LlamaServer | None, srv: LlamaServer) -> Any:
+    """Three prompts decoding together on a server whose parked slots are held a little (so the
+    next to resume is uploaded ahead, every park byte-verified): at least one restore that only
+    scattered, every copy byte-identical; the parked server's metrics.
+
+    With ref_srv (a server without preemption), each answer must be the one its prompt gives alone
+    there: pass it only where both run --deterministic on batch-invariant kernels (the CPU's, also
+    behind RPC), since otherwise an answer depends on the batches it ran in (three together, parked
+    in turn, against one alone) and the byte checks of every copy are the proof."""
     got = [r.json()["content"] for r in complete_all(srv, THREE_PROMPTS, 48)]
-    assert got == refs
+    if ref_srv is not None:
+        assert ref_srv.props()["llama_preempt"]["deterministic"] and srv.props()["llama_preempt"]["deterministic"]
+        assert got == [complete(ref_srv, p, 48).json()["content"] for p in THREE_PROMPTS]
     m = srv.metrics()
     assert m["n_restore_ahead_total"] >= 1
     assert m["n_swap_restore_ahead_total"] == m["n_restore_ahead_total"]  # the old name, kept one release
@@ -293,6 +348,25 @@ def rss_mib(pid: int) -> float:
     raise AssertionError(f"/proc/{pid}/status has no VmRSS line")
 
 
+def rpc_served_devices(rpc: Any, timeout: float = 30) -> list[str]:
+    """The devices one ggml-rpc-server serves, as it lists them in its log at start ("Devices:"):
+    its CPU on a CPU build (or when started with -d CPU), else the build's accelerators (CUDA0, ...)."""
+    def listed() -> list[str] | None:
+        m = re.search(r"^Devices:\n((?:  .*\n)*?)  transport", rpc.log_text(), re.M)
+        return re.findall(r"^  (\S+): ", m.group(1), re.M) if m else None
+    return wait_until(listed, timeout, f"{rpc.endpoint} to list the devices it serves")
+
+
+def rpc_devices(*servers: Any) -> list[str]:
+    """The names llama-server gives the RPC servers' devices when --rpc lists the servers in this
+    order: RPC0, RPC1, ..., numbered on across the servers, one per device each serves."""
+    n = sum(len(rpc_served_devices(s)) for s in servers)
+    return [f"RPC{i}" for i in range(n)]
+
+
 def on_rpc(*servers: Any) -> list[str]:
-    """llama-server flags that put every layer, and so every KV cell, on the RPC device(s)."""
-    return ["--rpc", ",".join(s.endpoint for s in servers), "-ngl", "99"]
+    """llama-server flags that put every layer, and so every KV cell, on the RPC device(s) and on no
+    other: --rpc registers them (before -dev, which names them), -dev makes them the only devices
+    to offload to (on a GPU build the local GPU would take layers too, as would the
+    LLAMA_PREEMPT_TEST_GPU_LAYERS knob), -ngl 99 offloads every layer. The same on every build."""
+    return ["--rpc", ",".join(s.endpoint for s in servers), "-dev", ",".join(rpc_devices(*servers)), "-ngl", "99"]

@@ -1,10 +1,17 @@
 """Preemption on a real device backend: llama.cpp's RPC backend over loopback.
 
 `ggml-rpc-server` (built and installed with this package) is a ggml device with its own buffers,
-asynchronous transfers, events and graph compute. With `llama-server --rpc HOST:PORT -ngl 99` the
-model's layers and the KV cache live there, so every SWAP park gathers on that device and comes to
-host RAM over the link, and every restore goes back the same way: the device copy path, for real.
-Two RPC servers with the layers split between them are the multi-GPU case.
+asynchronous transfers, events and graph compute. With helpers.on_rpc()'s flags (`llama-server --rpc
+HOST:PORT -dev RPC0 -ngl 99`) the model's layers and the KV cache live there and nowhere else (not
+on a GPU build's own GPU, nor where LLAMA_PREEMPT_TEST_GPU_LAYERS would put them), so every SWAP
+park gathers on that device and comes to host RAM over the link, and every restore goes back the
+same way: the device copy path, for real. Two RPC servers with the layers split between them are
+the multi-GPU case.
+
+An RPC server serves its build's accelerator where it has one (CUDA0 on a CUDA build), else its
+CPU. Tests that compare answers computed in other batches (several requests decoding together and
+parked in turn, against each alone) run on RPC servers pinned to their CPU with its batch-invariant
+kernels, and llama-server with --deterministic: the same meaning on every build.
 
 LLAMA_SERVER_PREEMPT_VERIFY=1 compares every swap park with upstream's own serializer, byte for byte.
 """
@@ -19,30 +26,24 @@ from typing import Any
 import pytest
 import requests
 
-from conftest import RpcFactory
+from conftest import BATCH_INVARIANT_RPC, RpcFactory
 from helpers import (ALL_DECODE, assert_every_swap_verified, assert_forced_swaps_give_the_unparked_answer,
-                     assert_restored_ahead_exactly, cli_command, complete, complete_all, logged, long_prompt, on_rpc,
-                     open_raw_stream, park_lines, streams_held_parked, wait_for_parked, wait_until, wait_until_nothing_held)
+                     assert_restored_ahead_exactly, build_devices, cli_command, complete, complete_all, logged,
+                     long_prompt, on_rpc, open_raw_stream, rpc_devices, streams_held_parked, swap_parks,
+                     wait_for_parked, wait_until, wait_until_nothing_held)
 from llama_preempt.binary import rpc_server_binary, server_binary
-from llama_preempt.rpc import RpcServer
-from llama_preempt.server import LlamaServer, free_port
+from llama_preempt.server import free_port
 
 FORCED = {"LLAMA_SERVER_PREEMPT_EVERY": "8"}
 VERIFY = {"LLAMA_SERVER_PREEMPT_VERIFY": "1"}
 
 
-def assert_connected(*servers: RpcServer) -> None:
-    # each RPC server took llama-server as its client (the parks' "by device graphs" then shows the
-    # cells live on a device: host tensors are copied by memcpy)
-    for rpc in servers:
-        logged(rpc, "Accepted client connection")
-
-
-def swap_parks(srv: LlamaServer) -> list[tuple[int, str]]:
-    """(cell ranges, how it was copied) of every swap park in the log."""
-    return [(int(n), how) for n, how in
-            re.findall(r"parked by swap \([^)]* in (\d+) cell ranges\) in [\d.]+ ms by ([a-z ,]+), reason",
-                       "\n".join(park_lines(srv)))]
+def assert_parked_on_the_device(srv: Any, n_parks: float) -> None:
+    """Every one of the n_parks swap parks gathered by device graphs: the cells were on a device
+    (host tensors are copied by memcpy), and on_rpc() leaves the RPC devices the only ones."""
+    parks = swap_parks(srv)
+    assert len(parks) == n_parks
+    assert all(how == "device graphs" for _, how in parks), parks
 
 
 def test_the_package_installs_the_rpc_server_beside_llama_server() -> None:
@@ -74,20 +75,38 @@ def test_llama_preempt_rpc_server_runs_upstreams_rpc_server(tmp_path: Path) -> N
         proc.wait(timeout=10)
 
 
+def test_on_rpc_puts_every_layer_and_kv_cell_on_the_rpc_devices_alone(
+        start_server, start_rpc: RpcFactory, stories_model: Path) -> None:
+    # what every test here stands on, on any build and under LLAMA_PREEMPT_TEST_GPU_LAYERS: a GPU
+    # build offloads to its own GPU as well unless -dev names the RPC devices alone
+    rpcs = [start_rpc(), start_rpc()]
+    names = rpc_devices(*rpcs)
+    assert len(names) >= 2 and names[:2] == ["RPC0", "RPC1"]
+    srv = start_server(stories_model, n_ctx=512, n_parallel=2, extra_args=[*on_rpc(*rpcs), "-lv", "4"])
+    log = logged(srv, "listening on")
+    assert re.findall(r"llama_prepare_model_devices: using device (\S+) ", log) == names
+    assert re.search(r"load_tensors: offloaded (\d+)/\1 layers to GPU", log), "not every layer offloaded"
+    # each server's device holds the cells of its own layers, and nothing else holds any
+    kv = re.findall(r"llama_kv_cache: +(\S+) KV buffer size", log)
+    assert {re.sub(r"^RPC\d+\[(.+)\]$", r"\1", buf) for buf in kv} == {r.endpoint for r in rpcs}, kv
+    # the weights too, but the token embeddings, which llama.cpp keeps in host memory
+    weights = re.findall(r"load_tensors: +(\S+) model buffer size", log)
+    assert all(re.fullmatch(r"RPC\d+\[.+\]|CPU\w*|\w+_Host", w) for w in weights), weights
+    assert complete(srv, "Once upon a time", 8).json()["tokens_predicted"] == 8
+
+
 @pytest.mark.parametrize("flash", ["on", "off"], ids=["fa-on", "fa-off"])
 def test_forced_swap_parks_over_rpc_copy_upstreams_bytes_and_give_the_unparked_output(
-        start_server, start_rpc, stories_model: Path, flash: str) -> None:
+        start_server, start_rpc: RpcFactory, stories_model: Path, flash: str) -> None:
+    # the RPC servers serve their build's device (a GPU build's GPU, whose flash attention may not
+    # take stories260K's 8-wide heads: the RPC client asks the device and runs such an op locally)
     ref_srv = start_server(stories_model, n_ctx=512, n_parallel=2, preempt=False,
                            extra_args=on_rpc(start_rpc()) + ["-fa", flash])
-    rpc = start_rpc()
     srv = start_server(stories_model, n_ctx=512, n_parallel=2, env={**FORCED, **VERIFY},
-                       extra_args=on_rpc(rpc) + ["-fa", flash, "--preempt-mode", "swap"])
-    assert_connected(rpc)
+                       extra_args=on_rpc(start_rpc()) + ["-fa", flash, "--preempt-mode", "swap"])
     m = assert_forced_swaps_give_the_unparked_answer(ref_srv, srv)
-    parks = swap_parks(srv)
-    assert len(parks) == m["n_preempt_swap_total"]
     # through the device: gathered by graphs on the RPC server, nothing copied one slice at a time
-    assert all(how == "device graphs" for _, how in parks), parks
+    assert_parked_on_the_device(srv, m["n_preempt_swap_total"])
 
 
 @pytest.mark.parametrize("verify", [True, False], ids=["verified", "in-flight"])
@@ -116,26 +135,31 @@ def test_an_overloaded_pool_over_rpc_parks_fragmented_sequences_and_every_reques
 
 
 def test_restore_ahead_over_rpc_uploads_the_next_parked_slot_and_its_restore_scatters_exactly(
-        start_server, start_rpc, stories_model: Path) -> None:
-    ref_srv = start_server(stories_model, n_ctx=1024, n_parallel=3, preempt=False, extra_args=on_rpc(start_rpc()))
-    srv = start_server(stories_model, n_ctx=1024, n_parallel=3, extra_args=on_rpc(start_rpc()) + ["--preempt-mode", "swap"],
+        start_server, start_rpc: RpcFactory, stories_model: Path) -> None:
+    ref_srv = start_server(stories_model, n_ctx=1024, n_parallel=3, preempt=False, deterministic=True,
+                           extra_args=on_rpc(start_rpc(**BATCH_INVARIANT_RPC)))
+    srv = start_server(stories_model, n_ctx=1024, n_parallel=3, deterministic=True,
+                       extra_args=on_rpc(start_rpc(**BATCH_INVARIANT_RPC)) + ["--preempt-mode", "swap"],
                        env={**FORCED, **VERIFY, "LLAMA_SERVER_PREEMPT_HOLD_MS": "20"})
-    assert_restored_ahead_exactly(ref_srv, srv)
+    m = assert_restored_ahead_exactly(ref_srv, srv)
+    assert_parked_on_the_device(srv, m["n_preempt_swap_total"])
 
 
 def test_two_rpc_servers_with_a_layer_split_park_restore_and_upload_ahead_exactly(
-        start_server, start_rpc, stories_model: Path) -> None:
+        start_server, start_rpc: RpcFactory, stories_model: Path) -> None:
     # the multi-GPU case: each device holds the KV cells of its own layers; a park gathers on both,
-    # and restore ahead uploads to each device the bytes of its own layers
-    ref_srv = start_server(stories_model, n_ctx=1024, n_parallel=3, preempt=False,
-                           extra_args=on_rpc(start_rpc(), start_rpc()))
-    rpcs = [start_rpc(), start_rpc()]
-    srv = start_server(stories_model, n_ctx=1024, n_parallel=3, extra_args=on_rpc(*rpcs) + ["--preempt-mode", "swap"],
+    # and restore ahead uploads to each device the bytes of its own layers. Three requests decode
+    # together and are parked in turn; each answer is the one it gives alone (--deterministic, and
+    # the RPC servers' batch-invariant CPU kernels)
+    ref_srv = start_server(stories_model, n_ctx=1024, n_parallel=3, preempt=False, deterministic=True,
+                           extra_args=on_rpc(start_rpc(**BATCH_INVARIANT_RPC), start_rpc(**BATCH_INVARIANT_RPC)))
+    rpcs = [start_rpc(**BATCH_INVARIANT_RPC), start_rpc(**BATCH_INVARIANT_RPC)]
+    srv = start_server(stories_model, n_ctx=1024, n_parallel=3, deterministic=True,
+                       extra_args=on_rpc(*rpcs) + ["--preempt-mode", "swap"],
                        env={**FORCED, **VERIFY, "LLAMA_SERVER_PREEMPT_HOLD_MS": "20"})
-    assert_connected(*rpcs)
     m = assert_restored_ahead_exactly(ref_srv, srv)
     assert m["n_preempt_total"] >= 6
-    assert all(how == "device graphs" for _, how in swap_parks(srv))
+    assert_parked_on_the_device(srv, m["n_preempt_swap_total"])
 
 
 @pytest.mark.parametrize("verify", [True, False], ids=["verified", "in-flight"])
@@ -213,12 +237,7 @@ def test_losing_the_rpc_server_with_slots_parked_ends_llama_server_with_a_clear_
 
 
 def _vulkan_device() -> str | None:
-    try:
-        out = subprocess.run([str(server_binary()), "--list-devices"], capture_output=True, text=True, timeout=60)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    m = re.search(r"^\s*(Vulkan\d+):", out.stdout + out.stderr, re.M)
-    return m.group(1) if m else None
+    return next((d for d in build_devices() if d.startswith("Vulkan")), None)
 
 
 def test_forced_swap_parks_on_vulkan_copy_upstreams_bytes(start_server, stories_model: Path) -> None:
@@ -260,4 +279,8 @@ def test_disk_parks_of_cells_on_an_rpc_device_give_the_unparked_answer(
     assert m["n_swap_restore_fail_total"] == 0
     assert m["preempt_disk_bytes"] == 0 and m["preempt_ram_bytes"] == 0
     logged(srv, "parked by swap to disk")
-    assert_connected(rpc)
+    parks = swap_parks(srv)
+    assert len(parks) == m["n_preempt_swap_total"]
+    # in the background: gathered on the device into RAM, then written; at the park (no RAM for a
+    # host copy): read from the device into the file a chunk at a time
+    assert {how for _, how in parks} == {"device graphs" if background else "a stream to its file"}, parks

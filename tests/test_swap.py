@@ -95,7 +95,8 @@ def test_a_budget_that_holds_one_sequence_but_not_two_parks_both_ways(
 @pytest.mark.parametrize("route", ["bulk", "graph", "slice"])
 def test_a_failed_restore_falls_back_to_recompute_and_the_request_finishes(
         start_server, stories_model: Path, route: str) -> None:
-    # every copy route: the bulk memcpy, the device path's gather graphs, upstream's per-slice copy
+    # every copy route: the bulk copy (memcpy of host tensors, device graphs on a GPU), the device
+    # path's gather graphs, upstream's per-slice copy
     ref_srv = start_server(stories_model, n_ctx=512, n_parallel=2, preempt=False)
     ref = complete(ref_srv, "Once upon a time", 64).json()
     srv = start_server(stories_model, n_ctx=512, n_parallel=2,

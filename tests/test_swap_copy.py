@@ -3,19 +3,25 @@
 LLAMA_SERVER_PREEMPT_VERIFY=1 makes the server compare every swap park's buffer with the one
 upstream's own serializer writes for the same sequence, byte for byte, while the cells are still in
 place; LLAMA_SERVER_PREEMPT_COPY=graph sends host tensors through the device path (gather and
-scatter graphs), so that path runs on a CPU too.
+scatter graphs), so that path runs on a CPU too. With LLAMA_PREEMPT_TEST_GPU_LAYERS the cells live
+on the GPU and every test here runs there as well.
+
+Where answers computed in other batches are compared (several requests decoding together and
+parked in turn, against each alone), both servers run --deterministic, and the answers must be
+equal where the layers are on the CPU, whose kernels it makes batch-invariant; a GPU's kernels
+choose by the batch's shape, and there, as with flash attention off (which --deterministic needs
+on), the copy guard's byte checks of every park and restore are the proof.
 """
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 import pytest
 import requests
 
 from helpers import (assert_every_swap_verified, assert_forced_swaps_give_the_unparked_answer,
-                     assert_restored_ahead_exactly, complete, complete_all, logged, long_prompt, park_lines,
-                     run_concurrently, wait_for_parked)
+                     assert_restored_ahead_exactly, complete, complete_all, layers_on_the_cpu, logged, long_prompt,
+                     run_concurrently, swap_parks, wait_for_parked)
 
 FORCED = {"LLAMA_SERVER_PREEMPT_EVERY": "8"}
 ROUTES = ["bulk", "graph"]
@@ -25,6 +31,18 @@ MTP_ARGS = ["--spec-type", "draft-mtp", "--spec-draft-n-max", "2"]
 
 def swap_env(route: str) -> dict[str, str]:
     return {**FORCED, "LLAMA_SERVER_PREEMPT_VERIFY": "1", "LLAMA_SERVER_PREEMPT_COPY": route}
+
+
+def flash_args(flash: str) -> list[str]:
+    """-fa FLASH, and with it on --deterministic (which needs it), so that answers computed in other
+    batches can be compared where the kernels are the CPU's."""
+    return ["-fa", flash, *(["--deterministic"] if flash == "on" else [])]
+
+
+def answers_comparable(flash: str) -> bool:
+    """Whether an answer computed beside others and parked must equal the one computed alone:
+    --deterministic on (flash_args) and the layers on the CPU."""
+    return flash == "on" and layers_on_the_cpu()
 
 
 @pytest.mark.parametrize("route", ROUTES)
@@ -40,21 +58,23 @@ def test_swap_parks_copy_upstreams_bytes_and_give_the_unparked_output(
 
 
 @pytest.mark.parametrize("route", ROUTES)
-def test_a_fragmented_sequence_parks_and_restores_exactly(start_server, stories_model: Path, route: str) -> None:
+@pytest.mark.parametrize("flash", FLASH, ids=["fa-on", "fa-off"])
+def test_a_fragmented_sequence_parks_and_restores_exactly(start_server, stories_model: Path, flash: str,
+                                                          route: str) -> None:
     # three requests decoding together interleave their cells in the shared pool, and every park
-    # and restore puts them somewhere else again: each park copies many cell ranges
+    # and restore puts them somewhere else again: each park copies many cell ranges (fa off stores
+    # V transposed: one slice per V element row of every range)
     prompts = ["Once upon a time", "The little dog", "A girl named Lily"]
-    ref_srv = start_server(stories_model, n_ctx=1024, n_parallel=3, preempt=False, extra_args=["-fa", "off"])
-    refs = [complete(ref_srv, p, 80).json()["content"] for p in prompts]
     srv = start_server(stories_model, n_ctx=1024, n_parallel=3, env=swap_env(route),
-                       extra_args=["-fa", "off", "--preempt-mode", "swap"])
+                       extra_args=[*flash_args(flash), "--preempt-mode", "swap"])
     got = [r.json()["content"] for r in complete_all(srv, prompts, 80)]
-    assert got == refs
+    if answers_comparable(flash):
+        ref_srv = start_server(stories_model, n_ctx=1024, n_parallel=3, preempt=False, extra_args=flash_args(flash))
+        assert got == [complete(ref_srv, p, 80).json()["content"] for p in prompts]
     m = srv.metrics()
     assert m["n_preempt_total"] >= 15
     assert_every_swap_verified(m)
-    ranges = [int(n) for n in re.findall(r"parked by swap \([^)]* in (\d+) cell ranges\)",
-                                                 "\n".join(park_lines(srv)))]
+    ranges = [n for n, _ in swap_parks(srv)]
     assert len(ranges) == m["n_preempt_swap_total"]
     assert max(ranges) >= 4, f"the sequences never fragmented: {ranges}"
 
@@ -62,20 +82,28 @@ def test_a_fragmented_sequence_parks_and_restores_exactly(start_server, stories_
 @pytest.mark.parametrize("flash", FLASH, ids=["fa-on", "fa-off"])
 def test_a_restore_uploaded_ahead_scatters_exactly(start_server, stories_model: Path, flash: str) -> None:
     # parked slots stay parked 20 ms, so the next one to come back has its buffer uploaded to the
-    # device (here the CPU backend, through the device path) while others decode, and its restore
-    # scatters those bytes
-    ref_srv = start_server(stories_model, n_ctx=1024, n_parallel=3, preempt=False, extra_args=["-fa", flash])
-    srv = start_server(stories_model, n_ctx=1024, n_parallel=3, extra_args=["-fa", flash, "--preempt-mode", "swap"],
+    # device (the GPU under LLAMA_PREEMPT_TEST_GPU_LAYERS; else the CPU backend, through the device
+    # path) while others decode, and its restore scatters those bytes
+    srv = start_server(stories_model, n_ctx=1024, n_parallel=3,
+                       extra_args=[*flash_args(flash), "--preempt-mode", "swap"],
                        env={**swap_env("graph"), "LLAMA_SERVER_PREEMPT_HOLD_MS": "20"})
+    ref_srv = (start_server(stories_model, n_ctx=1024, n_parallel=3, preempt=False, extra_args=flash_args(flash))
+               if answers_comparable(flash) else None)
     assert_restored_ahead_exactly(ref_srv, srv)
 
 
 def test_nothing_is_uploaded_ahead_where_the_cells_live_in_host_memory(start_server, stories_model: Path) -> None:
-    srv = start_server(stories_model, n_ctx=1024, n_parallel=2, extra_args=["--preempt-mode", "swap"],
+    # --no-kv-offload keeps the cells in host memory whatever the layers' device (the GPU under
+    # LLAMA_PREEMPT_TEST_GPU_LAYERS): there is no device to upload a parked slot's bytes to ahead
+    srv = start_server(stories_model, n_ctx=1024, n_parallel=2,
+                       extra_args=["--no-kv-offload", "--preempt-mode", "swap"],
                        env={**FORCED, "LLAMA_SERVER_PREEMPT_HOLD_MS": "20"})
     complete_all(srv, ["Once upon a time", "The little dog"], 32)
     m = srv.metrics()
     assert m["n_preempt_swap_total"] >= 4
+    parks = swap_parks(srv)
+    assert len(parks) == m["n_preempt_swap_total"]
+    assert all(how == "memcpy" for _, how in parks), parks  # the premise: host tensors, copied by memcpy
     assert m["n_restore_ahead_total"] == 0
 
 
