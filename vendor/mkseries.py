@@ -67,13 +67,17 @@ TOPICS = [
           lambda f, t: f.startswith("common/") and not _ENGINE_WORDS(t) and not _CLIENT_COMMON(t) and not _in("batch_invariant")(t)),
     Topic("loop-split", "server_queue::start_loop() split into its parts, so a host can run one iteration at a time",
           lambda f, t: (f == "tools/server/server-queue.h" or (f == "tools/server/server-queue.cpp" and "deadline" not in t))
-          and "n_waiting" not in t and "peek_deferred" not in t and "wake_waiters" not in t),
+          and "n_waiting" not in t and "peek_deferred" not in t and "wake_waiters" not in t and "result_waiter" not in t),
     Topic("server-hooks", "the hooks of the park/resume mechanics (csrc/server/preempt-hooks.inc) in upstream's server loop",
           lambda f, t: (f in ("tools/server/server-context.cpp", "tools/server/server-common.h", "tools/server/server-task.h",
                               "tools/server/server-task.cpp") or _in("peek_deferred")(t))
           and (_only_includes(t) or (not _CLIENT_WORDS(t) and not _ENGINE_WORDS(t)))),
     Topic("client-surface", "what clients and operators see: notices, priority, the slot API, /props, errors, timings",
-          lambda f, t: (f.startswith("tools/server/") or (f.startswith("common/") and _CLIENT_COMMON(t))) and not _ENGINE_WORDS(t)),
+          lambda f, t: (f.startswith("tools/server/") or (f.startswith("common/") and _CLIENT_COMMON(t))) and not _ENGINE_WORDS(t)
+          and "result_waiter" not in t),
+    Topic("results-wake-one", "server_response: a result wakes the one handler waiting for it, not every handler "
+          "(with many streams the shared wakeups took most of the loop's time; could go upstream alone)",
+          lambda f, t: f.startswith("tools/server/server-queue.") and "result_waiter" in t),
     Topic("engine", "what the in-process Engine calls instead of copying: step(), the parser, parameter finalisation",
           lambda f, t: f.startswith("tools/server/") or (f.startswith("common/") and not _in("batch_invariant")(t))),
     Topic("state-seq-bulk-copy", "libllama: a sequence state's slices handed to a callback in bulk (could go upstream alone)",
