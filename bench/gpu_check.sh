@@ -21,7 +21,7 @@
 #   doctor     llama-preempt doctor on the 1B shape and on stories260K, flash attention on and off
 #   rpc        the doctor over a local ggml-rpc-server on this build (fa on and off), both logs
 #   suite      the GPU suite (LLAMA_PREEMPT_TEST_GPU_LAYERS=99) on the copy, swap, doctor and RPC tests
-#   bandwidth  bench/swap_bandwidth.py on large states
+#   bandwidth  bench/swap_bandwidth.py on states of 64, 256 and ~1,024 MiB (parked through the slot API)
 # GPU_CHECK_PHASES="torch doctor ..." runs only those (the build always runs on a GPU machine).
 #
 # Without a GPU (GPU_CHECK_CPU=1, or no nvidia-smi) the same phases run on the installed build from
@@ -162,7 +162,10 @@ grep -c 'supports_op.*supported: 0' $R/rpc_server.log | sed 's/^/ops the RPC dev
 phase suite 240 "LLAMA_PREEMPT_TEST_GPU_LAYERS=$NGL $PY -m pytest -q -p no:cacheprovider -rf tests/test_swap_copy.py tests/test_swap.py tests/test_doctor.py tests/test_rpc.py tests/test_rpc_ops.py"
 
 # SWAP bandwidth on large states
-phase bandwidth 120 "$PY bench/swap_bandwidth.py --model $M --gpu-layers $NGL --threads $NPROC --out $R --name swap_bandwidth_gpu --ctx 16384 --prompt-words 2400"
+# (one held request per size, parked and unparked through the slot API; the slice route up to 256 MiB)
+mkdir -p "$R/bandwidth"
+phase bandwidth 120 "$PY bench/swap_bandwidth.py --model $M --gpu-layers $NGL --threads $NPROC --out $R --name swap_bandwidth_gpu \
+    --ctx 32768 --state-mib 64 256 1024 --slice-max-mib 256 --cell-s 5 --log-dir $R/bandwidth"
 
 log "all phases done"
 touch "$R/DONE"
