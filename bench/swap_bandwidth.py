@@ -20,12 +20,10 @@ upstream serialization to the first parks). A slot's first park writes into fres
 faults on a CPU, a pinned allocation on a GPU); later ones reuse the warm pool, as under repeated
 preemption: the table gives the first park apart, and the median and range of the others.
 
-On a device the park's logged time ends when its cells are free (the gather is done); the transfer
-to host RAM lands behind it, untimed by the server (the next step waits for it). So where a park
-went by device graphs the park rate shown is a lower bound that includes the transfer: the state's
-bytes over the time from the park's start to the restore's start by the server's log timestamps
-(which also holds the unpark's round trip and up to 2 ms of the loop's idle wait); the logged rate
-(cells free) is in the note. Restores are complete when they return (over RPC: when their bytes
+On a device a serving park's logged time ends when its cells are free (the gather is done) and the
+transfer to host RAM lands behind it, overlapping the next decodes; the bench sets
+LLAMA_SERVER_PREEMPT_SYNC_PARK=1, so every park waits for its transfer and its logged time is the
+whole copy. Restores are complete when they return (over RPC: when their bytes
 are written to the connection, the RPC backend's synchronize waits for no reply), never uploaded
 ahead (a slot parked through the API is not).
 
@@ -93,22 +91,10 @@ class Cycle:
     restore_ms: float = 0.0     # the server's: the restore is complete when it returns
     ahead: bool = False         # uploaded ahead (its upload untimed; never for an API park)
     client_ms: float = 0.0      # the client's: park request sent to the stream's ": resumed"
-    span_ms: float = 0.0        # the server's clock: the park's start to the restore's start
-
-    @property
-    def park_async(self) -> bool:
-        """A park by device graphs: its transfer to host RAM may land after its logged time."""
-        return "device graphs" in self.copied_by
 
     def park_rate(self) -> float:
-        """Park GB/s with its transfer: the logged time where the copy was synchronous; by device
-        graphs a lower bound, the park's start to the restore's start (the step after a park waits
-        for its transfer, preempt_settle(); the span also holds the unpark's round trip), or the
-        client's cycle less the restore where the log has no timestamps."""
-        if not self.park_async:
-            return gbps(self.park_mib, self.park_ms)
-        span = self.span_ms if self.span_ms > 0 else self.client_ms - self.restore_ms
-        return gbps(self.park_mib, max(span, self.park_ms))
+        """Park GB/s: the state's bytes over the server's logged park time, transfer included."""
+        return gbps(self.park_mib, self.park_ms)
 
 
 @dataclass
@@ -234,14 +220,12 @@ def attach_log(cells: list[Cell], log_path: Path, n_probe: int) -> None:
         raise RuntimeError(f"the server logged {len(parks)} swap parks and {len(restores)} swap restores for the "
                            f"bench's {len(cycles) + n_probe} cycles: something else parked, or a restore failed "
                            f"(see {log_path})")
-    for c, (t_park, p), (t_restore, r) in zip(cycles, parks[n_probe:], restores[n_probe:]):
+    for c, (_, p), (_, r) in zip(cycles, parks[n_probe:], restores[n_probe:]):
         if p["reason"] != "api" or int(p["tokens"]) != c.tokens or int(r["tokens"]) != c.tokens:
             raise RuntimeError(f"a logged park ({p['tokens']} tokens, reason {p['reason']}) or restore ({r['tokens']} "
                                f"tokens) is not the bench's ({c.tokens} tokens, through the API; see {log_path})")
         c.park_mib, c.park_ms, c.ranges, c.copied_by = float(p["mib"]), float(p["ms"]), int(p["ranges"]), p["by"]
         c.restore_mib, c.restore_ms, c.ahead = float(r["mib"]), float(r["ms"]), bool(r["ahead"])
-        if t_park and t_restore:  # the park's start to the restore's start, on the server's clock
-            c.span_ms = (t_restore - t_park) / 1e3 - c.restore_ms + c.park_ms
 
 
 def run_server(fa: str, route: str, targets: list[float], args: argparse.Namespace, log_dir: Path,
@@ -254,7 +238,7 @@ def run_server(fa: str, route: str, targets: list[float], args: argparse.Namespa
     if rpcs:
         extra += ["--rpc", ",".join(r.endpoint for r in rpcs), "-ngl", "99"]
     cfg = ServerConfig(model=args.model, n_ctx=args.ctx, n_parallel=2, threads=args.threads, cache_ram_mib=0,
-                       extra_args=extra, env={"LLAMA_SERVER_PREEMPT_COPY": route})
+                       extra_args=extra, env={"LLAMA_SERVER_PREEMPT_COPY": route, "LLAMA_SERVER_PREEMPT_SYNC_PARK": "1"})
     cells: list[Cell] = []
     n_probe = 0 if "bytes_per_token" in probe else 1   # the first server measures the bytes per token
     try:
@@ -320,11 +304,10 @@ def summarize(cell: Cell, park_ref: float, restore_ref: float) -> dict[str, Any]
         "fa": cell.fa, "route": cell.route, "target_mib": cell.target_mib, "tokens": cell.tokens,
         "skipped": cell.skipped, "note": cell.note, "n_cycles": len(cyc), "prefill_s": cell.prefill_s,
         "mib": stat([c.park_mib for c in cyc]), "ranges": stat([float(c.ranges) for c in cyc]),
-        "copied_by": sorted({c.copied_by for c in cyc}), "park_async": any(c.park_async for c in cyc),
+        "copied_by": sorted({c.copied_by for c in cyc}),
         "n_ahead": sum(c.ahead for c in cyc),
         "first_park_gbps": cyc[0].park_rate() if cyc else None,
         "first_restore_gbps": gbps(cyc[0].restore_mib, cyc[0].restore_ms) if cyc else None,
-        "park_logged_gbps": stat([gbps(c.park_mib, c.park_ms) for c in warm]),
         "park_gbps": park, "restore_gbps": restore,
         "park_pct_of_link": None if not park else 100 * park["median"] / park_ref,
         "restore_pct_of_link": None if not restore else 100 * restore["median"] / restore_ref,
@@ -356,11 +339,9 @@ def goal_lines(rows: list[dict[str, Any]], yardstick: str) -> list[str]:
         park, restore = r["park_pct_of_link"], r["restore_pct_of_link"]
         met = park is not None and restore is not None and park >= GOAL_PCT and restore >= GOAL_PCT
         verdict = "met" if met else "not met"
-        if not met and r["park_async"] and restore is not None and restore >= GOAL_PCT:
-            verdict = "not shown (the park's rate with its transfer is a lower bound)"
         out.append(f"goal (bulk park and restore of {GOAL_MIB:g} MiB at >= {GOAL_PCT:g} % of the {yardstick}), fa {fa}: "
                    f"nearest cell {r['mib']['median']:.1f} MiB: park {pct(park)}"
-                   f"{' (at least)' if r['park_async'] else ''}, restore {pct(restore)}: {verdict}")
+                   f", restore {pct(restore)}: {verdict}")
     return out
 
 
@@ -425,9 +406,6 @@ def main(argv: list[str] | None = None) -> int:
 
     def note(r: dict[str, Any]) -> str:
         parts = [r["skipped"] or r["note"]]
-        if r["park_async"] and r["park_logged_gbps"]:
-            parts.append(f"park by device graphs: with its transfer at least this (cells free at "
-                         f"{r['park_logged_gbps']['median']:.2f} GB/s)")
         if r["n_ahead"]:
             parts.append(f"{r['n_ahead']} restores uploaded ahead, left out")
         return "; ".join(p for p in parts if p)

@@ -107,6 +107,7 @@ preempt_config make_preempt_config(const common_params & params, bool has_memory
         }
     }
     cfg.knobs.swap.copy_in_flight_us  = (int64_t) env_int("LLAMA_SERVER_PREEMPT_COPY_HOLD_MS") * 1000;
+    cfg.knobs.swap.sync_park          = env_int("LLAMA_SERVER_PREEMPT_SYNC_PARK") > 0;
 
     cfg.knobs.disk.hold_us = (int64_t) env_int("LLAMA_SERVER_PREEMPT_DISK_HOLD_MS") * 1000;
     cfg.knobs.disk_always  = env_int("LLAMA_SERVER_PREEMPT_DISK_ALWAYS") > 0;
@@ -216,6 +217,7 @@ void log_preempt_config(const preempt_config & cfg, size_t n_slots, int32_t n_ct
         { cfg.knobs.swap.copy_in_flight_us > 0, string_format("LLAMA_SERVER_PREEMPT_COPY_HOLD_MS keeps each swap copy in flight for %lld ms",
                                                         (long long) (cfg.knobs.swap.copy_in_flight_us / 1000)) },
         { cfg.knobs.swap.fail_restore, "LLAMA_SERVER_PREEMPT_FAIL_RESTORE makes every SWAP restore fail" },
+        { cfg.knobs.swap.sync_park, "LLAMA_SERVER_PREEMPT_SYNC_PARK makes every park wait for its transfer (timed whole)" },
         { cfg.knobs.swap.fail_alloc, "LLAMA_SERVER_PREEMPT_FAIL_ALLOC makes every swap buffer allocation fail" },
         { cfg.knobs.min_parked_us > 0, string_format("LLAMA_SERVER_PREEMPT_HOLD_MS keeps parked slots parked for %lld ms",
                                                (long long) (cfg.knobs.min_parked_us / 1000)) },

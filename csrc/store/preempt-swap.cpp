@@ -163,6 +163,10 @@ swap_result swap_out(swap_state & st, const seq_contexts & sc, const state_sizes
         return r;
     }
     r.ok   = true;
+    if (host.knobs.sync_park && r.report.in_flight) {
+        host.copier->wait();
+        r.report.in_flight = false;
+    }
     r.t_us = ggml_time_us() - t0;
     host.rates.observe_park(n.total(), r.t_us);
 

@@ -72,6 +72,9 @@ struct swap_knobs {
     bool    fail_alloc   = false;  // LLAMA_SERVER_PREEMPT_FAIL_ALLOC: every buffer allocation fails
     bool    fail_restore = false;  // LLAMA_SERVER_PREEMPT_FAIL_RESTORE: every restore fails
     int64_t copy_in_flight_us = 0;      // LLAMA_SERVER_PREEMPT_COPY_HOLD_MS: a park's copy counts as in flight this long
+    bool    sync_park    = false;  // LLAMA_SERVER_PREEMPT_SYNC_PARK: a park waits for its transfer to land, so its
+                                   // logged time is the whole copy (the bandwidth bench; a device's parks are
+                                   // otherwise timed until their cells are free, the transfer landing behind)
 };
 
 // the host side every slot's swaps share
