@@ -54,7 +54,8 @@ WORDS = ("once upon a time there was a little girl named lily she loved to play 
 # the figures a run reports, and how the tables name them
 FIGURES = [("tok_s", "tok/s"), ("ttft_p50_s", "TTFT p50 s"), ("ttft_p99_s", "TTFT p99 s"),
            ("ttst_p99_s", "2nd token p99 s"), ("e2e_p50_s", "end-to-end p50 s"), ("e2e_p99_s", "end-to-end p99 s"),
-           ("gap_max_s", "longest gap s"), ("parks", "parks"), ("pauses", "pauses"), ("wall_s", "wall s")]
+           ("gap_max_s", "longest gap s"), ("parks", "parks"), ("pauses", "pauses"), ("wall_s", "wall s"),
+           ("step_ms", "ms/step"), ("loop_ms", "decode/post/other ms")]
 
 
 def prompt_of(n_words: int, i: int) -> str:
@@ -91,6 +92,10 @@ def summarize(name: str, out: list[tuple[ChatResult, float]], wall: float, m: An
     ttst = [res.t_first + res.gaps[0] for res, _ in ok if res.t_first is not None and res.gaps]
     e2e = [t for _, t in ok]
     gaps = [max(res.gaps) for res, _ in ok if res.gaps]
+    # where the server loop's time went, per step (preempt_loop_us_total over n_loop_steps_total)
+    loop = m.labeled.get("preempt_loop_us_total", {}) if m else {}
+    n_steps = int(m.get("n_loop_steps_total", 0)) if m else 0
+    per = {part: loop.get(part, 0.0) / n_steps / 1e3 for part in ("plan", "decode", "post", "other")} if n_steps else {}
     return {
         "cell": name, "completed": f"{len(ok)}/{len(out)}",
         "tok_s": round(sum(res.tokens for res, _ in ok) / wall, 1),
@@ -100,14 +105,19 @@ def summarize(name: str, out: list[tuple[ChatResult, float]], wall: float, m: An
         "gap_max_s": r3(max(gaps, default=None)), "gap_p99_s": r3(pct(gaps, 99)),
         "parks": int(m.get("n_preempt_total", 0)), "pauses": int(m.get("n_paused_total", 0)),
         "recomputed": int(m.get("n_recompute_tokens_total", 0)), "wall_s": round(wall, 1),
+        "step_ms": r3(sum(per.values())) if per else None,
+        "loop_ms": "/".join(f"{per[p]:.2f}" for p in ("decode", "post", "other")) if per else None,
+        "loop_ms_per_step": {p: round(v, 4) for p, v in per.items()}, "n_steps": n_steps,
     }
 
 
-def median_range(values: list[float | None]) -> str:
-    """"median (lo-hi)" of the runs, or "-" when a run had none."""
+def median_range(values: list[float | str | None]) -> str:
+    """"median (lo-hi)" of the runs, or "-" when a run had none (texts: each run's, joined)."""
     v = [x for x in values if x is not None]
     if not v:
         return "-"
+    if any(isinstance(x, str) for x in v):
+        return ", ".join(str(x) for x in v)
     med = statistics.median(v)
     return f"{med:g}" if len(v) == 1 else f"{med:g} ({min(v):g}-{max(v):g})"
 
@@ -137,7 +147,8 @@ def sim_row(label: str, rep: Any) -> dict[str, Any]:
     return {"cell": label, "completed": f"{rep.completed}/{rep.requests}", "tok_s": round(rep.tok_s, 1),
             "ttft_p50_s": r3(rep.ttft_p50_s), "ttft_p99_s": r3(rep.ttft_p99_s), "ttst_p50_s": r3(rep.ttst_p50_s),
             "ttst_p99_s": r3(rep.ttst_p99_s), "e2e_p50_s": r3(rep.e2e_p50_s), "e2e_p99_s": r3(rep.e2e_p99_s),
-            "gap_max_s": r3(rep.gap_max_s), "parks": rep.parks, "pauses": None, "wall_s": round(rep.makespan_s, 1)}
+            "gap_max_s": r3(rep.gap_max_s), "parks": rep.parks, "pauses": None, "wall_s": round(rep.makespan_s, 1),
+            "step_ms": r3(rep.makespan_s / rep.steps * 1e3) if rep.steps else None, "loop_ms": None}
 
 
 def goals(split: list[dict[str, Any]], cell: list[dict[str, Any]], n_requests: int) -> list[tuple[str, bool, str]]:

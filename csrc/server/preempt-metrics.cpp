@@ -60,6 +60,7 @@ std::vector<metric_item> metric_items(const preempt_counters & c, const preempt_
         { "preempt_step_attend_kcell_ns", "gauge", "Fitted step cost: per thousand cells the step's tokens attend (summed over its tokens), in ns", (uint64_t) (g.cost.attend_cell_s * 1e12) },
         { "preempt_step_cost_samples",    "gauge", "Steps the step cost was fitted from (the width is limited once there are 32)", (uint64_t) g.n_cost_samples },
         { "n_copy_route_changes_total",   "counter", "Devices the copy guard moved to a safer route after a wrong copy (single slices, or SWAP off)", c.n_copy_route_changes_total },
+        { "n_loop_steps_total",           "counter", "Steps of the server loop timed in preempt_loop_us_total", c.n_loop_steps_total },
     };
 }
 
@@ -78,7 +79,13 @@ std::vector<labeled_metric> labeled_items(const preempt_counters & c) {
     for (int i = 1; i < N_DISK_ERRORS; ++i) {
         failures.values.emplace_back(disk_error_name((disk_error) i), c.disk_failures[i]);
     }
-    return { by_choice, parks, restores, failures };
+    labeled_metric loop { "preempt_loop_us_total", "part", "Microseconds of the server loop's steps by part: plan (parks' and resumes' copies), "
+                          "decode (the batch built and computed up to its logits), post (sampling, tokens processed and sent), "
+                          "other (the rest of the loop to the next step: requests arriving and ending, the prompt cache)", {} };
+    for (int i = 0; i < N_LOOP_PARTS; ++i) {
+        loop.values.emplace_back(loop_part_name(i), c.loop_us[i]);
+    }
+    return { by_choice, parks, restores, failures, loop };
 }
 
 std::string to_prometheus(const preempt_counters & c, const preempt_gauges & g) {

@@ -10,6 +10,16 @@
 
 namespace llama_preempt {
 
+// Where the server loop's time goes, a step at a time: the plan (its parks' and resumes' copies),
+// the decode (the batch built and computed up to its logits: on a GPU the wait for the device), the
+// post-decode (sampling, each token processed and sent to its handler) and the rest of the loop up
+// to the next step (new and finished requests, the prompt cache, the task queue).
+enum loop_part : int { LOOP_PLAN, LOOP_DECODE, LOOP_POST, LOOP_OTHER, N_LOOP_PARTS };
+inline const char * loop_part_name(int part) {
+    static const char * names[N_LOOP_PARTS] = { "plan", "decode", "post", "other" };
+    return part >= 0 && part < N_LOOP_PARTS ? names[part] : "?";
+}
+
 // cumulative since the server started; lives inside upstream's server_metrics
 struct preempt_counters {
     uint64_t n_preempt_total           = 0;  // slots parked
@@ -23,6 +33,8 @@ struct preempt_counters {
     uint64_t n_queue_full_total        = 0;  // requests answered 503 at once: --max-queue requests waited for a slot
     uint64_t n_bytes_moved_total       = 0;  // wasted work by SWAP: state bytes copied out at parks and back at resumes
     uint64_t n_paused_total            = 0;  // times a generating slot was paused (beyond the decode width; it kept its cells)
+    uint64_t n_loop_steps_total        = 0;  // steps the loop timed (loop_us)
+    uint64_t loop_us[N_LOOP_PARTS]     = {};  // where those steps' time went (loop_part), in microseconds
     uint64_t parks_by_choice[N_PARK_CHOICES] = {};  // parks by why SWAP or RECOMPUTE was taken (park_choice)
     uint64_t parks_by_tier[N_PARK_TIERS]     = {};  // parks by where the state went: RAM, disk, nowhere (park_tier)
     uint64_t restores_by_tier[N_PARK_TIERS]  = {};  // resumes by where the state came from (a failed swap restore: recompute)

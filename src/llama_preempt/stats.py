@@ -161,11 +161,13 @@ class PreemptStats:
     preempt_step_prompt_token_ns: int = 0
     preempt_step_attend_kcell_ns: int = 0  #   per thousand cells attended
     preempt_step_cost_samples: int = 0    #   and the steps it was fitted from
+    n_loop_steps_total: int = 0           # steps of the loop timed in loop_us
     slots: tuple[SlotStats, ...] = field(default_factory=tuple)
     parks_by_choice: Mapping[str, int] = field(default_factory=dict)  # preempt_parks_by_choice_total: label -> parks
     parks_by_tier: Mapping[str, int] = field(default_factory=dict)    # preempt_parks_by_tier_total: ram, disk, recompute
     restores_by_tier: Mapping[str, int] = field(default_factory=dict)  # preempt_restores_by_tier_total
     disk_failures: Mapping[str, int] = field(default_factory=dict)    # preempt_disk_failures_total: kind -> failures
+    loop_us: Mapping[str, int] = field(default_factory=dict)  # preempt_loop_us_total: plan, decode, post, other -> microseconds
     age_ms: float = 0.0  # how old they are: the Engine's are as of its last step boundary (never waiting for a step)
 
     # the rates by their shorter names
