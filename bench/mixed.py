@@ -264,7 +264,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.no_stock:
         cells.append((f"stock, {parallel[0]} slots", lambda: server(stock_server(console.print), parallel[0], True),
                       {}))
-    cells.append((split_name, lambda: server(None, n_split, False), {"n_parallel": n_split, "preempt": False,
+    cells.append((split_name, lambda: server(None, n_split, False), {"n_parallel": n_split, "preempt": False, "kv_unified": False,
                                                                       "n_ctx": n_split * slot}))
     for n_par in parallel:
         cells.append((f"auto, {n_par} slots", lambda n_par=n_par: server(None, n_par, True, sched_args()),

@@ -3,10 +3,12 @@ the planner's pauses (llama_preempt._core, the code the server runs)."""
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 import pytest
 
 from llama_preempt import _core
+from llama_preempt.simulator import Costs, Workload, simulate
 
 P = _core.SlotPhase
 
@@ -224,3 +226,86 @@ def test_a_paused_slot_in_the_pool_waits_at_most_the_gap_bound_for_its_next_toke
     step = 0.0003 + 256 * 0.004 + 16 * 0.010
     assert bounded.gap_max_s <= 1.0 + 2 * step
     assert unbounded.gap_max_s > 5.0
+
+
+# --- the attention span as the pool has it, and the width rule's live check (issue 50) ---
+
+def test_the_fit_recovers_a_span_cost_that_grows_with_the_pools_occupancy() -> None:
+    # a unified pool: every token spans the pool's used cells, whatever its own context
+    truth = _core.StepCost(fixed_s=0.0013, decode_token_s=0.0005, prompt_token_s=0.00003, attend_cell_s=0.0,
+                           span_cell_s=6e-9)
+    fit = _core.StepCostFit(_core.StepCost(fixed_s=0.005, decode_token_s=0.0085, prompt_token_s=0.0048,
+                                           attend_cell_s=4.5e-6))
+    rng = random.Random(11)
+    for _ in range(2000):
+        n_decode, n_prompt = rng.randint(1, 64), rng.choice([0, 0, 40, 256])
+        used = rng.randint(500, 12_000)
+        shape = _core.StepShape(n_decode=n_decode, n_prompt=n_prompt, n_attended=(n_decode + n_prompt) * rng.randint(50, 300),
+                                n_spanned=(n_decode + n_prompt) * used)
+        fit.observe(shape, truth.seconds(shape) * rng.uniform(0.98, 1.02))
+    got = fit.cost()
+    assert got.span_cell_s == pytest.approx(truth.span_cell_s, rel=0.15)
+    assert got.decode_token_s == pytest.approx(truth.decode_token_s, rel=0.15)
+
+
+def test_in_a_unified_pool_a_decoding_slot_costs_its_token_times_the_pools_used_cells() -> None:
+    cost = _core.StepCost(fixed_s=0.001, decode_token_s=0.0001, prompt_token_s=0.0, attend_cell_s=0.0, span_cell_s=1e-8)
+    own = _core.decode_slot_cost(cost, 200)
+    pooled = _core.decode_slot_cost(cost, 200, 1, 10_000)
+    assert pooled - own == pytest.approx(1e-8 * (10_000 - 201))
+    # pausing a slot does not shorten the others' span (it keeps its cells): the width rule knows it
+    slots = [gen(i, 150, arrival=i) for i in range(48)]
+    split, unified = params(cost), params(cost)
+    split.unified = False
+    assert _core.plan_step(slots, unified).n_decode_width <= _core.plan_step(slots, split).n_decode_width
+
+
+def test_the_simulators_unified_pool_pays_for_its_span_and_the_split_does_not() -> None:
+    wl = Workload.lognormal(64, rate=500.0, prompt_median=80, gen_median=40, max_prompt=200, max_gen=100, seed=5)
+    costs = Costs(step_ms=1.0, decode_token_ms=0.2, prefill_token_ms=0.02, attend_cell_ns=0.0, span_cell_ns=20.0)
+    free = replace(costs, span_cell_ns=0.0)
+    kw = {"n_ctx": 16 * 512, "n_parallel": 16, "preempt": False, "cache_ram_mib": 0}
+    split = simulate(wl, costs=costs, kv_unified=False, **kw)
+    unified = simulate(wl, costs=costs, **kw)
+    assert split.completed == unified.completed == 64
+    # the same steps, each token spanning its own cells in the split, the pool's used cells when unified
+    assert unified.makespan_s > 1.2 * split.makespan_s
+    assert simulate(wl, costs=free, kv_unified=False, **kw).makespan_s == pytest.approx(
+        simulate(wl, costs=free, **kw).makespan_s)
+
+
+def _guard_run(limited_tps: float, full_tps: float, loss: float = 0.05, steps: int = 2000) -> _core.WidthGuard:
+    """A guard fed steps of 10 decoded tokens: limited ones at limited_tps, full-width ones (when it
+    probes) at full_tps."""
+    g = _core.WidthGuard()
+    for _ in range(steps):
+        limited = g.allow_limit()
+        tps = limited_tps if limited else full_tps
+        g.observe(10, 10 / tps, limited, loss)
+    return g
+
+
+def test_the_width_rule_falls_back_to_full_width_when_the_limited_width_is_slower() -> None:
+    # the fit said a narrow width gives up under 5 %; measured, every slot decoding delivers 30 % more
+    g = _guard_run(limited_tps=1000.0, full_tps=1300.0)
+    assert g.n_probes >= 1 and g.n_fallbacks == g.n_probes
+    assert g.last_full_tps == pytest.approx(1300.0) and g.last_limited_tps == pytest.approx(1000.0)
+    assert not g.allow_limit()  # held off: every slot decodes
+
+
+def test_the_width_rule_keeps_its_width_when_it_gives_up_no_more_than_the_loss() -> None:
+    g = _guard_run(limited_tps=1000.0, full_tps=1040.0, steps=4000)  # 4 % < the 5 % allowed
+    assert g.n_probes >= 3 and g.n_fallbacks == 0 and g.allow_limit()
+    # each window that holds puts the next one twice as far: few full-width steps once it keeps holding
+    n = g.n_probes
+    for _ in range(3 * _core.WIDTH_PROBE_EVERY):
+        g.observe(10, 0.01, True, 0.05)
+    assert g.n_probes == n
+
+
+def test_the_guard_tries_the_limit_again_after_its_hold() -> None:
+    g = _guard_run(limited_tps=1000.0, full_tps=1300.0, steps=_core.WIDTH_PROBE_EVERY + _core.WIDTH_WINDOW + 2)
+    assert g.n_fallbacks == 1 and not g.allow_limit()
+    for _ in range(_core.WIDTH_HOLD):
+        g.observe(10, 10 / 1300.0, False, 0.05)
+    assert g.allow_limit()

@@ -198,7 +198,7 @@ decode_seats plan_seats(const std::vector<slot_view> & slots, const plan_params 
     d.paused.assign(n_ids, 0);
     d.trickle.assign(n_ids, 0);
     d.due.assign(n_ids, 0);
-    d.limited = p.sched.n_width > 0 || (p.cost_ready && p.sched.width_loss > 0);
+    d.limited = p.sched.n_width > 0 || (p.cost_ready && p.sched.width_loss > 0 && !p.width_free);
     if (!d.limited) {
         for (const auto & s : slots) {
             d.due[s.id] = s.phase == slot_phase::parked;
@@ -212,10 +212,17 @@ decode_seats plan_seats(const std::vector<slot_view> & slots, const plan_params 
     if (p.sched.n_width > 0) {
         d.width = std::min<int32_t>(p.sched.n_width, (int32_t) d.order.size());
     } else if (!d.order.empty()) {
+        // in a unified pool every decoding token's attention spans the cells the slots hold (a paused
+        // slot keeps its cells: pausing it does not shorten the others' span)
+        int64_t n_used = 0;
+        for (const auto & s : slots) {
+            n_used += s.n_cells;
+        }
         std::vector<double> u;
         u.reserve(d.order.size());
         for (int32_t id : d.order) {
-            u.push_back(decode_slot_cost(p.cost, by_id[id]->n_cells, 1 + std::max(0, by_id[id]->n_draft)));
+            u.push_back(decode_slot_cost(p.cost, by_id[id]->n_cells, 1 + std::max(0, by_id[id]->n_draft),
+                                         p.unified ? n_used : 0));
         }
         d.width = decode_width(p.cost.fixed_s, u, p.sched.width_loss);
     }

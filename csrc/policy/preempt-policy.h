@@ -95,6 +95,9 @@ struct plan_params {
     sched_params sched;
     step_cost cost;            // the step cost fitted from the executor's own steps (step_cost_fit)
     bool      cost_ready = false;  // the fit has seen enough steps: the decode width is limited
+    bool      width_free = false;  // the width guard holds the limit off (probing at full width, or after a loss)
+    bool      unified    = true;   // one stream for every slot (--kv-unified): a token's attention spans the
+                                   // pool's used cells, not only its own (step_cost::span_cell_s)
     bool      park_to_admit = false;  // a paused slot may be parked to let a new request's prompt in (its
                                       // state can be copied out: not RECOMPUTE only, host RAM or disk left)
 };

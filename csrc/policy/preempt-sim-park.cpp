@@ -45,6 +45,7 @@ plan_params sim_server::params() {
     pp.t_now_us   = (int64_t) (t * 1e6);
     pp.cost       = fit.cost();
     pp.cost_ready = fit.ready();
+    pp.width_free = !guard.allow_limit();
     return pp;
 }
 

@@ -13,6 +13,7 @@ sim_server::sim_server(const sim_params & p) : p(p) {
     pp.n_pool  = p.n_pool;
     pp.n_batch = p.n_batch;
     pp.sched   = p.sched;
+    pp.unified = p.kv_unified;
     slots.resize(std::max(1, p.n_slots));
     for (size_t i = 0; i < slots.size(); ++i) {
         slots[i].id = (int32_t) i;
@@ -250,14 +251,17 @@ bool sim_server::step(double t_next) {
         return false;
     }
 
-    // the step's shape: a token at position q of its sequence reads q + 1 cells
+    // the step's shape: a token at position q of its sequence reads q + 1 cells; its attention spans
+    // the pool's used cells in a unified pool (spanned_cells())
     step_shape shape;
     shape.n_decode = n_gen_tok;
     shape.n_prompt = n_prompt_tok;
+    const int64_t n_used = cells_used() + n_gen_tok + n_prompt_tok;
     for (const auto & s : slots) {
         const int64_t c = chunk[s.id];
         if (c > 0) {
             shape.n_attended += c * s.cells + c * (c + 1) / 2;
+            shape.n_spanned  += p.kv_unified ? c * n_used : c * s.cells + c * (c + 1) / 2;
         }
     }
     const double t_step_start = t;
@@ -266,6 +270,11 @@ bool sim_server::step(double t_next) {
     res.n_steps++;
     if (p.preempt) {
         fit.observe(shape, dt);
+        bool limited = false;
+        for (const auto & s : slots) {
+            limited |= paused[s.id] != 0;
+        }
+        guard.observe(n_gen_tok, dt, limited, p.sched.width_loss);
     }
 
     for (auto & s : slots) {

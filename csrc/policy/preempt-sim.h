@@ -46,6 +46,8 @@ struct sim_params {
     int32_t n_slots = 4;      // -np
     int32_t n_batch = 512;    // -b
     bool    preempt = true;   // false: upstream's behaviour (a full pool fails every running request)
+    bool    kv_unified = true;  // false: a static split (--no-kv-unified): each slot's attention spans its own
+                                // cells only (step_cost::span_cell_s; n_pool is the slots' shares together)
     int64_t preempt_ram_mib = 8192;  // --preempt-ram (MiB): -1 no limit, 0 recompute only (ram_budget_from_mib())
     int64_t host_kv_ram_mib = -2;    // --host-kv-ram (MiB): the host budget parks share with the prompt cache (-2: not given)
     int64_t cache_ram_mib   = 0;     // --cache-ram (MiB): upstream's RAM prompt cache (0: none, as here by default; the server's is 8192)
@@ -191,6 +193,7 @@ struct sim_server final : plan_executor {
     int32_t prompt_budget = 0; // the last plan's: prompt tokens a step adds while slots generate
     std::vector<int32_t> caps;   // per slot: the plan's share of the step's prompt tokens (-1: up to n_batch)
     step_cost_fit fit;         // the step cost as the planner knows it: fitted from the simulated steps, as the server's
+    width_guard   guard;       // the width rule's live check, as the server's
     bool   stopped = false;  // gave up: the step limit, or held requests that nothing can unblock
 
     host_ram host;  // the one host budget the parks and the prompt cache share

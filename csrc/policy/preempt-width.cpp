@@ -7,13 +7,14 @@
 
 namespace llama_preempt {
 
-// the fit's features: the attended cells in thousands, so that the four columns are of similar
-// size and the normal equations stay well conditioned
+// the fit's features: the attended cells in thousands and the spanned in millions, so that the
+// columns are of similar size and the normal equations stay well conditioned
 static void features(const step_shape & s, double x[step_cost_fit::N_PARAMS]) {
     x[0] = 1.0;
     x[1] = s.n_decode;
     x[2] = s.n_prompt;
     x[3] = (double) s.n_attended / 1000.0;
+    x[4] = (double) s.n_spanned / 1e6;
 }
 
 static step_cost from_params(const double th[step_cost_fit::N_PARAMS]) {
@@ -22,13 +23,14 @@ static step_cost from_params(const double th[step_cost_fit::N_PARAMS]) {
     c.decode_token_s = th[1];
     c.prompt_token_s = th[2];
     c.attend_cell_s  = th[3] / 1000.0;
+    c.span_cell_s    = th[4] / 1e6;
     return c;
 }
 
 // the prior's weight per part: a ridge toward the prior, each part weighed at a typical size of its
-// feature (one step; 4 generated tokens; 64 prompt tokens; 10 thousand cells attended), so that it
-// pins only what the steps leave open and has no leverage on what they show
-static const double k_prior_scale[step_cost_fit::N_PARAMS] = { 1.0, 4.0, 64.0, 10.0 };
+// feature (one step; 4 generated tokens; 64 prompt tokens; 10 thousand cells attended; a million
+// cells spanned), so that it pins only what the steps leave open and has no leverage on what they show
+static const double k_prior_scale[step_cost_fit::N_PARAMS] = { 1.0, 4.0, 64.0, 10.0, 1.0 };
 
 step_cost_fit::step_cost_fit(const step_cost & prior) : prior(prior), fitted(prior) {}
 
@@ -103,6 +105,7 @@ void step_cost_fit::solve() {
         th0[1] = c.decode_token_s;
         th0[2] = c.prompt_token_s;
         th0[3] = c.attend_cell_s * 1000.0;
+        th0[4] = c.span_cell_s * 1e6;
     }
     for (int i = 0; i < N_PARAMS; ++i) {
         const double w = PRIOR_WEIGHT * k_prior_scale[i] * k_prior_scale[i];
@@ -111,7 +114,7 @@ void step_cost_fit::solve() {
     }
 
     // non-negative least squares by an active set: a part that comes out negative is held at 0
-    // and the rest solved again (four parts: at most four rounds)
+    // and the rest solved again (one round per part at most)
     bool zero[N_PARAMS] = {};
     double th[N_PARAMS] = {};
     for (int round = 0; round < N_PARAMS; ++round) {
@@ -152,11 +155,64 @@ void step_cost_fit::solve() {
     }
 }
 
-double decode_slot_cost(const step_cost & c, int32_t n_cells, int32_t n_tokens) {
+double decode_slot_cost(const step_cost & c, int32_t n_cells, int32_t n_tokens, int64_t n_span) {
     const int32_t t = std::max(1, n_tokens);
     // its tokens sit at positions n_cells .. n_cells + t - 1 and read n_cells + 1 .. n_cells + t cells
     const double attended = (double) t * n_cells + (double) t * (t + 1) / 2;
-    return c.decode_token_s * t + c.attend_cell_s * attended;
+    const double spanned  = (double) t * (double) std::max<int64_t>(n_span, n_cells + t);
+    return c.decode_token_s * t + c.attend_cell_s * attended + c.span_cell_s * spanned;
+}
+
+void width_guard::observe(int32_t n_decode, double t_s, bool limited, double loss) {
+    if (!(t_s > 0) || !std::isfinite(t_s)) {
+        return;
+    }
+    if (hold_left > 0) {
+        hold_left--;
+        return;
+    }
+    if (phase == phase_t::probe) {
+        probe_tokens += n_decode;
+        probe_s      += t_s;
+        if (++probe_steps < WINDOW) {
+            return;
+        }
+        probes++;
+        limited_tps = lim_s > 0 ? lim_tokens / lim_s : 0;
+        full_tps    = probe_s > 0 ? probe_tokens / probe_s : 0;
+        // the limited width may give up `loss` of what every slot decoding delivers, no more
+        if (full_tps > 0 && limited_tps < (1.0 - std::max(0.0, loss)) * full_tps) {
+            fallbacks++;
+            hold_left   = HOLD;
+            probe_every = PROBE_EVERY;  // after the hold, checked again soon
+        } else {
+            probe_every = std::min(PROBE_MAX, 2 * probe_every);
+        }
+        phase = phase_t::limited;
+        since_probe = 0;
+        win_tokens = win_s = 0;
+        win_steps = 0;
+        return;
+    }
+    if (!limited) {
+        return;  // every slot decoded anyway: nothing to compare
+    }
+    // the last WINDOW limited steps, restarted each WINDOW steps (the window compared is the one just
+    // before the probe, or the one before it when it has just started)
+    if (win_steps == WINDOW) {
+        lim_tokens = win_tokens, lim_s = win_s;
+        win_tokens = win_s = 0;
+        win_steps = 0;
+    }
+    win_tokens += n_decode;
+    win_s      += t_s;
+    win_steps++;
+    if (++since_probe >= probe_every && win_steps == WINDOW) {
+        lim_tokens = win_tokens, lim_s = win_s;
+        phase = phase_t::probe;
+        probe_tokens = probe_s = 0;
+        probe_steps = 0;
+    }
 }
 
 int32_t decode_width(double fixed_s, const std::vector<double> & u, double loss) {

@@ -131,13 +131,15 @@ PYBIND11_MODULE(_core, m) {
         });
 
     py::class_<lp::step_shape>(m, "StepShape", "one step's batch as its cost depends on it")
-        .def(py::init([](int32_t n_decode, int32_t n_prompt, int64_t n_attended) {
-                 return lp::step_shape{ n_decode, n_prompt, n_attended };
+        .def(py::init([](int32_t n_decode, int32_t n_prompt, int64_t n_attended, int64_t n_spanned) {
+                 return lp::step_shape{ n_decode, n_prompt, n_attended, n_spanned };
              }),
-             py::arg("n_decode") = 0, py::arg("n_prompt") = 0, py::arg("n_attended") = 0)
+             py::arg("n_decode") = 0, py::arg("n_prompt") = 0, py::arg("n_attended") = 0, py::arg("n_spanned") = 0)
         .def_readwrite("n_decode",   &lp::step_shape::n_decode)
         .def_readwrite("n_prompt",   &lp::step_shape::n_prompt)
-        .def_readwrite("n_attended", &lp::step_shape::n_attended, "cells its tokens attend, summed over them");
+        .def_readwrite("n_attended", &lp::step_shape::n_attended, "cells its tokens attend, summed over them")
+        .def_readwrite("n_spanned",  &lp::step_shape::n_spanned,
+                       "cells the attention spans for its tokens, summed over them (a unified pool: its used cells per token)");
 
     py::class_<lp::step_cost>(m, "StepCost", "what one step costs, in seconds: fixed, per generated and per prompt "
                               "token, per cell attended")
@@ -156,11 +158,12 @@ PYBIND11_MODULE(_core, m) {
         .def_readwrite("decode_token_s", &lp::step_cost::decode_token_s)
         .def_readwrite("prompt_token_s", &lp::step_cost::prompt_token_s)
         .def_readwrite("attend_cell_s",  &lp::step_cost::attend_cell_s)
+        .def_readwrite("span_cell_s",    &lp::step_cost::span_cell_s)
         .def("seconds", &lp::step_cost::seconds, py::arg("shape"))
         .def("__repr__", [](const lp::step_cost & c) {
-            char buf[200];
-            snprintf(buf, sizeof(buf), "StepCost(fixed_s=%.6g, decode_token_s=%.6g, prompt_token_s=%.6g, attend_cell_s=%.6g)",
-                     c.fixed_s, c.decode_token_s, c.prompt_token_s, c.attend_cell_s);
+            char buf[240];
+            snprintf(buf, sizeof(buf), "StepCost(fixed_s=%.6g, decode_token_s=%.6g, prompt_token_s=%.6g, attend_cell_s=%.6g, "
+                     "span_cell_s=%.6g)", c.fixed_s, c.decode_token_s, c.prompt_token_s, c.attend_cell_s, c.span_cell_s);
             return std::string(buf);
         });
 
@@ -172,10 +175,24 @@ PYBIND11_MODULE(_core, m) {
         .def_property_readonly("ready", &lp::step_cost_fit::ready);
     m.attr("STEP_COST_N_READY") = lp::step_cost_fit::N_READY;
 
+    py::class_<lp::width_guard>(m, "WidthGuard", "the decode width rule's live check against every slot decoding")
+        .def(py::init<>())
+        .def("observe", &lp::width_guard::observe, py::arg("n_decode"), py::arg("t_s"), py::arg("limited"), py::arg("loss"),
+             "one step: its decoded tokens, the loop's time it took, whether its width was limited, the width-loss allowed")
+        .def("allow_limit", &lp::width_guard::allow_limit, "may this step's width be limited (not while probing or holding off)")
+        .def_property_readonly("n_probes", &lp::width_guard::n_probes)
+        .def_property_readonly("n_fallbacks", &lp::width_guard::n_fallbacks)
+        .def_property_readonly("last_limited_tps", &lp::width_guard::last_limited_tps)
+        .def_property_readonly("last_full_tps", &lp::width_guard::last_full_tps);
+    m.attr("WIDTH_PROBE_EVERY") = lp::width_guard::PROBE_EVERY;
+    m.attr("WIDTH_WINDOW")      = lp::width_guard::WINDOW;
+    m.attr("WIDTH_HOLD")        = lp::width_guard::HOLD;
+
     m.def("decode_width", &lp::decode_width, py::arg("fixed_s"), py::arg("u"), py::arg("loss"),
           "how many of the generating slots (their marginal costs `u`, oldest first) decode at once");
     m.def("decode_slot_cost", &lp::decode_slot_cost, py::arg("cost"), py::arg("n_cells"), py::arg("n_tokens") = 1,
-          "the marginal cost of one more decoding slot holding n_cells");
+          py::arg("n_span") = 0, "the marginal cost of one more decoding slot holding n_cells (n_span: the cells each "
+          "token's attention spans, the pool's used cells in a unified pool)");
     m.def("decode_order", &lp::decode_order, py::arg("slots"), py::arg("params"), py::arg("parked") = false,
           "generating slot ids in the order they get a decode seat");
 
@@ -211,6 +228,10 @@ PYBIND11_MODULE(_core, m) {
         .def_readwrite("sched",     &lp::plan_params::sched)
         .def_readwrite("cost",      &lp::plan_params::cost, "the fitted step cost the width is chosen by")
         .def_readwrite("cost_ready", &lp::plan_params::cost_ready, "the width is limited only when the fit is ready")
+        .def_readwrite("width_free", &lp::plan_params::width_free,
+                       "the width guard holds the limit off: every generating slot decodes")
+        .def_readwrite("unified",   &lp::plan_params::unified,
+                       "one stream for every slot: a token's attention spans the pool's used cells (the span cost)")
         .def_readwrite("park_to_admit", &lp::plan_params::park_to_admit,
                        "a paused slot may be parked to let a new request's prompt in");
 

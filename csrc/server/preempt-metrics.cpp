@@ -58,9 +58,12 @@ std::vector<metric_item> metric_items(const preempt_counters & c, const preempt_
         { "preempt_step_decode_token_ns", "gauge", "Fitted step cost: per generated token in a step, in ns",           (uint64_t) (g.cost.decode_token_s * 1e9) },
         { "preempt_step_prompt_token_ns", "gauge", "Fitted step cost: per prompt or replayed token in a step, in ns",  (uint64_t) (g.cost.prompt_token_s * 1e9) },
         { "preempt_step_attend_kcell_ns", "gauge", "Fitted step cost: per thousand cells the step's tokens attend (summed over its tokens), in ns", (uint64_t) (g.cost.attend_cell_s * 1e12) },
+        { "preempt_step_span_mcell_ns",   "gauge", "Fitted step cost: per million cells the attention spans for the step's tokens (a unified pool: its used cells per token), in ns", (uint64_t) (g.cost.span_cell_s * 1e15) },
         { "preempt_step_cost_samples",    "gauge", "Steps the step cost was fitted from (the width is limited once there are 32)", (uint64_t) g.n_cost_samples },
         { "n_copy_route_changes_total",   "counter", "Devices the copy guard moved to a safer route after a wrong copy (single slices, or SWAP off)", c.n_copy_route_changes_total },
         { "n_loop_steps_total",           "counter", "Steps of the server loop timed in preempt_loop_us_total", c.n_loop_steps_total },
+        { "n_width_probes_total",         "counter", "Windows at full width the decode width rule ran to check itself against every slot decoding", (uint64_t) g.n_width_probes },
+        { "n_width_fallbacks_total",      "counter", "Of those, windows after which the limited width had delivered less than (1 - width-loss) of full width's tokens a second: the width was left unlimited for a while", (uint64_t) g.n_width_fallbacks },
     };
 }
 

@@ -96,6 +96,8 @@ struct preempt_gauges {
     int32_t  decode_width         = 0;  // generating slots the last step let decode
     step_cost cost;                     // what a step costs, as fitted from the server's own steps
     int64_t  n_cost_samples       = 0;  // steps the fit has seen
+    int64_t  n_width_probes       = 0;  // windows at full width the width rule ran to check itself (width_guard)
+    int64_t  n_width_fallbacks    = 0;  //   of those, after which the limited width had lost more than width-loss
 };
 
 // One series: the same name, type and value reach /metrics and the in-process Engine's stats().

@@ -32,7 +32,9 @@ class Costs:
     """What the simulated server's steps and copies cost. A step costs `step_ms`, plus
     `decode_token_ms` per generated token and `prefill_token_ms` per prompt (or replayed) token in
     it, plus `attend_cell_ns` per cell its tokens attend (a token at position p reads p + 1 cells;
-    the batch's total context, the term a step cost of tokens alone lacks). The defaults are the
+    the batch's total context, the term a step cost of tokens alone lacks), plus `span_cell_ns` per
+    cell the attention spans (in a unified pool every token's attention covers the pool's used
+    cells, the others' masked: a kernel that does not skip them pays for them). The defaults are the
     server's own fit (`preempt_step_*` in /metrics) for SmolLM2-135M-Instruct Q4_1 on this project's
     2-core machine; `calibrate()` reads a running server's."""
 
@@ -40,6 +42,8 @@ class Costs:
     decode_token_ms: float = 8.5   # per generated token in a step
     prefill_token_ms: float = 4.8  # per prompt (or replayed) token
     attend_cell_ns: float = 4500.0  # per cell attended, summed over the step's tokens
+    span_cell_ns: float = 0.0      # per cell the attention spans, summed over the step's tokens (a unified pool:
+                                   # every token spans the pool's used cells; a static split: its own cells)
     bytes_per_cell: float = 23040  # KV bytes per cell (SmolLM2-135M: 30 layers x 2 x 3 x 64 x f16)
     state_overhead_bytes: float = 0  # bytes of a parked state beyond its cells (the serializer's headers)
     swap_out_gbps: float = 9.5     # park copy, GB/s (the bulk copy on this machine, bench/swap_bandwidth.py)
@@ -50,7 +54,8 @@ class Costs:
     def step_cost(self) -> Any:
         """The step's part as the policy's `_core.StepCost` (seconds)."""
         return _core.StepCost(fixed_s=self.step_ms / 1000, decode_token_s=self.decode_token_ms / 1000,
-                              prompt_token_s=self.prefill_token_ms / 1000, attend_cell_s=self.attend_cell_ns / 1e9)
+                              prompt_token_s=self.prefill_token_ms / 1000, attend_cell_s=self.attend_cell_ns / 1e9,
+                              span_cell_s=self.span_cell_ns / 1e9)
 
     def to_params(self, p: Any) -> None:
         p.cost = self.step_cost()
@@ -314,18 +319,21 @@ class SimReport:
 def simulate(workload: Workload, *, n_ctx: int, n_parallel: int, n_batch: int = 512, preempt: bool = True,
              preempt_ram_mib: int = 8192, preempt_mode: str = "auto", preempt_disk_mib: int = 0,
              costs: Costs = Costs(), max_steps: int = 50_000_000, sched: Any = None, host_kv_ram_mib: int = -2,
-             cache_ram_mib: int | None = None) -> SimReport:
+             cache_ram_mib: int | None = None, kv_unified: bool = True) -> SimReport:
     """Run the workload through the simulated server; see the module docstring. `preempt_disk_mib`:
     a disk tier of that many MiB (-1: no limit; 0: none), priced with `costs`' disk rates. `sched`:
     the planner's scheduling knobs: llama-server's --preempt-sched text ("width-loss=0,...") or a
     `_core.SchedParams` (None: the server's defaults).
     `host_kv_ram_mib`: the server's --host-kv-ram (-2: not given), which parks and the prompt cache share.
     `cache_ram_mib`: upstream's RAM prompt cache (--cache-ram; -1 no limit, 0 none; None: the
-    server's 8192 for a workload with chats, none otherwise, where no prompt shares a prefix)."""
+    server's 8192 for a workload with chats, none otherwise, where no prompt shares a prefix).
+    `kv_unified`: False for a static split (--no-kv-unified: `n_ctx` the slots' shares together,
+    each slot's attention spanning its own cells; with `preempt=False`)."""
     p = sim_params(n_ctx=n_ctx, n_parallel=n_parallel, n_batch=n_batch, preempt=preempt,
                    preempt_ram_mib=preempt_ram_mib, preempt_mode=preempt_mode, preempt_disk_mib=preempt_disk_mib,
                    costs=costs, max_steps=max_steps, sched=sched, host_kv_ram_mib=host_kv_ram_mib,
                    cache_ram_mib=default_cache_ram(workload, cache_ram_mib))
+    p.kv_unified = kv_unified
     r = _core.simulate(list(workload.t_arrival), list(workload.n_prompt), list(workload.n_gen), p,
                        list(workload.conversation), list(workload.n_shared), list(workload.after))
     return sim_report(r, workload.t_arrival, n_ctx=n_ctx, n_parallel=n_parallel, preempt=preempt,
@@ -523,7 +531,8 @@ def calibrate(url: str, base: Costs = Costs(), timeout: float = 120.0) -> Costs:
         return replace(base, step_ms=fit["preempt_step_fixed_ns"] / 1e6,
                        decode_token_ms=fit["preempt_step_decode_token_ns"] / 1e6,
                        prefill_token_ms=fit["preempt_step_prompt_token_ns"] / 1e6,
-                       attend_cell_ns=fit["preempt_step_attend_kcell_ns"] / 1e3)
+                       attend_cell_ns=fit["preempt_step_attend_kcell_ns"] / 1e3,
+                       span_cell_ns=fit.get("preempt_step_span_mcell_ns", 0.0) / 1e6)
 
     # a stock server: one token a step alone, n_par a step together
     prefill_ms = solo["prompt_ms"] / max(1, solo["prompt_n"])

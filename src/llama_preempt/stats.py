@@ -162,6 +162,9 @@ class PreemptStats:
     preempt_step_attend_kcell_ns: int = 0  #   per thousand cells attended
     preempt_step_cost_samples: int = 0    #   and the steps it was fitted from
     n_loop_steps_total: int = 0           # steps of the loop timed in loop_us
+    n_width_probes_total: int = 0         # windows at full width the width rule ran to check itself
+    n_width_fallbacks_total: int = 0      #   of those, after which the limited width had lost more than width-loss
+    preempt_step_span_mcell_ns: int = 0   # the fitted step cost per million cells the attention spans
     slots: tuple[SlotStats, ...] = field(default_factory=tuple)
     parks_by_choice: Mapping[str, int] = field(default_factory=dict)  # preempt_parks_by_choice_total: label -> parks
     parks_by_tier: Mapping[str, int] = field(default_factory=dict)    # preempt_parks_by_tier_total: ram, disk, recompute
