@@ -117,7 +117,7 @@ else
     phase build 480 "cd $SRC && python3 -m pip install --no-build-isolation --no-deps --no-index -v ."
     wait $MODEL_PID; log "model: $(tail -1 "$R/model.txt")"
     MIXED="--ctx 32768 --requests 480 --rate 200 --prompt-median 64 --gen-median 48 --parallel 64 --width-off 64 --threads 8"
-    CELLS=${GPU_CHECK_MIXED_CELLS:---cell unified:64 --cell auto:64+bsample --cell auto:18}
+    CELLS=${GPU_CHECK_MIXED_CELLS:---cell unified:64 --cell auto:32 --cell auto:64+bsample}
     DOCTOR_C="-c 4096"
 fi
 command -v llama-server > /dev/null || { log "no llama-server: the build failed (build.txt)"; touch "$R/DONE"; exit 1; }
