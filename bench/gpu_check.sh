@@ -159,7 +159,7 @@ grep -c 'supports_op.*supported: 0' $R/rpc_server.log | sed 's/^/ops the RPC dev
 "
 
 # the GPU suite
-phase suite 240 "LLAMA_PREEMPT_TEST_GPU_LAYERS=$NGL $PY -m pytest -q -p no:cacheprovider -rf tests/test_swap_copy.py tests/test_swap.py tests/test_doctor.py tests/test_rpc.py tests/test_rpc_ops.py"
+phase suite 240 "LLAMA_PREEMPT_TEST_GPU_LAYERS=$NGL $PY -m pytest -q -p no:cacheprovider -rf tests/test_swap_copy.py tests/test_swap.py tests/test_doctor.py tests/test_rpc.py tests/test_rpc_ops.py tests/test_neighbours.py tests/test_loop_clock.py"
 
 # SWAP bandwidth on large states
 # (one held request per size, parked and unparked through the slot API; the slice route up to 256 MiB)
