@@ -87,6 +87,7 @@ preempt_config make_preempt_config(const common_params & params, bool has_memory
     cfg.mode       = params.preempt_mode;  // read once, by the flag's parser
     cfg.disk_dir    = params.preempt_disk_dir;
     cfg.disk_mib    = params.preempt_disk_mib;
+    cfg.disk_mib_from = llama_preempt::disk_limit_from(params.preempt_disk_mib_default, params.preempt_disk_mib);
     cfg.disk_budget = cfg.disk_dir.empty() ? 0 : ram_budget_from_mib(cfg.disk_mib);
     cfg.mode = effective_mode(cfg.mode, cfg.ram_budget, cfg.disk_budget);
 
@@ -160,7 +161,8 @@ void log_preempt_config(const preempt_config & cfg, size_t n_slots, int32_t n_ct
     const char * choose = cfg.mode == preempt_mode::automatic ? (disk ? "SWAP to RAM or disk, or RECOMPUTE, by measured cost"
                                                                       : "SWAP or RECOMPUTE by measured cost")
                                                               : "SWAP";
-    const std::string disk_mib = cfg.disk_mib < 0 ? std::string("the disk's free space") : string_format("%d MiB", cfg.disk_mib);
+    const std::string disk_mib = cfg.disk_mib < 0 ? std::string("the disk's free space")
+                                                  : string_format("%d MiB, %s", cfg.disk_mib, cfg.disk_mib_from.c_str());
     const std::string above = disk ? string_format("disk (%s) above it", disk_mib.c_str()) : std::string("RECOMPUTE above it");
     const std::string how = cfg.mode == preempt_mode::recompute
                               ? (mib == 0 ? string_format("RECOMPUTE only (%s)", no_ram) : std::string("RECOMPUTE only (--preempt-mode recompute)"))

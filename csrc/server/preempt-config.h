@@ -50,6 +50,7 @@ struct preempt_config {
     preempt_mode mode       = preempt_mode::automatic;  // effective: RECOMPUTE with --preempt-ram 0 and no disk tier
     std::string  disk_dir;                   // --preempt-disk ("" : no disk tier)
     int32_t      disk_mib    = -1;           // --preempt-disk-mib as given
+    std::string  disk_mib_from;              // where that limit came from (disk_limit_from())
     size_t       disk_budget = 0;            // bytes parked files may take at once (SIZE_MAX: the disk's free space; 0: no disk tier)
     cost_rates   rates;                      // the starting rates (LLAMA_SERVER_PREEMPT_RATES fixes them)
     sched_params sched;                      // how the planner shares an overloaded pool

@@ -90,6 +90,14 @@ inline uint64_t default_disk_bytes(uint64_t fs_bytes, uint64_t free_bytes) {
 }
 constexpr const char * DISK_DEFAULT_RULE = "a tenth of the filesystem, at most half its free space at start and 64 GiB";
 
+// where the disk tier's limit came from, in the words /props (preempt_disk_mib_from) and the start
+// log give: its default rule, the flag's -1 (the disk's free space), or the flag
+inline std::string disk_limit_from(bool is_default, int64_t disk_mib) {
+    return is_default ? std::string("default: ") + DISK_DEFAULT_RULE
+         : disk_mib < 0 ? std::string("--preempt-disk-mib -1: the disk's free space")
+         : std::string("--preempt-disk-mib");
+}
+
 // --preempt-disk-mib N: -1 (the disk's free space) or a size in MiB of at least 1; throws std::invalid_argument
 inline int32_t parse_preempt_disk_mib(const std::string & value) {
     long long mib = 0;

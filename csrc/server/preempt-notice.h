@@ -77,12 +77,27 @@ inline std::string client_json_error(const std::string & what) {
     if (msg.rfind("[json.exception.", 0) == 0 && tag != std::string::npos) {
         msg = msg.substr(tag + 2);
     }
+    // bytes that are not UTF-8: say so, and where (the parser's point), not a bare "syntax error"
+    if (what.find("ill-formed UTF-8") != std::string::npos) {
+        const size_t at = msg.find("at line ");
+        const size_t end = at == std::string::npos ? std::string::npos : msg.find(':', at);
+        const std::string where = at == std::string::npos ? std::string("") : " " + msg.substr(at, end - at);
+        return "the request body is not valid UTF-8: a byte" + where + " is not UTF-8 (JSON text, and so a prompt, "
+               "must be UTF-8: send the text encoded as UTF-8, or escape it as \\uXXXX)";
+    }
     const size_t detail = msg.find(" - ");  // the parser's "- invalid literal; last read: ..." tail
     if (detail != std::string::npos) {
         msg = msg.substr(0, detail);
     }
     const bool parse = what.find("parse_error") != std::string::npos;
     return (parse ? "the request body is not valid JSON: " : "invalid request: ") + msg;
+}
+
+// a body over the HTTP server's limit (cpp-httplib answers 413 before any handler runs): the error
+// in upstream's JSON shape, with the limit in words
+inline std::string payload_too_large_error(size_t limit) {
+    return "the request body is larger than this server takes (" + std::to_string(limit >> 20) + " MiB): send a "
+           "shorter prompt, or split the work into several requests";
 }
 
 // POST /slots/{id}?action=...: the actions there are, ours and upstream's; "" for one of them, else

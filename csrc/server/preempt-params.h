@@ -212,9 +212,7 @@ inline json props_json(const common_params & params) {
         { "preempt_disk",            params.preempt_disk_dir.empty() ? json(nullptr) : json(params.preempt_disk_dir) },
         { "preempt_disk_mib",        params.preempt_disk_dir.empty() ? json(nullptr) : json(params.preempt_disk_mib) },
         { "preempt_disk_mib_from",   params.preempt_disk_dir.empty() ? json(nullptr)
-                                     : json(params.preempt_disk_mib_default ? std::string("default: ") + DISK_DEFAULT_RULE
-                                            : params.preempt_disk_mib < 0 ? "--preempt-disk-mib -1: the disk's free space"
-                                            : "--preempt-disk-mib") },
+                                     : json(llama_preempt::disk_limit_from(params.preempt_disk_mib_default, params.preempt_disk_mib)) },
         { "cache_persist",           params.preempt_cache_persist },
         { "max_logprobs",            params.preempt_max_logprobs < 0 ? json(nullptr) : json(params.preempt_max_logprobs) },
         { "deterministic",           params.batch_invariant },
