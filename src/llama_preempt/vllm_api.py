@@ -39,8 +39,25 @@ def _engine_kwargs(where: str, model: str | os.PathLike[str], max_model_len: int
                                   "over several GPUs by layers or rows: args=['-sm', 'row'] (or 'layer')")
     if task not in ("auto", "generate", "embed"):
         raise ValueError(f"{where}: task={task!r}: one of 'auto', 'generate', 'embed'")
+    # A seeded request gives the same tokens every time, as vLLM users expect of SamplingParams(seed=):
+    # without batch-invariant kernels a request's logits change with the batch it shares and where its
+    # cells lie, so in one program the same seeded request came out different once others had run
+    # (the slots it got, its prompt from the cache, its neighbours differ). deterministic=False opts
+    # out (prefill at about 0.73x on SmolLM2; decode within noise: bench/README.md); it needs flash
+    # attention, so a caller who turned that off keeps the default kernels.
+    fa_off = extra.get("flash_attn") is False or _flag_value(extra.get("args", ()), ("-fa", "--flash-attn")) == "off"
+    extra.setdefault("deterministic", not fa_off)
     return {"model": model, "n_ctx": max_model_len, "n_parallel": max_num_seqs, "seed": seed,
             "embedding": task == "embed", **extra}
+
+
+def _flag_value(args: Any, names: tuple[str, ...]) -> str | None:
+    """The value given to one of `names` in an args list or string (None: not given)."""
+    items = args.split() if isinstance(args, str) else list(args)
+    for i, a in enumerate(items[:-1]):
+        if a in names:
+            return str(items[i + 1])
+    return None
 
 
 class LLM(Engine):
