@@ -20,12 +20,12 @@ import os
 import struct
 import warnings
 from dataclasses import dataclass
-from typing import Any, AsyncIterator, Callable, Sequence
+from typing import Any, AsyncGenerator, AsyncIterator, Callable, Sequence
 
-from .engine import (Engine, EngineError, GenerateError, Request, RequestCancelled, RequestError, _decode,
-                     _is_prompt, _sse_data, vllm_prompt)
+from .engine import Engine, EngineError, GenerateError, Request, RequestCancelled, RequestError, _decode, _sse_data
 from .checks import FieldTypeError, FieldValueError
-from .outputs import RequestOutputKind, finish_of, sequence_output
+from .output_stream import OutputStream
+from .prompts import is_one_prompt, is_prompt, prompt_fields, vllm_prompt
 from .reports import Completion
 from .sampling import SamplingParams, per_prompt
 from .stats import PreemptStats
@@ -130,7 +130,7 @@ class AsyncEngine:
         async for item in self._stream_request(req, notices):
             yield item
 
-    async def _stream_request(self, req: Request, notices: bool) -> AsyncIterator[Any]:
+    async def _stream_request(self, req: Request, notices: bool) -> AsyncGenerator[Any, None]:
         """The chunks of a submitted streaming request (see stream())."""
         h = req._handle
         try:
@@ -171,13 +171,13 @@ class AsyncEngine:
         The batch form of earlier releases, `await eng.generate([p1, p2], params)`, still answers
         (a list of Completions) with a DeprecationWarning: use `await eng.generate_all(...)`."""
         old_form = "prompts" in fields or "params" in fields or "return_exceptions" in fields
-        if old_form or (isinstance(prompt, (list, tuple)) and not _one_prompt(prompt)):
+        if old_form or (isinstance(prompt, (list, tuple)) and not is_one_prompt(prompt)):
             warnings.warn("AsyncEngine.generate(list) is vLLM's single-prompt stream now; for the whole list at "
                           "once, await generate_all(prompts, params)", DeprecationWarning, stacklevel=2)
             prompts = fields.pop("prompts", prompt)
             return self.generate_all(prompts, fields.pop("params", sampling_params), **fields)
-        if isinstance(sampling_params, (list, tuple)):
-            raise TypeError("generate(): one prompt takes one SamplingParams")
+        if sampling_params is not None and not isinstance(sampling_params, SamplingParams):
+            raise TypeError(f"generate(): one prompt takes one SamplingParams, got {type(sampling_params).__name__}")
         if isinstance(priority, bool) or not isinstance(priority, int):
             raise TypeError(f"generate(): priority must be an int, got {priority!r}")
         # vLLM runs lower priorities first; the server parks lower priorities first: the opposite sign
@@ -190,47 +190,25 @@ class AsyncEngine:
             raise ValueError(f"generate(): request_id {request_id!r} is already running")
         self.engine.request_rules().check_keywords("generate()", fields)
         prompt = vllm_prompt(prompt, "generate()")
-        if not _is_prompt(prompt):  # chat messages: rendered, then generated from, as LLM.chat
+        if not is_prompt(prompt):  # chat messages: rendered, then generated from, as LLM.chat
             prompt = await asyncio.to_thread(self.engine.render_chat, prompt)
         req = self._submit(prompt, None, {**params.to_fields(), **fields, "return_tokens": True, "stream": True})
         rid = request_id if request_id is not None else req.request_id
         self._by_id[rid] = req
-        asked = self.engine.prompt_fields(prompt)  # once: every output of the stream carries them
-        kind, n = params.output_kind, params.n
-        texts, ids, probs = [""] * n, [[] for _ in range(n)], [[] for _ in range(n)]
-        reasons: list[str | None] = [None] * n
-        stops: list[str | None] = [None] * n
+        # once: every output of the stream carries the prompt's fields
+        outputs = OutputStream(params.n, params.output_kind, rid, prompt_fields(prompt, self.engine))
         try:
             async with contextlib.aclosing(self._stream_request(req, False)) as chunks:
                 async for chunk in chunks:
-                    i = int(chunk.get("index", 0) or 0) % n
-                    new_text, new_ids = chunk.get("content", "") or "", [int(t) for t in chunk.get("tokens") or []]
-                    new_probs = chunk.get("completion_probabilities") or []
-                    texts[i] += new_text
-                    ids[i] += new_ids
-                    probs[i] += new_probs
-                    if chunk.get("stop"):
-                        reasons[i], stops[i] = finish_of(chunk)
-                        reasons[i] = reasons[i] or "stop"
-                    done = all(r is not None for r in reasons)
-                    if kind == RequestOutputKind.FINAL_ONLY and not done:
-                        continue
-                    if kind == RequestOutputKind.DELTA:
-                        outs = [sequence_output(i, new_text, new_ids, new_probs, reasons[i], stops[i])]
-                    else:
-                        outs = [sequence_output(j, texts[j], list(ids[j]), probs[j], reasons[j], stops[j])
-                                for j in range(n)]
-                    yield Completion(texts[0], int(chunk.get("tokens_evaluated", 0) or 0), len(ids[0]),
-                                     str(chunk.get("stop_type", "")), chunk.get("timings") or {}, chunk, outs,
-                                     request_id=rid, finished=done, **asked)
-                    if done:
+                    out = outputs.add(chunk)
+                    if out is not None:
+                        yield out
+                    if outputs.done:
                         return
         except RequestCancelled:
             if req._handle.id not in self._aborted:
                 raise
-            outs = [sequence_output(j, texts[j], list(ids[j]), probs[j], reasons[j] or "abort", stops[j])
-                    for j in range(n)]
-            yield Completion(texts[0], 0, len(ids[0]), "abort", {}, {}, outs, request_id=rid, finished=True, **asked)
+            yield outputs.aborted()
         finally:
             self._aborted.discard(req._handle.id)
             if self._by_id.get(rid) is req:
@@ -255,7 +233,7 @@ class AsyncEngine:
         self.engine.request_rules().check_keywords("generate_all()", fields)
         each = per_prompt(params, len(prompts))
         prompts = [vllm_prompt(p, f"generate_all(): prompts[{i}]") for i, p in enumerate(prompts)]
-        calls = [self.complete(p, **{**f, **fields}) if _is_prompt(p)
+        calls = [self.complete(p, **{**f, **fields}) if is_prompt(p)
                  else self.complete(messages=p, **{**f, **fields}) for p, f in zip(prompts, each)]
         out = list(await asyncio.gather(*calls, return_exceptions=True))
         for x in out:
@@ -370,11 +348,6 @@ class AsyncEngine:
         except asyncio.CancelledError:
             req.cancel(wait=0)
             raise
-
-
-def _one_prompt(prompt: Any) -> bool:
-    """One prompt (text, token ids, or one chat's messages), not a list of prompts."""
-    return _is_prompt(prompt) or (isinstance(prompt, list) and bool(prompt) and all(isinstance(m, dict) for m in prompt))
 
 
 def _items(chunk: str, notices: bool) -> list[Any]:

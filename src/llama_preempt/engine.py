@@ -22,16 +22,17 @@ import threading
 import time
 import warnings
 from dataclasses import replace
-from typing import Any, Callable, Iterator, Sequence, Union
+from typing import Any, Callable, Iterator, Sequence, Union, cast
 
 from . import _core
 from .checks import RequestRules, check_messages
 from .errors import RequestError
 from .flags import server_flags
-from .llamacpp_api import LlamaCppCalls, chat_format_flags
+from .llamacpp_api import LlamaCalls, chat_format_flags
 from .metrics import MetricsSnapshot, parse_prometheus
 from .reports import (Completion, EndEvent, FailEvent, ParkChoice, ParkEvent, ParkReason, ParkTier,  # noqa: F401
                       PreemptMode, ResumeEvent, StepReport, StopType, stream_text)
+from .prompts import Prompt, is_prompt, prompt_fields
 from .sampling import SamplingParams, per_prompt
 from .stats import PreemptStats
 
@@ -249,37 +250,22 @@ def _decode(raw: bytes) -> Any:
         return text
 
 
-Prompt = Union[str, Sequence[dict[str, Any]]]
-
-def _is_prompt(p: Any) -> bool:
-    """A text or token-id prompt (for /completion), not chat messages."""
-    return isinstance(p, str) or (isinstance(p, list) and bool(p) and all(isinstance(t, int) for t in p))
-
-
-def vllm_prompt(p: Any, where: str) -> Any:
-    """vLLM's prompt dicts as the Engine's prompts: {"prompt": text} is the text, {"prompt_token_ids":
-    [...]} the ids; anything else as given."""
-    if not isinstance(p, dict):
-        return p
-    if "prompt" in p:
-        return p["prompt"]
-    if "prompt_token_ids" in p:
-        return list(p["prompt_token_ids"])
-    raise ValueError(f"{where}: a prompt dict must have 'prompt' or 'prompt_token_ids', got keys {sorted(p)}")
-
-
 # the routes whose request fields submit() checks by the server's schema (any other takes its body as given)
 _CHECKED_PATHS = {"/completion", "/completions", "/v1/completions", "/v1/chat/completions", "/chat/completions",
                   "/infill"}
 Until = Union[None, Callable[[], bool], Request, Sequence[Request]]
 
 
-class Engine(LlamaCppCalls):
+class Engine:
     """The patched llama-server in process. Always close() it, or use it as a context manager.
 
         with Engine("model.gguf", n_ctx=1024, n_parallel=4) as eng:
             print(eng.submit("Once upon a time", n_predict=32).completion().text)
             out = eng.create_chat_completion(messages=[{"role": "user", "content": "Hi"}])  # llama-cpp-python's call
+
+    llama-cpp-python's `Llama` and vLLM's `LLM` are facades that hold an Engine (llama.py,
+    vllm_api.py); the Engine's own `create_completion`, `create_chat_completion` and
+    `engine(prompt)` answer through the same llama-cpp-python calls (llamacpp_api.py).
     """
 
     def __init__(self, model: str | os.PathLike[str] | None = None, args: Sequence[str] | str = (), *,
@@ -290,10 +276,11 @@ class Engine(LlamaCppCalls):
                  seed: int | None = None, n_batch: int | None = None, metrics: bool = True, slots: bool = True,
                  deterministic: bool = False, verbose: bool = False, chat_format: str | None = None,
                  embedding: bool = False) -> None:
-        if (model is None) == (model_path is None):
+        if model is None:
+            model, model_path = model_path, None
+        if model is None or model_path is not None:
             raise TypeError("Engine(): give the model file once, as Engine(path) or Engine(model_path=path) "
                             "(llama_cpp.Llama's name)")
-        model = model if model is not None else model_path
         if not isinstance(args, (str, bytes)) and not isinstance(args, Sequence):
             raise TypeError(f"Engine(): args must be llama-server flags, a list or one string, got {type(args).__name__}")
         argv = server_flags(model, n_ctx=n_ctx, n_parallel=n_parallel, preempt_ram_mib=preempt_ram_mib,
@@ -318,7 +305,7 @@ class Engine(LlamaCppCalls):
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self._loop_error: BaseException | None = None
-        self._on_loop_error: Callable[[], None] | None = None  # AsyncEngine: wake the event loop's waiters
+        self._on_loop_error: Callable[[], object] | None = None  # AsyncEngine: wake the event loop's waiters
         self._closed = False
         self._draining = False
         self._rules: RequestRules | None = None
@@ -377,7 +364,7 @@ class Engine(LlamaCppCalls):
 
     # --- requests ---
 
-    def submit(self, prompt: str | None = None, *, messages: Sequence[dict[str, Any]] | None = None,
+    def submit(self, prompt: str | Sequence[int] | None = None, *, messages: Sequence[dict[str, Any]] | None = None,
                path: str | None = None, body: dict[str, Any] | None = None, stream: bool = False,
                **params: Any) -> Request:
         """Start a request. `prompt` goes to /completion, `messages` to /v1/chat/completions;
@@ -455,6 +442,61 @@ class Engine(LlamaCppCalls):
             self._check_open()
             self._info = dict(self._core.model_info())
         return self._info
+
+    def tokenize(self, text: bytes | str, add_bos: bool = True, special: bool = False, *,
+                 add_special: bool | None = None) -> list[int]:
+        """The model's tokens of `text` (bytes as llama_cpp.Llama takes it, or a str). `add_bos`
+        adds the model's start token where it uses one (`add_special` is llama-server's name for
+        it); `special` parses special-token text such as "<s>" as those tokens."""
+        if isinstance(text, str):
+            text = text.encode("utf-8")
+        if not isinstance(text, (bytes, bytearray)):
+            raise TypeError(f"tokenize(): text must be bytes or a str, got {type(text).__name__}")
+        for name, v in (("add_bos", add_bos), ("special", special), ("add_special", add_special)):
+            if v is not None and not isinstance(v, bool):
+                raise TypeError(f"tokenize(): {name} must be True or False, got {v!r}")
+        return list(self._core.tokenize(bytes(text), add_bos if add_special is None else add_special, special))
+
+    def detokenize(self, tokens: Sequence[int], prev_tokens: Sequence[int] | None = None,
+                   special: bool = False) -> bytes:
+        """The bytes of `tokens` (llama_cpp.Llama's: decode them with .decode("utf-8", errors="ignore")
+        where a piece may split a character). With `prev_tokens`, only what `tokens` add after them;
+        `special` renders special tokens ("<s>") instead of dropping them."""
+        if isinstance(tokens, (str, bytes)) or not all(isinstance(t, int) and not isinstance(t, bool) for t in tokens):
+            raise TypeError("detokenize(): tokens must be a list of token ids (int)")
+        if not isinstance(special, bool):
+            raise TypeError(f"detokenize(): special must be True or False, got {special!r}")
+        try:
+            if prev_tokens is not None:
+                before = self._pieces(list(prev_tokens), special)
+                return self._pieces(list(prev_tokens) + list(tokens), special)[len(before):]
+            return self._pieces(list(tokens), special)
+        except ValueError as e:
+            raise ValueError(f"detokenize(): {e}") from None
+
+    def _pieces(self, tokens: list[int], special: bool) -> bytes:
+        """The tokens' bytes, without the space a sentencepiece model puts after its start token
+        (llama_cpp.Llama drops it the same way, so detokenize(tokenize(b"x")) == b"x")."""
+        out = bytes(self._core.detokenize(tokens, special))
+        return out[1:] if tokens and tokens[0] == int(self.model_info()["token_bos"]) and out[:1] == b" " else out
+
+    # --- llama-cpp-python's completion calls (llamacpp_api.LlamaCalls answers them) ---
+
+    def create_completion(self, prompt: str | list[int], *args: Any,
+                          **kwargs: Any) -> dict[str, Any] | Iterator[dict[str, Any]]:
+        """llama_cpp.Llama.create_completion, with its parameters and defaults (max_tokens=16,
+        temperature=0.8, stop, echo, logprobs, grammar, stream, ...): see LlamaCalls.create_completion."""
+        return LlamaCalls(self).create_completion(prompt, *args, **kwargs)
+
+    def __call__(self, prompt: str | list[int], *args: Any, **kwargs: Any) -> dict[str, Any] | Iterator[dict[str, Any]]:
+        """`engine(prompt, ...)` is create_completion(prompt, ...), as with llama_cpp.Llama."""
+        return LlamaCalls(self).create_completion(prompt, *args, **kwargs)
+
+    def create_chat_completion(self, messages: Sequence[dict[str, Any]], *args: Any,
+                               **kwargs: Any) -> dict[str, Any] | Iterator[dict[str, Any]]:
+        """llama_cpp.Llama.create_chat_completion, with its parameters and defaults (the model's
+        own chat template, or chat_format): see LlamaCalls.create_chat_completion."""
+        return LlamaCalls(self).create_chat_completion(messages, *args, **kwargs)
 
     def slots(self) -> list[dict[str, Any]]:
         """The slots as /slots shows them, as of the last step boundary: never waits for the loop
@@ -569,8 +611,8 @@ class Engine(LlamaCppCalls):
         reqs: list[Request] = []
         try:
             for p, f in zip(prompts, each):
-                reqs.append(self.submit(p, **{"return_tokens": True, **f, **fields}) if _is_prompt(p)
-                            else self.submit(messages=p, **{**f, **fields}))
+                reqs.append(self.submit(cast("str | list[int]", p), **{"return_tokens": True, **f, **fields})
+                            if is_prompt(p) else self.submit(messages=cast("list[dict[str, Any]]", p), **{**f, **fields}))
         except Exception:  # a later prompt refused at the call: the ones already started do not run on
             for r in reqs:
                 r.cancel(wait=0)
@@ -609,18 +651,8 @@ class Engine(LlamaCppCalls):
         return out
 
     def _request_output(self, c: Completion, prompt: Any, request_id: str) -> Completion:
-        """The answer with vLLM's RequestOutput fields: the request's id and its prompt_fields()."""
-        return replace(c, request_id=request_id, **self.prompt_fields(prompt))
-
-    def prompt_fields(self, prompt: Any) -> dict[str, Any]:
-        """vLLM's `prompt` and `prompt_token_ids` of a prompt: a text prompt's tokens as the server
-        tokenizes it (start token added, special text parsed); token ids as given; chat messages
-        have neither here."""
-        if isinstance(prompt, str):
-            return {"prompt": prompt, "prompt_token_ids": self.tokenize(prompt, special=True)}
-        if _is_prompt(prompt):
-            return {"prompt": None, "prompt_token_ids": list(prompt)}
-        return {"prompt": None, "prompt_token_ids": None}
+        """The answer with vLLM's RequestOutput fields: the request's id, `prompt` and `prompt_token_ids`."""
+        return replace(c, request_id=request_id, **prompt_fields(prompt, self))
 
     # --- background mode ---
 

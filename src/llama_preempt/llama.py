@@ -4,9 +4,12 @@ is taken, as the llama-server flag that does the same, or refused saying what to
     from llama_preempt import Llama        # was: from llama_cpp import Llama
     llm = Llama(model_path="model.gguf", n_ctx=2048, n_gpu_layers=-1, flash_attn=True, use_mlock=True)
 
-runs as it did, now with many requests at once and preemption underneath. The calls are the
-Engine's (`llm(prompt)`, `create_chat_completion`, `tokenize`, ...). `n_ctx` is the KV pool every
-slot shares (default: the model's trained context, not llama_cpp's 512).
+runs as it did, now with many requests at once and preemption underneath. `Llama` holds the
+Engine it starts (`llm.engine`); its calls are llama-cpp-python's (`llm(prompt)`,
+`create_chat_completion`, `set_seed`, ...: llamacpp_api.py) and the Engine's own answer on it too
+(`llm.submit`, `llm.stats()`, ...). `n_ctx` is the KV pool every slot shares (default: the model's
+trained context, not llama_cpp's 512). `Llama.from_pretrained(repo_id, filename)` loads a file
+already in the local Hugging Face cache (hub.py); nothing is downloaded.
 """
 from __future__ import annotations
 
@@ -17,6 +20,8 @@ from typing import Any, Callable
 
 from .checks import closest
 from .engine import Engine
+from .hub import hub_snapshot
+from .llamacpp_api import LlamaCalls
 
 _GGML_TYPES = {0: "f32", 1: "f16", 2: "q4_0", 3: "q4_1", 6: "q5_0", 7: "q5_1", 8: "q8_0", 30: "bf16"}
 _SPLIT_MODES = {0: "none", 1: "layer", 2: "row"}
@@ -112,7 +117,7 @@ def llama_flags(**given: Any) -> list[str]:
     return argv
 
 
-class Llama(Engine):
+class Llama(LlamaCalls):
     """llama_cpp.Llama over the Engine; see the module's docstring. The Engine's own keywords
     (n_parallel, preempt_ram_mib, args, ...) are taken too."""
 
@@ -132,6 +137,31 @@ class Llama(Engine):
         # left to llama.cpp's own choice, which is the CPU where no GPU is
         if n_gpu_layers:
             argv += ["-ngl", "all" if n_gpu_layers == -1 else str(n_gpu_layers)]
-        super().__init__(model_path=model_path, args=[*argv, *llama_flags(**llama)],
-                         seed=None if seed == _LLAMA_SEED_DEFAULT else seed, n_ctx=n_ctx, n_batch=n_batch,
-                         n_threads=n_threads, embedding=embedding, chat_format=chat_format, verbose=verbose, **kwargs)
+        super().__init__(Engine(model_path=model_path, args=[*argv, *llama_flags(**llama)],
+                                seed=None if seed == _LLAMA_SEED_DEFAULT else seed, n_ctx=n_ctx, n_batch=n_batch,
+                                n_threads=n_threads, embedding=embedding, chat_format=chat_format, verbose=verbose,
+                                **kwargs))
+
+    @classmethod
+    def from_pretrained(cls, repo_id: str, filename: str | None, additional_files: list[str] | None = None,
+                        local_dir: str | os.PathLike[str] | None = None,
+                        local_dir_use_symlinks: bool | str = "auto",
+                        cache_dir: str | os.PathLike[str] | None = None, **kwargs: Any) -> "Llama":
+        """llama_cpp.Llama.from_pretrained, from the local Hugging Face cache alone: the file of
+        `repo_id` that `filename` (a name or a glob, e.g. "*Q4_K_M.gguf") matches, where
+        huggingface_hub keeps it (`cache_dir`, else $HF_HUB_CACHE, $HF_HOME/hub or
+        ~/.cache/huggingface/hub, at the commit refs/main names; or `local_dir`). Nothing is
+        downloaded: a file not there is a FileNotFoundError naming where it looked and
+        `model_path=`. `additional_files` (a split model's other parts) must be there too; the
+        other keywords are the constructor's."""
+        if not isinstance(filename, str) or not filename:
+            raise TypeError(f"from_pretrained(): filename must be the model file's name or a glob such as "
+                            f"'*Q4_K_M.gguf', got {filename!r}")
+        if local_dir_use_symlinks not in (True, False, "auto"):
+            raise ValueError(f"from_pretrained(): local_dir_use_symlinks must be True, False or 'auto', got "
+                             f"{local_dir_use_symlinks!r}")
+        snapshot = hub_snapshot(repo_id, cache_dir=cache_dir, local_dir=local_dir)
+        model = snapshot.find(filename)
+        for extra in additional_files or []:  # the other parts of a split GGUF load from beside the first
+            snapshot.find(extra, what="additional_files")
+        return cls(model_path=str(model), **kwargs)

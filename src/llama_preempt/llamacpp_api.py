@@ -1,17 +1,33 @@
-"""llama-cpp-python's calls on the Engine: `create_completion` (also `engine(prompt)`) and
-`create_chat_completion`, with `llama_cpp.Llama`'s parameter names and defaults and OpenAI-shaped
-results (a dict, or an iterator of chunk dicts with `stream=True`), so code written for
-`llama_cpp.Llama` runs against the Engine by changing the constructor:
+"""llama-cpp-python's calls over an Engine: `create_completion` (also `llm(prompt)`),
+`create_chat_completion`, the embeddings, the model's accessors and `set_seed`, with
+`llama_cpp.Llama`'s parameter names and defaults and OpenAI-shaped results (a dict, or an iterator
+of chunk dicts with `stream=True`). `Llama` (llama.py) is these calls with llama_cpp's constructor;
+the Engine's own `create_completion`, `create_chat_completion` and `engine(prompt)` answer through
+them too, so code written for `llama_cpp.Llama` runs by changing the import:
 
-    llm = Engine("model.gguf", n_ctx=2048)     # was: Llama(model_path="model.gguf", n_ctx=2048)
+    llm = Llama(model_path="model.gguf", n_ctx=2048)     # from llama_preempt import Llama
     out = llm.create_chat_completion(messages=[{"role": "user", "content": "Hi"}], max_tokens=32)
     print(out["choices"][0]["message"]["content"])
 
 They go through the server's own OpenAI routes (/v1/completions, /v1/chat/completions)."""
 from __future__ import annotations
 
+import contextlib
 import inspect
-from typing import Any, Iterator, Sequence
+import random
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Iterator, Sequence
+
+from .checks import FieldValueError
+from .errors import RequestError
+from .facade import EngineFacade
+from .grammar import grammar_fields
+
+if TYPE_CHECKING:
+    from .checks import RequestRules
+    from .engine import Engine
+
+_MAX_SEED = 0xFFFFFFFE  # the largest seed a request samples with as given (0xFFFFFFFF: a random one)
 
 # Python callables llama.cpp's server cannot run in its C++ sampler
 _CALLABLES = ("stopping_criteria", "logits_processor")
@@ -64,7 +80,7 @@ def _completion_logprobs(lp: Any, text_start: int) -> Any:
     return {"tokens": tokens, "text_offset": offsets, "token_logprobs": token_lps, "top_logprobs": tops}
 
 
-def _common(rules: Any, where: str, max_tokens: int | None, temperature: float, top_p: float, top_k: int,
+def _common(rules: RequestRules, where: str, max_tokens: int | None, temperature: float, top_p: float, top_k: int,
             min_p: float, typical_p: float, stop: str | Sequence[str] | None, seed: int | None,
             frequency_penalty: float, presence_penalty: float, repeat_penalty: float, tfs_z: float,
             mirostat_mode: int, mirostat_tau: float, mirostat_eta: float, grammar: Any,
@@ -73,8 +89,9 @@ def _common(rules: Any, where: str, max_tokens: int | None, temperature: float, 
     given = {"max_tokens": max_tokens, "temperature": temperature, "top_p": top_p, "top_k": top_k, "min_p": min_p,
              "typical_p": typical_p, "stop": stop, "seed": seed, "frequency_penalty": frequency_penalty,
              "presence_penalty": presence_penalty, "repeat_penalty": repeat_penalty, "mirostat": mirostat_mode,
-             "mirostat_tau": mirostat_tau, "mirostat_eta": mirostat_eta, "logit_bias": logit_bias,
-             "grammar": grammar if grammar is None or isinstance(grammar, str) else str(getattr(grammar, "_grammar", grammar))}
+             "mirostat_tau": mirostat_tau, "mirostat_eta": mirostat_eta, "logit_bias": logit_bias}
+    grammar_given = grammar_fields(where, grammar)  # {"grammar": GBNF} or, for a JSON-schema grammar, {"json_schema": ...}
+    given.update(grammar_given)
     if max_tokens is not None and not isinstance(max_tokens, bool) and isinstance(max_tokens, int) and max_tokens <= 0:
         given["max_tokens"] = -1
     rules.check(where, given, shown={"mirostat": "mirostat_mode"})
@@ -94,8 +111,7 @@ def _common(rules: Any, where: str, max_tokens: int | None, temperature: float, 
         body["stop"] = [stop] if isinstance(stop, str) else list(stop)
     if seed is not None:
         body["seed"] = seed
-    if grammar is not None:  # a GBNF string, or llama_cpp.LlamaGrammar (its _grammar text)
-        body["grammar"] = given["grammar"]
+    body.update(grammar_given)
     if logit_bias:  # {token id: bias} as llama-cpp-python takes it; the server also takes text for a key
         body["logit_bias"] = [[int(k) if isinstance(k, str) and k.lstrip("-").isdigit() else k, v]
                               for k, v in logit_bias.items()]
@@ -112,71 +128,58 @@ def _without_null_deltas(chunk: dict[str, Any]) -> dict[str, Any]:
     return chunk
 
 
-class LlamaCppCalls:
-    """The mixin that gives the Engine llama-cpp-python's calls; see the module's docstring."""
+@dataclass
+class SeedChain:
+    """llama_cpp.Llama's seed as its calls use it: `set_seed(s)`, or a call's own `seed=`, sets it; a
+    call without a seed of its own samples with the next seed drawn from it
+    (`random.Random(seed)`), which becomes the seed, so the calls after `set_seed(s)` sample the
+    same way each time the program runs them. Before either, a call without a seed takes the
+    server's (`Llama(seed=)`, `--seed`; random by default)."""
+
+    seed: int | None = None
+
+    def take(self, given: int | None) -> int | None:
+        """The seed a call samples with (None: the server's), as llama_cpp chooses it."""
+        if given is not None:
+            self.seed = given
+        elif self.seed is not None:
+            self.seed = random.Random(self.seed).randint(0, _MAX_SEED)
+        return self.seed
+
+
+class LlamaCalls(EngineFacade):
+    """llama_cpp.Llama's calls over the Engine it holds (`.engine`); see the module's docstring.
+    The Engine's own calls (`submit`, `generate`, `tokenize`, `stats`, ...) answer on it too."""
+
+    def __init__(self, engine: Engine) -> None:
+        super().__init__(engine)
+        self._seeds = SeedChain()
 
     # --- the model (llama_cpp.Llama's accessors) ---
 
-    def tokenize(self, text: bytes | str, add_bos: bool = True, special: bool = False, *,
-                 add_special: bool | None = None) -> list[int]:
-        """The model's tokens of `text` (bytes as llama_cpp.Llama takes it, or a str). `add_bos`
-        adds the model's start token where it uses one (`add_special` is llama-server's name for
-        it); `special` parses special-token text such as "<s>" as those tokens."""
-        if isinstance(text, str):
-            text = text.encode("utf-8")
-        if not isinstance(text, (bytes, bytearray)):
-            raise TypeError(f"tokenize(): text must be bytes or a str, got {type(text).__name__}")
-        for name, v in (("add_bos", add_bos), ("special", special), ("add_special", add_special)):
-            if v is not None and not isinstance(v, bool):
-                raise TypeError(f"tokenize(): {name} must be True or False, got {v!r}")
-        return list(self._core.tokenize(bytes(text), add_bos if add_special is None else add_special, special))  # type: ignore[attr-defined]
-
-    def detokenize(self, tokens: Sequence[int], prev_tokens: Sequence[int] | None = None,
-                   special: bool = False) -> bytes:
-        """The bytes of `tokens` (llama_cpp.Llama's: decode them with .decode("utf-8", errors="ignore")
-        where a piece may split a character). With `prev_tokens`, only what `tokens` add after them;
-        `special` renders special tokens ("<s>") instead of dropping them."""
-        if isinstance(tokens, (str, bytes)) or not all(isinstance(t, int) and not isinstance(t, bool) for t in tokens):
-            raise TypeError("detokenize(): tokens must be a list of token ids (int)")
-        if not isinstance(special, bool):
-            raise TypeError(f"detokenize(): special must be True or False, got {special!r}")
-        try:
-            if prev_tokens is not None:
-                before = self._pieces(list(prev_tokens), special)
-                return self._pieces(list(prev_tokens) + list(tokens), special)[len(before):]
-            return self._pieces(list(tokens), special)
-        except ValueError as e:
-            raise ValueError(f"detokenize(): {e}") from None
-
-    def _pieces(self, tokens: list[int], special: bool) -> bytes:
-        """The tokens' bytes, without the space a sentencepiece model puts after its start token
-        (llama_cpp.Llama drops it the same way, so detokenize(tokenize(b"x")) == b"x")."""
-        out = bytes(self._core.detokenize(tokens, special))  # type: ignore[attr-defined]
-        return out[1:] if tokens and tokens[0] == self.token_bos() and out[:1] == b" " else out
-
     def token_bos(self) -> int:
-        return int(self.model_info()["token_bos"])  # type: ignore[attr-defined]
+        return int(self.engine.model_info()["token_bos"])
 
     def token_eos(self) -> int:
-        return int(self.model_info()["token_eos"])  # type: ignore[attr-defined]
+        return int(self.engine.model_info()["token_eos"])
 
     def token_nl(self) -> int:
-        return int(self.model_info()["token_nl"])  # type: ignore[attr-defined]
+        return int(self.engine.model_info()["token_nl"])
 
     def n_ctx(self) -> int:
         """The context: here the KV pool every slot shares (each request may grow to all of it)."""
-        return int(self.model_info()["n_ctx"])  # type: ignore[attr-defined]
+        return int(self.engine.model_info()["n_ctx"])
 
     def n_vocab(self) -> int:
-        return int(self.model_info()["n_vocab"])  # type: ignore[attr-defined]
+        return int(self.engine.model_info()["n_vocab"])
 
     def n_embd(self) -> int:
-        return int(self.model_info()["n_embd"])  # type: ignore[attr-defined]
+        return int(self.engine.model_info()["n_embd"])
 
     @property
     def metadata(self) -> dict[str, str]:
         """The GGUF metadata, as llama_cpp.Llama.metadata (every value a string)."""
-        return dict(self.model_info()["metadata"])  # type: ignore[attr-defined]
+        return dict(self.engine.model_info()["metadata"])
 
     # --- what this design cannot do, said where it is asked for ---
 
@@ -207,11 +210,22 @@ class LlamaCppCalls:
 
     # --- completions ---
 
-    def _answer(self, path: str, body: dict[str, Any], stream: bool) -> dict[str, Any] | Iterator[dict[str, Any]]:
-        req = self.submit(path=path, body=body, stream=stream)  # type: ignore[attr-defined]
+    def set_seed(self, seed: int) -> None:
+        """llama_cpp.Llama.set_seed: the calls after it that give no seed of their own sample with
+        seeds drawn from this one, as llama_cpp draws them (see SeedChain), so a program that sets
+        it gets the same answers each time it runs."""
+        if isinstance(seed, bool) or not isinstance(seed, int):
+            raise TypeError(f"set_seed(): seed must be an int, got {seed!r}")
+        self.engine.request_rules().check("set_seed()", {"seed": seed})
+        self._seeds.seed = seed
+
+    def _answer(self, where: str, path: str, body: dict[str, Any],
+                stream: bool) -> dict[str, Any] | Iterator[dict[str, Any]]:
+        req = self.engine.submit(path=path, body=body, stream=stream)
         if stream:
-            return (_without_null_deltas(c) for c in req.stream())
-        return dict(req.result())
+            return _streamed(where, req.stream(), body)
+        with _grammar_errors(where, body):
+            return dict(req.result())
 
     def create_completion(self, prompt: str | list[int], suffix: str | None = None, max_tokens: int | None = 16,
                           temperature: float = 0.8, top_p: float = 0.95, min_p: float = 0.05, typical_p: float = 1.0,
@@ -227,7 +241,7 @@ class LlamaCppCalls:
         prompt before the text; `logprobs` (an int) gives OpenAI's completion logprobs. Extra
         keywords are request fields of llama-server (`priority`, `n_keep`, `response_format`, ...)."""
         where = "create_completion()"
-        rules = self.request_rules()  # type: ignore[attr-defined]
+        rules = self.engine.request_rules()
         rules.check_keywords(where, extra, own=_CREATE_COMPLETION_ARGS)
         _refuse_callables(where, stopping_criteria=stopping_criteria, logits_processor=logits_processor)
         if suffix is not None:
@@ -247,13 +261,15 @@ class LlamaCppCalls:
             body["model"] = model
         head = ""
         if echo:  # the server's /v1/completions refuses echo: the prompt's text is put before the answer here
-            head = prompt if isinstance(prompt, str) else self.detokenize(prompt).decode("utf-8", errors="ignore")
+            head = prompt if isinstance(prompt, str) else self.engine.detokenize(prompt).decode("utf-8", errors="ignore")
         if "response_format" in body:  # the chat route reads it; /v1/completions takes the schema itself
             schema = _json_schema_of(where, body.pop("response_format"))
             if schema is not None:
                 body["json_schema"] = schema
-        answer = self._answer("/v1/completions", body, stream)
-        chunks = _completion_chunks(answer if stream else iter([answer]), head, logprobs is not None)  # type: ignore[arg-type]
+        self._seed_of(body, seed)
+        answer = self._answer(where, "/v1/completions", body, stream)
+        chunks = _completion_chunks(answer if isinstance(answer, Iterator) else iter([answer]), head,
+                                    logprobs is not None)
         return chunks if stream else next(chunks)
 
     def __call__(self, prompt: str | list[int], **kwargs: Any) -> dict[str, Any] | Iterator[dict[str, Any]]:
@@ -278,7 +294,7 @@ class LlamaCppCalls:
         iterator of its chunks. `response_format={"type": "json_object"}` (with a "schema", or
         {"type": "json_schema", ...}) constrains the answer to JSON; `tools` as the server takes them."""
         where = "create_chat_completion()"
-        rules = self.request_rules()  # type: ignore[attr-defined]
+        rules = self.engine.request_rules()
         rules.check_keywords(where, extra, own=_CREATE_CHAT_ARGS)
         _refuse_callables(where, logits_processor=logits_processor)
         if functions is not None or function_call is not None:
@@ -295,7 +311,14 @@ class LlamaCppCalls:
                            ("model", model), ("logprobs", logprobs), ("top_logprobs", top_logprobs)):
             if value is not None:
                 body[key] = value
-        return self._answer("/v1/chat/completions", body, stream)
+        self._seed_of(body, seed)
+        return self._answer(where, "/v1/chat/completions", body, stream)
+
+    def _seed_of(self, body: dict[str, Any], seed: int | None) -> None:
+        """The seed the request samples with, as llama_cpp chooses it (SeedChain): set in `body`."""
+        chosen = self._seeds.take(seed)
+        if chosen is not None:
+            body["seed"] = chosen
 
     # --- embeddings (an Engine started with embedding=True) ---
 
@@ -313,7 +336,7 @@ class LlamaCppCalls:
                 raise TypeError(f"{where}: {name} must be True or False, got {v!r}")
         body = {"content": list(inputs), "embd_normalize": 2 if normalize else -1}
         try:
-            answer = self.request("POST", "/embeddings", body)  # type: ignore[attr-defined]
+            answer = self.engine.request("POST", "/embeddings", body)
         except Exception as e:
             if getattr(e, "status", None) == 501 or "embedding" in str(e).lower():
                 raise ValueError(f"{where}: this Engine does not compute embeddings: start it with embedding=True "
@@ -321,10 +344,10 @@ class LlamaCppCalls:
             raise
         out: list[Any] = []
         n_tokens = 0
-        pooled = int(self.model_info()["pooling"]) != 0  # type: ignore[attr-defined]  # else: one vector per token
+        pooled = int(self.engine.model_info()["pooling"]) != 0  # else: one vector per token
         for item in sorted(answer, key=lambda x: x.get("index", 0)):
             emb = item["embedding"]
-            n_tokens += len(self.tokenize(inputs[item.get("index", 0)])) if pooled else len(emb)
+            n_tokens += len(self.engine.tokenize(inputs[item.get("index", 0)])) if pooled else len(emb)
             out.append(emb[0] if pooled else emb)
         result = out[0] if isinstance(input, str) else out
         return (result, n_tokens) if return_count else result
@@ -336,7 +359,7 @@ class LlamaCppCalls:
             raise TypeError(f"create_embedding(): model must be a string, got {type(model).__name__}")
         inputs = [input] if isinstance(input, str) else input
         embeddings, n_tokens = self.embed(inputs, return_count=True)
-        return {"object": "list", "model": model or self.model_info()["metadata"].get("general.name", ""),  # type: ignore[attr-defined]
+        return {"object": "list", "model": model or self.engine.model_info()["metadata"].get("general.name", ""),
                 "data": [{"object": "embedding", "embedding": e, "index": i} for i, e in enumerate(embeddings)],
                 "usage": {"prompt_tokens": n_tokens, "total_tokens": n_tokens}}
 
@@ -372,5 +395,31 @@ def _completion_chunks(chunks: Iterator[dict[str, Any]], head: str, logprobs: bo
         yield chunk
 
 
-_CREATE_COMPLETION_ARGS = frozenset(inspect.signature(LlamaCppCalls.create_completion).parameters) - {"self", "extra"}
-_CREATE_CHAT_ARGS = frozenset(inspect.signature(LlamaCppCalls.create_chat_completion).parameters) - {"self", "extra"}
+_CREATE_COMPLETION_ARGS = frozenset(inspect.signature(LlamaCalls.create_completion).parameters) - {"self", "extra"}
+_CREATE_CHAT_ARGS = frozenset(inspect.signature(LlamaCalls.create_chat_completion).parameters) - {"self", "extra"}
+
+
+@contextlib.contextmanager
+def _grammar_errors(where: str, body: dict[str, Any]) -> Iterator[None]:
+    """The server's refusal of a call's grammar as a ValueError naming `grammar` (still the
+    RequestError, status 400, it was)."""
+    try:
+        yield
+    except RequestError as e:
+        if e.status != 400 or not ({"grammar", "json_schema"} & set(body)):
+            raise
+        if "failed to parse grammar" in e.message:
+            raise FieldValueError(f"{where}: grammar= is not a grammar llama.cpp can parse ({e.message}; its parser "
+                                  "printed the rule it stopped at on stderr): every rule it uses must be defined, "
+                                  "starting with 'root ::= ...' (llama.cpp's grammars/README.md)") from None
+        if "json_schema" in body and "json schema" in e.message.lower():
+            raise FieldValueError(f"{where}: grammar= (a JSON-schema grammar) could not be converted: {e.message}") \
+                from None
+        raise
+
+
+def _streamed(where: str, chunks: Iterator[dict[str, Any]], body: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    """A streamed answer's chunks as llama-cpp-python gives them, a refused grammar named."""
+    with _grammar_errors(where, body):
+        for c in chunks:
+            yield _without_null_deltas(c)

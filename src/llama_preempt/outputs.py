@@ -59,8 +59,8 @@ def logprobs_of(probs: list[dict[str, Any]] | None) -> tuple[list[dict[int, Logp
                 entry[int(top["id"])] = Logprob(_log_of(top), rank, top.get("token"))
         if "id" in p:
             tid = int(p["id"])
-            rank = next((r for r, t in enumerate(tops, start=1) if t.get("id") == tid), None)
-            entry[tid] = Logprob(_log_of(p), rank, p.get("token"))
+            sampled_rank = next((r for r, t in enumerate(tops, start=1) if t.get("id") == tid), None)
+            entry[tid] = Logprob(_log_of(p), sampled_rank, p.get("token"))
         total += _log_of(p)
         out.append(entry)
     return out, total

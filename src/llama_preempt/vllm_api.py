@@ -7,6 +7,10 @@ and the model (a GGUF file):
     llm = LLM(model="model.gguf")
     for o in llm.generate(["Hello, my name is"], SamplingParams(temperature=0.8, top_p=0.95)):
         print(o.prompt, o.outputs[0].text)
+
+`LLM` holds the Engine it starts (`llm.engine`), `AsyncLLM` the AsyncEngine (`.engine` is then
+that AsyncEngine's Engine); what they do not answer themselves, the Engine's own calls (and, on
+`LLM`, llama-cpp-python's, as when it was an Engine) answer on them, forwarded.
 """
 from __future__ import annotations
 
@@ -15,7 +19,10 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from .aio import AsyncEngine
-from .engine import Engine, vllm_prompt
+from .engine import Engine
+from .facade import EngineFacade
+from .llamacpp_api import LlamaCalls
+from .prompts import vllm_prompts
 from .reports import Completion
 from .sampling import SamplingParams
 
@@ -60,17 +67,29 @@ def _flag_value(args: Any, names: tuple[str, ...]) -> str | None:
     return None
 
 
-class LLM(Engine):
+class LLM(EngineFacade):
     """vLLM's `LLM` over the Engine: `LLM(model="model.gguf", max_model_len=4096, max_num_seqs=8)`.
     `generate` returns RequestOutputs (Completion), `chat` renders the model's chat template and
-    generates from it, `embed` needs task="embed". The Engine's own calls work on it too."""
+    generates from it, `embed` needs task="embed". The Engine's own calls, and llama-cpp-python's,
+    work on it too (forwarded to the Engine it holds, `.engine`)."""
 
     def __init__(self, model: str | os.PathLike[str], *, max_model_len: int | None = None,
                  max_num_seqs: int | None = None, seed: int | None = None, tensor_parallel_size: int = 1,
                  quantization: str | None = None, tokenizer: str | None = None, task: str = "auto",
                  **kwargs: Any) -> None:
-        super().__init__(**_engine_kwargs("LLM()", model, max_model_len, max_num_seqs, seed, tensor_parallel_size,
-                                          quantization, tokenizer, task, dict(kwargs)))
+        super().__init__(Engine(**_engine_kwargs("LLM()", model, max_model_len, max_num_seqs, seed,
+                                                 tensor_parallel_size, quantization, tokenizer, task, dict(kwargs))))
+        self._llama = LlamaCalls(self.engine)  # llama-cpp-python's calls, which answered on an LLM before 0.2
+
+    def __getattr__(self, name: str) -> Any:
+        calls = self.__dict__.get("_llama")  # it forwards the rest to the Engine
+        if calls is None or (name.startswith("__") and name.endswith("__")):
+            raise AttributeError(f"'LLM' object has no attribute {name!r}")
+        return getattr(calls, name)
+
+    def __call__(self, prompt: str | list[int], *args: Any, **kwargs: Any) -> Any:
+        """llama-cpp-python's `llm(prompt, ...)` (create_completion), as on the Engine."""
+        return self._llama(prompt, *args, **kwargs)
 
     def generate(self, prompts: Any, sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
                  use_tqdm: bool = True, **fields: Any) -> list[Any]:
@@ -79,7 +98,7 @@ class LLM(Engine):
         progress bar is drawn). The Engine's own keywords (timeout=, return_exceptions=) work too."""
         if not isinstance(use_tqdm, bool):
             raise TypeError(f"generate(): use_tqdm must be True or False, got {use_tqdm!r}")
-        return super().generate(_prompts(prompts), sampling_params, **fields)
+        return self.engine.generate(vllm_prompts(prompts, "generate()"), sampling_params, **fields)
 
     def chat(self, messages: Any, sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
              use_tqdm: bool = True, add_generation_prompt: bool = True, chat_template_kwargs: dict[str, Any] | None = None,
@@ -91,18 +110,18 @@ class LLM(Engine):
             raise ValueError("chat(): messages must be a conversation (a list of messages) or a list of them, "
                              "and not empty")
         convs = [messages] if isinstance(messages[0], dict) else list(messages)
-        rendered = [self.render_chat(conv, add_generation_prompt, chat_template_kwargs=chat_template_kwargs,
-                                     tools=tools) for conv in convs]
+        rendered = [self.engine.render_chat(conv, add_generation_prompt, chat_template_kwargs=chat_template_kwargs,
+                                            tools=tools) for conv in convs]
         return self.generate(rendered, sampling_params, use_tqdm=use_tqdm, **fields)
 
-    def embed(self, prompts: Any, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
+    def embed(self, prompts: Any, *args: Any, **kwargs: Any) -> Any:
         """vLLM's embed: one EmbeddingRequestOutput per prompt (`.outputs.embedding`). The
         llama-cpp-python form (embed(input, normalize=...)) answers when called with its keywords."""
         kwargs.pop("use_tqdm", None)  # vLLM's: no bar is drawn
         if args or kwargs:
-            return super().embed(prompts, *args, **kwargs)
+            return self._llama.embed(prompts, *args, **kwargs)
         texts = [prompts] if isinstance(prompts, str) else list(prompts)
-        return [EmbeddingRequestOutput(t, EmbeddingOutput(list(e))) for t, e in zip(texts, super().embed(texts))]
+        return [EmbeddingRequestOutput(t, EmbeddingOutput(list(e))) for t, e in zip(texts, self._llama.embed(texts))]
 
     def get_tokenizer(self) -> Any:
         raise NotImplementedError("get_tokenizer(): the tokenizer is the GGUF's, inside llama.cpp; use "
@@ -159,10 +178,15 @@ class AsyncEngineArgs:
 EngineArgs = AsyncEngineArgs
 
 
-class AsyncLLM(AsyncEngine):
-    """vLLM's AsyncLLM over the AsyncEngine: `AsyncLLM.from_engine_args(AsyncEngineArgs(model=...))`,
+class AsyncLLM:
+    """vLLM's AsyncLLM over the AsyncEngine it holds: `AsyncLLM.from_engine_args(AsyncEngineArgs(model=...))`,
     `async for out in engine.generate(prompt, sampling_params, request_id)`, `await abort(id)`,
-    `shutdown()`."""
+    `shutdown()`. The AsyncEngine's own calls work on it too (forwarded; `.engine` is its Engine)."""
+
+    def __init__(self, model: str | os.PathLike[str], args: Sequence[str] | str = (), **kwargs: Any) -> None:
+        """Load the model (this blocks); the keywords are the Engine's. vLLM's own way in is
+        from_engine_args."""
+        self.async_engine = AsyncEngine(model, args, **kwargs)
 
     @classmethod
     def from_engine_args(cls, engine_args: AsyncEngineArgs, **_: Any) -> "AsyncLLM":
@@ -171,12 +195,28 @@ class AsyncLLM(AsyncEngine):
                             a.tensor_parallel_size, a.quantization, a.tokenizer, a.task, dict(a.engine_kwargs))
         return cls(kw.pop("model"), **kw)
 
+    def __getattr__(self, name: str) -> Any:
+        held = self.__dict__.get("async_engine")
+        if held is None or (name.startswith("__") and name.endswith("__")):
+            raise AttributeError(f"'AsyncLLM' object has no attribute {name!r}")
+        return getattr(held, name)
+
+    async def __aenter__(self) -> "AsyncLLM":
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.async_engine.aclose()
+
+    def generate(self, prompt: Any = None, sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+                 request_id: str | None = None, *, priority: int = 0, **fields: Any) -> Any:
+        """vLLM's AsyncLLM.generate (AsyncEngine.generate): `async for out in
+        engine.generate(prompt, params, request_id)`, a RequestOutput at each step."""
+        return self.async_engine.generate(prompt, sampling_params, request_id, priority=priority, **fields)
+
+    async def abort(self, request_id: str | Sequence[str]) -> None:
+        """vLLM's abort (AsyncEngine.abort): the request(s) end with finish_reason "abort"."""
+        await self.async_engine.abort(request_id)
+
     def shutdown(self) -> None:
         """Cancel what is pending and free the model (vLLM's sync shutdown): AsyncEngine.close()."""
-        self.close()
-
-
-def _prompts(prompts: Any) -> list[Any]:
-    """vLLM's prompt forms as the Engine's: text, {"prompt": text}, {"prompt_token_ids": [...]}."""
-    items = [prompts] if isinstance(prompts, (str, dict)) else list(prompts)
-    return [vllm_prompt(p, f"generate(): prompts[{i}]") for i, p in enumerate(items)]
+        self.async_engine.close()
