@@ -64,6 +64,19 @@ def offload_devices() -> tuple[str, ...]:
     return build_devices()
 
 
+# llama-server flags (the Engine's args too) that keep every layer, and so every KV cell, on the CPU
+# on every build: -dev none offloads to no device. A GPU build offloads by default (-ngl is "auto")
+# and the knob adds -ngl N; -dev is a placement flag, so new_server() leaves such a server alone. For
+# tests whose point needs the CPU's kernels: --deterministic's batch invariance (the CPU's kernels
+# only, docs/design.md), or answers compared across requests whose batches or cells differ (a GPU's
+# kernels choose their path by the batch's shape, and may group a row's cells otherwise when they
+# lie elsewhere in the pool)
+ON_THE_CPU = ["-dev", "none"]
+# the same for a child that starts its own Engine or llama-server (the demo, the examples): the
+# flag's environment twin, which both read
+ON_THE_CPU_ENV = {"LLAMA_ARG_DEVICE": "none"}
+
+
 def layers_on_the_cpu() -> bool:
     """new_server()'s layers and cells stay on the CPU (the knob unset, or no device to offload to):
     its kernels are the CPU's, which --deterministic makes batch-invariant, so a request's answer

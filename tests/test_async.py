@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from helpers import ON_THE_CPU
 from llama_preempt import (AsyncEngine, Completion, Engine, GenerateError, RequestError, SamplingParams, StreamNotice,
                            stream_text)
 
@@ -26,12 +27,14 @@ async def until(pred: Any, timeout: float, what: str) -> None:
 
 def test_eight_streams_and_answers_run_together_in_one_event_loop(stories_model: Path) -> None:
     # the answers are compared across runs whose batches differ (who starts when is up to the
-    # threads): --deterministic makes each the one it gives alone
-    with Engine(stories_model, n_ctx=1024, n_parallel=4, deterministic=True) as sync:
+    # threads): --deterministic makes each the one it gives alone, with its kernels, the CPU's (a GPU
+    # build's Engine would offload)
+    with Engine(stories_model, ON_THE_CPU, n_ctx=1024, n_parallel=4, deterministic=True) as sync:
         refs = [c.text for c in sync.generate(PROMPTS, n_predict=24, temperature=0)]
 
     async def main() -> tuple[list[str], list[Completion], Completion]:
-        async with await AsyncEngine.create(stories_model, n_ctx=1024, n_parallel=4, deterministic=True) as eng:
+        async with await AsyncEngine.create(stories_model, ON_THE_CPU, n_ctx=1024, n_parallel=4,
+                                            deterministic=True) as eng:
             async def one(p: str) -> str:
                 return "".join([stream_text(c) async for c in eng.stream(p, n_predict=24, temperature=0)])
 

@@ -1,9 +1,15 @@
 """--deterministic: a request's generated token ids are the ones it gets alone on an idle server,
 whatever runs beside it, however it is parked, wherever its prompt comes from, over HTTP and in the
 Engine. Each test compares token ids exactly, on stories260K, the hybrid MTP model and SmolLM2
-(the last two where present)."""
+(the last two where present).
+
+The batch-invariant kernels are the CPU's (a GPU's choose their path by the batch's shape): every
+server and Engine here keeps its layers on the CPU (helpers.ON_THE_CPU, on every build and under
+LLAMA_PREEMPT_TEST_GPU_LAYERS), or on an RPC device whose ggml-rpc-server runs the batch-invariant
+CPU (conftest.BATCH_INVARIANT_RPC)."""
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -12,14 +18,13 @@ from typing import Any
 
 import pytest
 
-from helpers import logged, new_server
+from helpers import ON_THE_CPU, logged, new_server, on_rpc
 from llama_preempt import models
 from llama_preempt.binary import server_binary
 from llama_preempt.exactness import Ask, first_difference, one_at_a_time, staggered, together
-from llama_preempt.rpc import RpcServer
 from llama_preempt.server import LlamaServer, free_port
 
-from conftest import ServerFactory
+from conftest import BATCH_INVARIANT_RPC, RpcFactory, ServerFactory
 
 TARGET = "Once upon a time, in a small village by the sea, there lived"
 NEIGHBOURS = ["The quick brown fox jumps over the lazy dog and then", "Tell me a story about a dragon who",
@@ -65,8 +70,10 @@ def det(request: pytest.FixtureRequest, stories_model: Path) -> Det:
 
 
 def serve(start_server: ServerFactory, det: Det, *extra: str, n_ctx: int = 2048, n_parallel: int = 4,
-          kv_unified: bool = True, env: dict[str, str] | None = None, cache_ram: bool = False) -> LlamaServer:
-    args = [*det.args, *([] if cache_ram else ["--cache-ram", "0"]), *extra]
+          kv_unified: bool = True, env: dict[str, str] | None = None, cache_ram: bool = False,
+          placement: list[str] = ON_THE_CPU) -> LlamaServer:
+    """A --deterministic server for det's model, its layers where `placement` puts them (the CPU)."""
+    args = [*placement, *det.args, *([] if cache_ram else ["--cache-ram", "0"]), *extra]
     return start_server(det.path, n_ctx=n_ctx, n_parallel=n_parallel, kv_unified=kv_unified, deterministic=True,
                         extra_args=args, env=env or {}, seed=1234)
 
@@ -78,7 +85,7 @@ def alone(det: Det, tmp_path_factory: pytest.TempPathFactory) -> dict[Ask, list[
             *[Ask(p, det.n_predict) for p in NEIGHBOURS]]
     asks = list(dict.fromkeys(asks))
     with new_server(det.path, tmp_path_factory.mktemp("alone"), n_ctx=2048, n_parallel=4, kv_unified=True,
-                    deterministic=True, seed=1234, extra_args=[*det.args, "--cache-ram", "0"]) as srv:
+                    deterministic=True, seed=1234, extra_args=[*ON_THE_CPU, *det.args, "--cache-ram", "0"]) as srv:
         return dict(zip(asks, one_at_a_time(srv, asks)))
 
 
@@ -197,8 +204,8 @@ def test_the_engine_gives_the_tokens_of_http(det: Det, alone: dict[Ask, list[int
     from llama_preempt.engine import Engine
 
     asks = [det.target(), *det.neighbours()]
-    with Engine(det.path, [*det.args, "--cache-ram", "0"], n_ctx=2048, n_parallel=4, kv_unified=True, seed=1234,
-                deterministic=True) as eng:
+    with Engine(det.path, [*ON_THE_CPU, *det.args, "--cache-ram", "0"], n_ctx=2048, n_parallel=4, kv_unified=True,
+                seed=1234, deterministic=True) as eng:
         assert eng.request("GET", "/props")["llama_preempt"]["deterministic"] is True
         reqs = [eng.submit(path="/completion", body=a.body()) for a in asks]
         got = [[int(t) for t in r.completion().response["tokens"]] for r in reqs]
@@ -214,15 +221,37 @@ def test_one_thread_gives_the_tokens_of_two(start_server: ServerFactory, det: De
 
 
 def test_on_an_rpc_device_a_request_beside_others_gives_its_alone_tokens(
-        start_server: ServerFactory, stories_model: Path, tmp_path: Path) -> None:
-    # the layers and the KV cache on a ggml-rpc-server: its CPU backend takes the switch from its
-    # environment, and the visiting order travels in the graph
+        start_server: ServerFactory, start_rpc: RpcFactory, stories_model: Path) -> None:
+    # the layers and the KV cache on a ggml-rpc-server's CPU and on no other device (on_rpc(); a GPU
+    # build's rpc-server would serve its GPU): its CPU backend takes the switch from its environment,
+    # and the visiting order travels in the graph
     det = Det(stories_model, (), 200)
-    with RpcServer(threads=2, log_dir=tmp_path, env={"GGML_CPU_BATCH_INVARIANT": "1"}) as rpc:
-        rpc_args = ("--rpc", rpc.endpoint, "-ngl", "99")
-        srv = serve(start_server, det, *rpc_args)
-        alone_ids = one_at_a_time(srv, [det.target()])[0]
-        got = together(srv, [det.target(), *det.neighbours()])[0]
-        logged(rpc, "Accepted client connection")
-        assert_same(alone_ids, got, "on an RPC device, beside three others")
-        srv.stop()
+    srv = serve(start_server, det, placement=on_rpc(start_rpc(threads=2, **BATCH_INVARIANT_RPC)))
+    logged(srv, "the layers on RPC0 run")  # --deterministic names the device the layers are on
+    alone_ids = one_at_a_time(srv, [det.target()])[0]
+    got = together(srv, [det.target(), *det.neighbours()])[0]
+    assert_same(alone_ids, got, "on an RPC device, beside three others")
+    srv.stop()
+
+
+def test_on_the_cpu_keeps_every_layer_and_cell_on_the_cpu_where_a_device_would_take_them(
+        start_server: ServerFactory, start_rpc: RpcFactory, stories_model: Path) -> None:
+    # what the tests here stand on, on any build: llama-server offloads to every device it has (a
+    # GPU build's GPU; here an RPC device in its place), and --deterministic then names them
+    # (their kernels are their own); ON_THE_CPU leaves every device out
+    rpc = start_rpc(device="CPU")
+    offloaded = start_server(stories_model, n_ctx=256, n_parallel=2, deterministic=True,
+                             extra_args=["--rpc", rpc.endpoint, "-ngl", "99", "-lv", "4"])
+    log = logged(offloaded, "listening on")
+    assert re.search(r"deterministic: the batch-invariant kernels are the CPU's; the layers on (\S+, )*RPC0 run", log)
+    assert any(kv.startswith("RPC0[") for kv in re.findall(r"llama_kv_cache: +(\S+) KV buffer size", log))
+    offloaded.stop()  # an rpc-server serves one client at a time
+
+    pinned = start_server(stories_model, n_ctx=256, n_parallel=2, deterministic=True,
+                          extra_args=["--rpc", rpc.endpoint, *ON_THE_CPU, "-ngl", "99", "-lv", "4"])
+    log = logged(pinned, "listening on")
+    assert "using device" not in log and "the layers on" not in log
+    assert re.findall(r"llama_kv_cache: +(\S+) KV buffer size", log) == ["CPU"]
+    weights = re.findall(r"load_tensors: +(\S+) model buffer size", log)
+    assert weights and all(w.startswith("CPU") for w in weights), weights
+    assert len(one_at_a_time(pinned, [Ask(TARGET, 8)])[0]) == 8

@@ -19,8 +19,8 @@ from typing import Any
 
 import pytest
 
-from helpers import (ALL_DECODE, THREE_PROMPTS, BackgroundStream, complete, complete_all, layers_on_the_cpu, logged,
-                     long_prompt, open_raw_stream, park_lines, run_cli, wait_for_parked, wait_until)
+from helpers import (ALL_DECODE, ON_THE_CPU, THREE_PROMPTS, BackgroundStream, complete, complete_all, layers_on_the_cpu,
+                     logged, long_prompt, open_raw_stream, park_lines, run_cli, wait_for_parked, wait_until)
 from llama_preempt.engine import Completion, Engine
 from llama_preempt.server import LlamaServer, ServerStartError
 
@@ -184,9 +184,10 @@ def test_an_overloaded_pool_with_a_tiny_ram_budget_finishes_every_request_by_dis
     # at a time); f32 cells (1280 bytes a token): the first victim (about 510 tokens) fits 1 MiB of
     # RAM, the next ones do not and go to disk (with no RAM, all of them). In auto, prefill priced
     # at 1 token/s makes every recompute dearer than a disk park.
-    # (--deterministic: beside the others, each answer is the one it gives alone)
+    # (--deterministic: beside the others, each answer is the one it gives alone, with the CPU's
+    # kernels, on every build: a GPU's follow the batch)
     prompts = [long_prompt(100, shift=k) for k in range(4)]
-    cache = ["-ctk", "f32", "-ctv", "f32", "--deterministic"]
+    cache = ["-ctk", "f32", "-ctv", "f32", "--deterministic", *ON_THE_CPU]
     alone = start_server(stories_model, n_ctx=2048, n_parallel=1, preempt=False, extra_args=cache)
     refs = [complete(alone, p, 800).json()["content"] for p in prompts]
     env = {"LLAMA_SERVER_PREEMPT_RATES": "10,10,1,1,1"} if mode == "auto" else {}
@@ -223,8 +224,9 @@ FAULTS = [  # (LLAMA_SERVER_PREEMPT_DISK_FAIL, the kind counted, when it strikes
 @pytest.mark.parametrize("fault,kind,when", FAULTS, ids=[f[0] for f in FAULTS])
 def test_a_disk_failure_recomputes_the_slot_with_the_right_answer(
         start_server, stories_model: Path, tmp_path: Path, fault: str, kind: str, when: str) -> None:
-    # --deterministic: a recompute gives the same tokens as the uninterrupted run
-    det = ["--deterministic"]
+    # --deterministic: a recompute (the tokens re-prefilled in one batch) gives the same tokens as the
+    # uninterrupted run, with the CPU's kernels, on every build (a GPU's follow the batch)
+    det = ["--deterministic", *ON_THE_CPU]
     ref = complete(start_server(stories_model, n_ctx=512, n_parallel=2, preempt=False, extra_args=det),
                    "Once upon a time", 64).json()
     srv = start_server(stories_model, n_ctx=512, n_parallel=2, env={**FORCED, "LLAMA_SERVER_PREEMPT_DISK_FAIL": fault},

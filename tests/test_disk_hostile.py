@@ -21,7 +21,7 @@ from typing import Callable
 
 import pytest
 
-from helpers import BackgroundStream, complete, logged, wait_for_slot, wait_until
+from helpers import ON_THE_CPU, BackgroundStream, complete, logged, wait_for_slot, wait_until
 from llama_preempt.engine import Completion, Engine, EngineArgumentError
 from llama_preempt.server import LlamaServer, ServerStartError
 
@@ -203,7 +203,9 @@ def replace_with_copy(f: Path, victims: Victims) -> None:
 def test_a_park_file_replaced_on_disk_is_not_read_and_the_slot_recomputes(
         start_server, stories_model: Path, tmp_path: Path, victims: Victims,
         replace: Callable[[Path, Victims], None]) -> None:
-    det = ["--deterministic"]  # the recompute gives the uninterrupted answer
+    # the recompute (the tokens re-prefilled in one batch) gives the uninterrupted answer: --deterministic,
+    # with the CPU's kernels, on every build (a GPU's follow the batch)
+    det = ["--deterministic", *ON_THE_CPU]
     ref = complete(start_server(stories_model, n_ctx=512, n_parallel=2, preempt=False, extra_args=det),
                    "Once upon a time", 400).json()["content"]
     disk = tmp_path / "disk"

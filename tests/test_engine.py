@@ -12,7 +12,7 @@ from typing import Any, Callable, Iterator
 
 import pytest
 
-from helpers import ALL_DECODE, complete, long_prompt, rss_mib
+from helpers import ALL_DECODE, ON_THE_CPU, complete, long_prompt, rss_mib
 from llama_preempt import ParkChoice, ParkReason, ParkTier, PreemptMode, SlotStats, StopType
 from llama_preempt.engine import (
     Completion,
@@ -107,8 +107,12 @@ def test_the_engine_answers_exactly_as_the_http_server(
     for k, v in env.items():
         monkeypatch.setenv(k, v)  # the engine reads the knob when it loads, like the binary
     body = PARITY_CASES[path]
-    srv = start_server(stories_model, n_ctx=512, n_parallel=2, env=env)
-    eng = make_engine(stories_model, n_ctx=512, n_parallel=2, kv_unified=True)
+    # both on the CPU, on every build: the same kernels on both sides (under
+    # LLAMA_PREEMPT_TEST_GPU_LAYERS the server would run a GPU's, and a GPU build's Engine offloads
+    # too); --deterministic: the Engine's streamed run takes its prompt from the cache, so its first
+    # token comes from another batch than the server's
+    srv = start_server(stories_model, n_ctx=512, n_parallel=2, env=env, deterministic=True, extra_args=ON_THE_CPU)
+    eng = make_engine(stories_model, *ON_THE_CPU, n_ctx=512, n_parallel=2, kv_unified=True, deterministic=True)
 
     http = srv.post(path, body)
     assert http.status_code == 200, http.text
@@ -131,8 +135,9 @@ def test_the_engine_answers_exactly_as_the_http_server(
 def test_the_sse_chunks_are_the_ones_the_http_stream_carries(
         make_engine: EngineFactory, start_server, stories_model: Path) -> None:
     body = {"prompt": "Once upon a time", "n_predict": 24, "temperature": 0, "ignore_eos": True}
-    srv = start_server(stories_model, n_ctx=512, n_parallel=2)
-    eng = make_engine(stories_model, n_ctx=512, n_parallel=2, kv_unified=True)
+    # both on the CPU, on every build: the same kernels on both sides
+    srv = start_server(stories_model, n_ctx=512, n_parallel=2, extra_args=ON_THE_CPU)
+    eng = make_engine(stories_model, *ON_THE_CPU, n_ctx=512, n_parallel=2, kv_unified=True)
     strip = lambda d: {k: v for k, v in d.items() if k not in ("timings", "id_slot")}  # noqa: E731
     http = [json.loads(line[6:]) for line in srv.stream("/completion", body) if line.startswith("data: ")]
     ours = list(eng.submit(path="/completion", body=body, stream=True).stream())

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -11,14 +12,20 @@ from typing import Any, Iterator
 import pytest
 import requests
 
-from helpers import http_ok, wait_until
+from helpers import ON_THE_CPU, ON_THE_CPU_ENV, http_ok, wait_until
 from llama_preempt.server import free_port
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+# for an example that asks the same question twice (whole, then streamed: the second takes its
+# prompt from the cache, so its first token comes from another batch) and compares the answers: the
+# Engine it starts on the CPU with --deterministic, through the flags' environment twins (a GPU
+# build's Engine would offload, and a GPU's kernels follow the batch)
+SAME_ANSWERS_ENV = {**ON_THE_CPU_ENV, "LLAMA_ARG_DETERMINISTIC": "1"}
 
 
-def run(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    p = subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=timeout)
+def run(*args: str, timeout: float = 300, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    p = subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=timeout,
+                       env={**os.environ, **(env or {})})
     assert p.returncode == 0, p.stderr[-2000:]
     return p
 
@@ -29,7 +36,7 @@ def chat_server(stories_model: Path) -> Iterator[str]:
     port = free_port()
     proc = subprocess.Popen([sys.executable, str(EXAMPLES / "chat_server.py"), str(stories_model), "--port", str(port),
                              "--ctx", "1024", "--parallel", "2"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True)
+                            text=True, env={**os.environ, **SAME_ANSWERS_ENV})
     url = f"http://127.0.0.1:{port}"
 
     def up() -> bool:
@@ -86,7 +93,8 @@ def test_the_batch_script_answers_every_line_in_order(stories_model: Path, tmp_p
 
 def test_the_openai_client_example_talks_to_the_drop_in_server(start_server, stories_model: Path) -> None:
     pytest.importorskip("openai", reason="the example needs the openai package: pip install '.[test]'")
-    srv = start_server(stories_model, n_ctx=512, n_parallel=2)
+    # whole, then streamed, compared: --deterministic on the CPU (see SAME_ANSWERS_ENV)
+    srv = start_server(stories_model, n_ctx=512, n_parallel=2, deterministic=True, extra_args=ON_THE_CPU)
     p = run(str(EXAMPLES / "openai_client.py"), "--base-url", srv.url + "/v1", "--max-tokens", "12")
     whole = next(line for line in p.stdout.splitlines() if line.startswith("whole:"))
     streamed = next(line for line in p.stdout.splitlines() if line.startswith("streamed:"))
@@ -96,6 +104,6 @@ def test_the_openai_client_example_talks_to_the_drop_in_server(start_server, sto
 def test_the_llama_cpp_python_script_runs_with_one_line_changed(stories_model: Path) -> None:
     src = (EXAMPLES / "llama_cpp_python.py").read_text()
     assert "# from llama_cpp import Llama\nfrom llama_preempt import Engine as Llama" in src
-    p = run(str(EXAMPLES / "llama_cpp_python.py"), str(stories_model))
+    p = run(str(EXAMPLES / "llama_cpp_python.py"), str(stories_model), env=SAME_ANSWERS_ENV)
     got = dict(line.split(":", 1) for line in p.stdout.splitlines() if ":" in line)
     assert got["completion"].strip() and got["chat"].strip() == got["stream"].strip() != ""

@@ -10,7 +10,7 @@ from typing import Any, Iterator
 import pytest
 
 import llama_preempt
-from helpers import long_prompt
+from helpers import ON_THE_CPU, long_prompt
 from llama_preempt import (AsyncEngine, Completion, Engine, EngineError, GenerateError, PreemptStats, RequestError,
                            SamplingParams, stream_text)
 
@@ -19,7 +19,10 @@ CHAT = [{"role": "user", "content": "Tell me a story"}]
 
 @pytest.fixture(scope="module")
 def eng(stories_model: Path) -> Iterator[Engine]:
-    with Engine(stories_model, n_ctx=1024, n_parallel=4) as e:
+    # tests here compare answers of one prompt asked again (its prompt then partly from the cache, so
+    # its first token from another batch) and asked twice together: --deterministic, on the CPU
+    # (whose kernels it makes batch-invariant; a GPU build's Engine would offload)
+    with Engine(stories_model, ON_THE_CPU, n_ctx=1024, n_parallel=4, deterministic=True) as e:
         yield e
 
 

@@ -13,28 +13,32 @@ from typing import Any
 
 import pytest
 
-from helpers import (ALL_DECODE, BackgroundStream, complete, complete_all, logged, long_prompt, n_tokens, run_concurrently,
-                     sse_events, wait_for_parked)
+from helpers import (ALL_DECODE, ON_THE_CPU, BackgroundStream, complete, complete_all, logged, long_prompt, n_tokens,
+                     run_concurrently, sse_events, wait_for_parked)
 from llama_preempt import Completion
 from llama_preempt.server import ServerStartError
 
 RECOMPUTE = ["--preempt-ram", "0"]
 MODES = {"recompute": RECOMPUTE + ALL_DECODE, "swap": ALL_DECODE}  # overflow by the slots' growth (helpers.ALL_DECODE)
+# a RECOMPUTE resume re-prefills the tokens in one batch that were decoded one a step: the same
+# tokens after it only with --deterministic on the CPU, whose kernels it makes batch-invariant
+# (on every build: a GPU's kernels follow the batch)
+SAME_TOKENS = ["--deterministic", *ON_THE_CPU]
 
 # --- forced parks (LLAMA_SERVER_PREEMPT_EVERY) ---
 
 def test_forced_parks_complete_with_the_same_length_and_text(start_server, stories_model: Path) -> None:
     prompt = "Once upon a time"
-    ref_srv = start_server(stories_model, n_ctx=512, n_parallel=2)
+    ref_srv = start_server(stories_model, n_ctx=512, n_parallel=2, extra_args=SAME_TOKENS)
     ref = complete(ref_srv, prompt, 96).json()
 
-    srv = start_server(stories_model, n_ctx=512, n_parallel=2, extra_args=RECOMPUTE,
+    srv = start_server(stories_model, n_ctx=512, n_parallel=2, extra_args=RECOMPUTE + SAME_TOKENS,
                        env={"LLAMA_SERVER_PREEMPT_EVERY": "8"})
     r = complete(srv, prompt, 96)
     assert r.status_code == 200, r.text
     got = r.json()
     assert got["tokens_predicted"] == ref["tokens_predicted"] == 96
-    # valid text of the same length in tokens; on stories260K the replay is exact, so the text is too
+    # valid text of the same length in tokens, and the same text (SAME_TOKENS)
     assert got["content"] == ref["content"]
     m = srv.metrics()
     assert m["n_preempt_total"] >= 96 // 8 - 1
@@ -76,8 +80,9 @@ def test_a_streamed_request_across_forced_parks_is_one_well_formed_stream(
         body = {"messages": [{"role": "user", "content": "Once upon a time"}], "max_tokens": 80,
                 "temperature": 0}
     # the same request without a stream, under the same forced parks (RECOMPUTE may round
-    # differently from an unforced run, so the reference is the same park schedule)
-    srv = start_server(stories_model, n_ctx=512, n_parallel=2, extra_args=RECOMPUTE,
+    # differently from an unforced run, so the reference is the same park schedule); the streamed
+    # one takes its prompt from the cache, so its first token comes from another batch (SAME_TOKENS)
+    srv = start_server(stories_model, n_ctx=512, n_parallel=2, extra_args=RECOMPUTE + SAME_TOKENS,
                        env={"LLAMA_SERVER_PREEMPT_EVERY": "8"})
     ref = srv.post(endpoint, body).json()
     ref_text = Completion.from_response(ref).text

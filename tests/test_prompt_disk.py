@@ -17,10 +17,14 @@ from typing import Any
 
 import pytest
 
-from helpers import BackgroundStream, logged, long_prompt, rss_mib, run_cli, wait_until
+from helpers import ON_THE_CPU, BackgroundStream, logged, long_prompt, rss_mib, run_cli, wait_until
 from llama_preempt.engine import Completion, Engine
 
 SMALL_CACHE = ["--cache-ram", "1", "--deterministic"]
+# where a returning prompt's answer is compared with another run's (a prompt back from its file
+# computes a token or two, or lies in other cells): the CPU, on every build, whose kernels
+# --deterministic makes batch-invariant (a GPU's follow the batch)
+ON_CPU_SMALL_CACHE = [*SMALL_CACHE, *ON_THE_CPU]
 
 
 def complete(srv: Any, prompt: str, n_predict: int) -> Any:
@@ -51,11 +55,12 @@ def prompt_files(d: Path) -> list[Path]:
 def test_a_prompt_evicted_from_ram_comes_back_from_disk_with_prompt_n_small_and_a_ram_hits_answer(
         start_server, stories_model: Path, tmp_path: Path) -> None:
     # the reference: a RAM cache large enough for every conversation, the returning prompt a RAM hit
-    ram = start_server(stories_model, n_ctx=2048, n_parallel=2, extra_args=["--deterministic"])
+    ram = start_server(stories_model, n_ctx=2048, n_parallel=2, extra_args=["--deterministic", *ON_THE_CPU])
     _, ram_hit = chat(ram)
     assert ram_hit["timings"]["prompt_n"] <= 2
 
-    srv = start_server(stories_model, n_ctx=2048, n_parallel=2, extra_args=SMALL_CACHE + ["--preempt-disk", str(disk_dir(tmp_path))])
+    srv = start_server(stories_model, n_ctx=2048, n_parallel=2,
+                       extra_args=ON_CPU_SMALL_CACHE + ["--preempt-disk", str(disk_dir(tmp_path))])
     first, back = chat(srv)
     assert first["timings"]["prompt_n"] > 400
     assert back["timings"]["prompt_n"] <= 2  # its cells came back from the file
@@ -130,7 +135,7 @@ def test_prompts_written_to_disk_leave_host_ram(start_server, stories_model: Pat
 def test_a_corrupt_or_truncated_prompt_file_is_prefilled_and_counted(
         start_server, stories_model: Path, tmp_path: Path, fault: str) -> None:
     srv = start_server(stories_model, n_ctx=2048, n_parallel=2, env={"LLAMA_SERVER_PREEMPT_DISK_FAIL": fault},
-                       extra_args=SMALL_CACHE + ["--preempt-disk", str(disk_dir(tmp_path))])
+                       extra_args=ON_CPU_SMALL_CACHE + ["--preempt-disk", str(disk_dir(tmp_path))])
     first, back = chat(srv)
     assert back["timings"]["prompt_n"] == first["timings"]["prompt_n"]  # prefilled again, whole
     assert back["content"] == first["content"]
@@ -175,8 +180,9 @@ def test_parks_take_the_disk_before_cached_prompts(start_server, stories_model: 
 def hybrid_chat_back(start_server: Any, model: Path, tmp_path: Path, cache_mib: str) -> tuple[Any, Any]:
     """The hybrid MTP model's chat() against a RAM cache that holds every conversation: the server
     with --cache-ram `cache_mib` and a disk tier, after its returning prompt answered as the RAM hit
-    did (prompt_n and content)."""
-    mtp = ["--spec-type", "draft-mtp", "--spec-draft-n-max", "2"]
+    did (prompt_n and content). Both on the CPU: the returning prompt may lie in other cells on each,
+    which a GPU's kernels may sum otherwise."""
+    mtp = ["--spec-type", "draft-mtp", "--spec-draft-n-max", "2", *ON_THE_CPU]
     _, ram_hit = chat(start_server(model, n_ctx=2048, n_parallel=2, extra_args=mtp))
     srv = start_server(model, n_ctx=2048, n_parallel=2,
                        extra_args=mtp + ["--cache-ram", cache_mib, "--preempt-disk", str(disk_dir(tmp_path))])
@@ -213,7 +219,9 @@ def test_a_hybrid_models_prompt_larger_than_the_ram_cache_streams_to_disk_and_ba
 # --- --cache-persist: the disk tier's cached prompts across a restart ---
 
 def persist_args(tmp_path: Path, n_ctx: int = 2048) -> dict[str, Any]:
-    return {"n_ctx": n_ctx, "n_parallel": 2, "extra_args": SMALL_CACHE + ["--preempt-disk", str(disk_dir(tmp_path)), "--cache-persist"]}
+    # a prompt taken back after the restart is answered as the first run answered it
+    return {"n_ctx": n_ctx, "n_parallel": 2,
+            "extra_args": ON_CPU_SMALL_CACHE + ["--preempt-disk", str(disk_dir(tmp_path)), "--cache-persist"]}
 
 
 def first_run(start_server: Any, model: Path, tmp_path: Path) -> tuple[str, Any]:

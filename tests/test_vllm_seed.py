@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from helpers import ON_THE_CPU
 from llama_preempt import LLM, SamplingParams
 
 PROMPTS = ["The dog", "Once upon a time", "Lily saw", "The sun was"]
@@ -17,7 +18,9 @@ def texts(llm: LLM, sp: SamplingParams) -> list[list[str]]:
 
 def test_a_seeded_request_gives_the_same_texts_every_time_in_one_program(stories_model: Path) -> None:
     sp = SamplingParams(n=2, seed=1, temperature=0.9, top_p=0.95, max_tokens=48)
-    with LLM(model=str(stories_model), max_num_seqs=4) as llm:
+    # on the CPU, on every build: --deterministic's kernels are the CPU's (a GPU build's Engine
+    # offloads, and a GPU's kernels follow the batch and the cells the requests land in)
+    with LLM(model=str(stories_model), max_num_seqs=4, args=ON_THE_CPU) as llm:
         assert llm.request("GET", "/props")["llama_preempt"]["deterministic"] is True
         first = texts(llm, sp)
         llm.generate(["Something else entirely"], SamplingParams(temperature=1.0, max_tokens=20))  # other work between
