@@ -383,7 +383,7 @@ def test_the_disk_tier_shows_in_props_and_the_startup_line(start_server, stories
     srv = start_server(stories_model, n_ctx=256, n_parallel=2, extra_args=disk_args(tmp_path, "--preempt-disk-mib", "64"))
     props = srv.props()["llama_preempt"]
     assert props["preempt_disk"] == str(tmp_path) and props["preempt_disk_mib"] == 64
-    logged(srv, "SWAP to RAM or disk, or RECOMPUTE, by measured cost within 8192 MiB of host RAM, disk (64 MiB) above it")
+    logged(srv, "SWAP to RAM or disk, or RECOMPUTE, by measured cost within 8192 MiB of host RAM, disk (64 MiB, --preempt-disk-mib) above it")
     assert re.search(r"disk tier in .*llama-preempt-\d+-[0-9a-f]{16} \(mode 0700", srv.log_text())
     plain = start_server(stories_model, n_ctx=256, n_parallel=2)
     assert plain.props()["llama_preempt"]["preempt_disk"] is None

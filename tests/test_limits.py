@@ -142,7 +142,7 @@ def test_the_disk_tiers_default_limit_follows_its_rule_and_props_says_so(
     assert abs(props["preempt_disk_mib"] - want) <= max(1, want // 100)
     assert props["preempt_disk_mib_from"].startswith("default: a tenth of the filesystem")
     assert props["cache_persist"] is False
-    logged(srv, f"disk ({props['preempt_disk_mib']} MiB) above it")
+    logged(srv, f"disk ({props['preempt_disk_mib']} MiB, {props['preempt_disk_mib_from']}) above it")
     given = start_server(stories_model, n_ctx=256, n_parallel=1,
                          extra_args=["--preempt-disk", str(tmp_path), "--preempt-disk-mib", "7", "--cache-persist"])
     props = given.get("/props").json()["llama_preempt"]
