@@ -52,7 +52,7 @@ def main(argv: list[str]) -> int:
            "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])}
     # upstream's own default (tests.sh): the slow tests need their big models and SLOW_TESTS=1
     args = argv or ["-n", "2", "-m", "not slow"]
-    cmd = [sys.executable, "-m", "pytest", "unit", "-p", "llama_preempt_upstream", "-q", "-rs",
+    cmd = [sys.executable, "-m", "pytest", "unit", "-p", "llama_preempt_upstream", "-q", "-rfEs",
            "-p", "no:cacheprovider", *args]
     return subprocess.run(cmd, cwd=TESTS, env=env).returncode
 
