@@ -13,7 +13,7 @@ memory after loading, against the budget:
 - disk: one host budget (--host-kv-ram B) with the disk tier (--preempt-disk): prompts that leave
   RAM go to files and come back when their conversation does.
 
-Beside each live run, the simulator's prediction (llama_preempt.simulate, csrc/policy/preempt-sim-cache.cpp)
+Beside each live run, the simulator's prediction (llama_preempt.simulate, csrc/sim/preempt-sim-cache.cpp)
 of the same requests, one after another as sent: each request's prompt tokens as the server counted
 them, its conversation, the prefix every user shares (the system prompt, tokenized by the server),
 the warm-up prompt first, SmolLM2's bytes per cell and the default costs.

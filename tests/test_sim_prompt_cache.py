@@ -1,5 +1,5 @@
 """The simulator's prompt cache: a multi-turn chat workload, upstream's RAM cache and the disk tier
-under one host budget (csrc/policy/preempt-sim-cache.cpp, preempt-sim-prompts.cpp). That the live server makes the same
+under one host budget (csrc/sim/preempt-sim-cache.cpp, preempt-sim-prompts.cpp). That the live server makes the same
 choices is tests/test_trace.py's; here, what a user of `simulate` relies on: the workload, the
 figures, the flags."""
 from __future__ import annotations

@@ -2,6 +2,8 @@
 // Pure C++ like the planner (preempt-policy.h), which includes it.
 #pragma once
 
+#include "preempt-types.h"  // park_tier, cost_rates
+
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
@@ -19,37 +21,6 @@ enum class preempt_mode {
 bool parse_preempt_mode(const std::string & name, preempt_mode & mode);
 const char * preempt_mode_name(preempt_mode mode);
 
-// The rates the choice is made with: exponential moving averages of what the server's own parks,
-// restores, disk files and prompt batches took, with defaults until the first measurement.
-// Samples too small to time (fixed overhead only) are left out.
-struct cost_rates {
-    static constexpr double DEFAULT_PARK_BPS       = 2e9;   // bytes/s, a park (device to host)
-    static constexpr double DEFAULT_RESTORE_BPS    = 4e9;   // bytes/s, a restore (host to device)
-    static constexpr double DEFAULT_PREFILL_TPS    = 1000;  // tokens/s re-prefilled
-    static constexpr double DEFAULT_DISK_WRITE_BPS = 5e8;   // bytes/s, a disk park's file written (--preempt-disk)
-    static constexpr double DEFAULT_DISK_READ_BPS  = 1e9;   // bytes/s, a disk park's file read back
-    static constexpr double ALPHA                  = 0.25;  // weight of a new sample
-    static constexpr size_t MIN_COPY_BYTES         = 64 * 1024;
-    static constexpr int64_t MIN_PREFILL_TOKENS    = 32;
-
-    double park_bps       = DEFAULT_PARK_BPS;
-    double restore_bps    = DEFAULT_RESTORE_BPS;
-    double prefill_tps    = DEFAULT_PREFILL_TPS;
-    double disk_write_bps = DEFAULT_DISK_WRITE_BPS;
-    double disk_read_bps  = DEFAULT_DISK_READ_BPS;
-    int64_t n_park_samples       = 0;
-    int64_t n_restore_samples    = 0;
-    int64_t n_prefill_samples    = 0;
-    int64_t n_disk_write_samples = 0;
-    int64_t n_disk_read_samples  = 0;
-    bool    fixed = false;  // set by a test knob: samples no longer move the rates
-
-    void observe_park(size_t bytes, int64_t t_us);
-    void observe_restore(size_t bytes, int64_t t_us);
-    void observe_prefill(int64_t n_tokens, int64_t t_us);
-    void observe_disk_write(size_t bytes, int64_t t_us);
-    void observe_disk_read(size_t bytes, int64_t t_us);
-};
 
 // why a victim was parked the way it was (a /metrics label)
 enum class park_choice {
@@ -66,10 +37,6 @@ enum class park_choice {
 constexpr int N_PARK_CHOICES = 9;
 const char * park_choice_name(park_choice c);
 
-// where a parked slot's state waits: nowhere (its tokens are re-prefilled), host RAM, or a file
-enum class park_tier { recompute, ram, disk };
-constexpr int N_PARK_TIERS = 3;
-const char * park_tier_name(park_tier t);  // "recompute", "ram", "disk"
 
 struct park_decision {
     park_tier   tier = park_tier::recompute;  // where its state waits

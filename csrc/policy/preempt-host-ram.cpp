@@ -1,10 +1,6 @@
 // The one host budget as the object that makes room in host RAM (preempt-host-ram.h).
 #include "preempt-host-ram.h"
 
-#if defined(__GLIBC__)
-#include <malloc.h>  // malloc_trim()
-#endif
-
 namespace llama_preempt {
 
 bool host_ram::reserve(const host_held & held, size_t bytes, host_use use) {
@@ -40,11 +36,9 @@ void host_ram::fit(const host_held & held, size_t extra) {
 void host_ram::trim() {
     trim_due_ = false;
     n_trims_++;
-#if defined(__GLIBC__)
-    if (real_) {
-        malloc_trim(0);
+    if (give_back_) {
+        give_back_();
     }
-#endif
 }
 
 } // namespace llama_preempt

@@ -38,11 +38,16 @@ public:
     virtual bool cap(size_t limit) = 0;
 };
 
+// hands freed host pages back to the system (store/preempt-hostmem.h: return_free_pages())
+using page_releaser = void (*)();
+
 class host_ram {
 public:
     host_ram() = default;
-    // `real`: the bytes are real host memory, whose freed pages go back to the system (the simulator's are not)
-    host_ram(const host_budget & limits, host_cache * cache, bool real = true) : limits_(limits), cache_(cache), real_(real) {}
+    // `give_back`: the bytes are real host memory, whose freed pages it hands back to the system;
+    // null where they are not (the simulator's), and the trims are only counted
+    host_ram(const host_budget & limits, host_cache * cache, page_releaser give_back = nullptr)
+        : limits_(limits), cache_(cache), give_back_(give_back) {}
 
     // Room for `bytes` more of `use` beside what is `held`: cached prompts give way first. True when
     // the bytes are within the budget's share for that use (see host_use); false: they are not,
@@ -73,7 +78,7 @@ private:
 
     host_budget  limits_;
     host_cache * cache_    = nullptr;  // null: no prompt cache (--cache-ram 0)
-    bool         real_     = true;
+    page_releaser give_back_ = nullptr;
     bool         trim_due_ = false;
     uint64_t     n_trims_  = 0;
 };

@@ -14,14 +14,6 @@
 
 namespace llama_preempt {
 
-// one cached prompt's file on the disk tier, as the choices see it (oldest first in a list)
-struct prompt_file_view {
-    const int32_t * tokens   = nullptr;  // its tokens (the store's own, read only for the call)
-    size_t          n_tokens = 0;
-    size_t          n_bytes  = 0;  // its file's bytes: what reading it back brings into host RAM
-    bool            written  = false;  // its write finished (a file still being written cannot be read ahead)
-};
-
 // The file whose tokens share the longest prefix with `tokens`, at least a quarter of its own
 // (upstream's rule for its RAM cache: a long prompt is not trashed for a short match).
 struct prompt_match {

@@ -7,6 +7,7 @@
 
 #include "preempt-disk-dir.h"
 #include "preempt-host-ram.h"
+#include "preempt-hostmem.h"  // return_free_pages()
 #include "preempt-memory.h"
 
 namespace py = pybind11;
@@ -60,7 +61,7 @@ void register_memory(py::module_ & m) {
                  auto r = std::make_unique<py_host_ram>();
                  r->cache = cache;
                  lp::host_cache * c = cache.is_none() ? nullptr : cache.cast<lp::host_cache *>();
-                 r->ram = lp::host_ram(lp::host_budget_from_mib(host_mib, park_mib, cache_mib), c);
+                 r->ram = lp::host_ram(lp::host_budget_from_mib(host_mib, park_mib, cache_mib), c, lp::return_free_pages);
                  return r;
              }),
              py::arg("host_kv_ram_mib"), py::arg("preempt_ram_mib"), py::arg("cache_ram_mib"), py::arg("cache") = py::none(),

@@ -1,4 +1,4 @@
-// llama_preempt._core: the simulator (policy/preempt-sim.h) and its typed results, which report in
+// llama_preempt._core: the simulator (sim/preempt-sim.h) and its typed results, which report in
 // the policy's enums (py-enums.h), not tuples or strings.
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>

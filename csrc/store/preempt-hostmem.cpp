@@ -5,7 +5,17 @@
 #include <cstdlib>
 #include <cstring>
 
+#if defined(__GLIBC__)
+#include <malloc.h>  // malloc_trim()
+#endif
+
 namespace llama_preempt {
+
+void return_free_pages() {
+#if defined(__GLIBC__)
+    malloc_trim(0);
+#endif
+}
 
 void host_block::free_delete::operator()(uint8_t * p) const {
     free(p);

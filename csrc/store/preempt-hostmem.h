@@ -60,6 +60,11 @@ struct link_speed {
 };
 std::vector<link_speed> measure_link_speeds(size_t n_bytes, int n_reps);
 
+// Freed host pages go back to the system now rather than stay on the allocator's free lists (glibc's
+// malloc_trim(); nothing elsewhere). The host budget (policy/preempt-host-ram.h) is handed this
+// when its bytes are real memory: the OS call lives with the memory, not in the policy.
+void return_free_pages();
+
 // on a lost RPC device (llama.cpp aborts), say in one line what it means for the requests
 void log_lost_devices();
 

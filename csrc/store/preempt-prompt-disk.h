@@ -9,7 +9,7 @@
 #pragma once
 
 #include "preempt-disk.h"
-#include "preempt-memory.h"
+#include "preempt-types.h"  // prompt_file_view: a plain type, never the choices
 
 #include "llama.h"
 

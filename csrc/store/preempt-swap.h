@@ -8,7 +8,7 @@
 
 #include "preempt-copy.h"
 #include "preempt-disk-copy.h"
-#include "preempt-policy.h"
+#include "preempt-types.h"  // cost_rates, park_tier: plain types, never the planner
 #include "preempt-verify.h"
 
 #include <cstdint>

@@ -6,7 +6,7 @@
 
 Each server is the simulator of `llama_preempt.simulator` (the server loop with the server's own
 planner) with its own pool, slots, host-RAM budget and clock; they share nothing but the arrivals.
-The router places each arrival as it comes (`_core.simulate_fleet`, csrc/policy/preempt-fleet.cpp):
+The router places each arrival as it comes (`_core.simulate_fleet`, csrc/sim/preempt-fleet.cpp):
 `round-robin` sends the i-th arrival to server i % N; `least-parked` to the server with the fewest
 requests parked at that moment (ties: the fewest busy and queued requests, then the lowest index).
 """

@@ -4,7 +4,7 @@
     wl = Workload.synthetic(n_requests=200, rate=4.0, prompt="100-400", gen="200-600", seed=1)
     print(simulate(wl, n_ctx=8192, n_parallel=8, preempt_ram_mib=512))
 
-The loop runs in `_core` (csrc/policy/preempt-sim.cpp) and calls `plan_step()`, the function the server
+The loop runs in `_core` (csrc/sim/preempt-sim.cpp) and calls `plan_step()`, the function the server
 calls every step, so what it parks, resumes and holds is what the server would. Time comes from
 per-token costs (`Costs`): the defaults were measured on SmolLM2-135M Q4_1 on 2 CPU cores;
 `calibrate(url)` measures the decode and prefill costs of a running server.

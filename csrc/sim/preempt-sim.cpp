@@ -20,7 +20,7 @@ sim_server::sim_server(const sim_params & p) : p(p) {
     }
     // the flags' MiB as the server reads them (preempt-config.cpp)
     disk.budget = p.preempt_disk_mib == 0 ? 0 : ram_budget_from_mib(p.preempt_disk_mib);
-    host = host_ram(host_budget_from_mib(p.host_kv_ram_mib, p.preempt_ram_mib, p.cache_ram_mib), prompts.cache(), false);
+    host = host_ram(host_budget_from_mib(p.host_kv_ram_mib, p.preempt_ram_mib, p.cache_ram_mib), prompts.cache());
 }
 
 void sim_server::arrive(const sim_request & rq) {

@@ -1,0 +1,57 @@
+// The plain types the policy and the mechanics share: where a parked state waits (park_tier),
+// the measured rates a park is priced with (cost_rates) and a cached prompt's file as the memory
+// half's choices see it (prompt_file_view). No decisions here: the planner and the choices
+// (policy/) read these, the mechanics (store/) fill them, and neither includes the other.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace llama_preempt {
+
+// where a parked slot's state waits: nowhere (its tokens are re-prefilled), host RAM, or a file
+enum class park_tier { recompute, ram, disk };
+constexpr int N_PARK_TIERS = 3;
+const char * park_tier_name(park_tier t);  // "recompute", "ram", "disk"
+
+// The rates the choice is made with: exponential moving averages of what the server's own parks,
+// restores, disk files and prompt batches took, with defaults until the first measurement.
+// Samples too small to time (fixed overhead only) are left out.
+struct cost_rates {
+    static constexpr double DEFAULT_PARK_BPS       = 2e9;   // bytes/s, a park (device to host)
+    static constexpr double DEFAULT_RESTORE_BPS    = 4e9;   // bytes/s, a restore (host to device)
+    static constexpr double DEFAULT_PREFILL_TPS    = 1000;  // tokens/s re-prefilled
+    static constexpr double DEFAULT_DISK_WRITE_BPS = 5e8;   // bytes/s, a disk park's file written (--preempt-disk)
+    static constexpr double DEFAULT_DISK_READ_BPS  = 1e9;   // bytes/s, a disk park's file read back
+    static constexpr double ALPHA                  = 0.25;  // weight of a new sample
+    static constexpr size_t MIN_COPY_BYTES         = 64 * 1024;
+    static constexpr int64_t MIN_PREFILL_TOKENS    = 32;
+
+    double park_bps       = DEFAULT_PARK_BPS;
+    double restore_bps    = DEFAULT_RESTORE_BPS;
+    double prefill_tps    = DEFAULT_PREFILL_TPS;
+    double disk_write_bps = DEFAULT_DISK_WRITE_BPS;
+    double disk_read_bps  = DEFAULT_DISK_READ_BPS;
+    int64_t n_park_samples       = 0;
+    int64_t n_restore_samples    = 0;
+    int64_t n_prefill_samples    = 0;
+    int64_t n_disk_write_samples = 0;
+    int64_t n_disk_read_samples  = 0;
+    bool    fixed = false;  // set by a test knob: samples no longer move the rates
+
+    void observe_park(size_t bytes, int64_t t_us);
+    void observe_restore(size_t bytes, int64_t t_us);
+    void observe_prefill(int64_t n_tokens, int64_t t_us);
+    void observe_disk_write(size_t bytes, int64_t t_us);
+    void observe_disk_read(size_t bytes, int64_t t_us);
+};
+
+// one cached prompt's file on the disk tier, as the choices see it (oldest first in a list)
+struct prompt_file_view {
+    const int32_t * tokens   = nullptr;  // its tokens (the store's own, read only for the call)
+    size_t          n_tokens = 0;
+    size_t          n_bytes  = 0;  // its file's bytes: what reading it back brings into host RAM
+    bool            written  = false;  // its write finished (a file still being written cannot be read ahead)
+};
+
+} // namespace llama_preempt
