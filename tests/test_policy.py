@@ -443,6 +443,61 @@ def test_ram_goes_to_disk_when_it_is_short_and_the_victims_read_can_be_hidden() 
     assert _core.choose_park("swap", 10 * MIB, 1000, 15 * MIB, r, disk_left=1 << 40, waits_behind=True).tier == "ram"
 
 
+def test_the_tiers_are_rows_with_a_room_check_and_a_quote_from_the_rates() -> None:
+    r = rates(10, 10, 1000, 1, 2)
+    rows = _core.tier_offers(10 * MIB, 1000, 1 * MIB, r, disk_left=1 << 40)
+    assert [t["tier"] for t in rows] == ["ram", "disk", "recompute"]  # tier order: RAM, disk, RECOMPUTE last
+    ram, disk, rec = rows
+    copy_ms = 1e3 * 10 * MIB / 10e9 * 2
+    assert ram["copies"] and not ram["fits"] and ram["ms"] == pytest.approx(copy_ms)
+    # RAM has no room: the file is written on the loop, then read back at the resume
+    assert disk["fits"] and disk["ms"] == pytest.approx(copy_ms + 1e3 * 10 * MIB / 1e9 + 1e3 * 10 * MIB / 2e9)
+    assert not rec["copies"] and rec["fits"] and rec["ms"] == pytest.approx(1000.0)
+    # no disk tier: its row has no room
+    assert not _core.tier_offers(10 * MIB, 1000, 1 * MIB, r)[1]["fits"]
+    # RAM taken down to less than the state's size is ranked with the read the next victim then pays
+    short = _core.tier_offers(10 * MIB, 1000, 15 * MIB, r, disk_left=1 << 40)[0]
+    assert short["fits"] and short["rank_ms"] == pytest.approx(copy_ms + 1e3 * 10 * MIB / 2e9)
+
+
+@pytest.mark.parametrize("mode, bytes_, ram_left, disk_left, tier, reason, why", [
+    ("auto", 10 * MIB, 1 << 40, 0, "ram", "cheapest", "swap_cheaper"),
+    ("auto", 10 * MIB, 1 * MIB, 1 << 40, "disk", "room", "ram_full"),  # RAM had no room before it
+    ("auto", 10 * MIB, 1 * MIB, 5 * MIB, "recompute", "no_room", "over_budget"),
+    ("auto", 0, 1 << 40, 0, "recompute", "no_state", "no_state"),
+    ("swap", 10 * MIB, 1 << 40, 1 << 40, "ram", "mode", "swap_mode"),
+    ("swap", 10 * MIB, 1 * MIB, 1 << 40, "disk", "room", "ram_full"),
+    ("recompute", 10 * MIB, 1 << 40, 1 << 40, "recompute", "mode", "recompute_mode"),
+])
+def test_a_parks_reason_is_its_tier_and_a_reason_any_tier_can_have(
+        mode: str, bytes_: int, ram_left: int, disk_left: int, tier: str, reason: str, why: str) -> None:
+    d = _core.choose_park(mode, bytes_, 1000, ram_left, rates(10, 10, 1000, 1, 2), disk_left=disk_left)
+    assert (d.tier, d.reason, d.why) == (tier, reason, why)
+
+
+def test_auto_takes_the_cheapest_tier_with_room_from_the_rows_alone() -> None:
+    """choose_park() is a function of tier_offers(): over a grid of sizes, budgets and rates, auto
+    takes the row that copies, has room and ranks lowest (ties to the earlier row), unless
+    RECOMPUTE's quote is at or below that row's own."""
+    seen = set()
+    for bytes_ in (0, 1 * MIB, 10 * MIB, 64 * MIB):
+        for ram_left in (0, 5 * MIB, 15 * MIB, 1 << 40):
+            for disk_left in (0, 8 * MIB, 1 << 40):
+                for n_tokens in (10, 1000, 100_000):
+                    for r in (rates(10, 10, 1000, 1, 2), rates(0.1, 0.1, 1e5, 5, 5), rates(2, 4, 500, 0.05, 0.1)):
+                        for behind in (False, True):
+                            rows = _core.tier_offers(bytes_, n_tokens, ram_left, r, disk_left=disk_left, waits_behind=behind)
+                            d = _core.choose_park("auto", bytes_, n_tokens, ram_left, r, disk_left=disk_left,
+                                                  waits_behind=behind)
+                            rec = rows[-1]
+                            fitting = [t for t in rows if t["copies"] and t["fits"]] if bytes_ > 0 else []
+                            best = min(fitting, key=lambda t: t["rank_ms"]) if fitting else None
+                            want = best["tier"] if best and best["ms"] < rec["ms"] else "recompute"
+                            assert d.tier == want, (bytes_, ram_left, disk_left, n_tokens, behind, rows)
+                            seen.add(d.tier)
+    assert seen == {"ram", "disk", "recompute"}  # the grid reaches every tier
+
+
 def test_a_victim_waits_behind_a_parked_slot_by_the_planners_restore_order() -> None:
     # parked slots come back highest priority first, then most parked, then longest parked
     assert not _core.waits_behind_parked([gen(0, 100), gen(1, 100)], 1)  # nothing parked

@@ -65,59 +65,115 @@ host_budget host_budget_from_mib(int64_t host_mib, int64_t park_mib, int64_t cac
     return b;
 }
 
-// The three prices of one victim, in milliseconds of the decode loop:
+park_choice park_choice_of(park_tier where, choice_reason reason) {
+    switch (reason) {
+        case choice_reason::cheapest:
+            return where == park_tier::ram  ? park_choice::swap_cheaper
+                 : where == park_tier::disk ? park_choice::disk_cheaper
+                                            : park_choice::recompute_cheaper;
+        case choice_reason::mode:
+            return where == park_tier::recompute ? park_choice::recompute_mode
+                 : where == park_tier::ram       ? park_choice::swap_mode
+                                                 : park_choice::ram_full;  // swap mode skips to disk only past a full RAM
+        case choice_reason::room:        return where == park_tier::ram ? park_choice::swap_mode : park_choice::ram_full;
+        case choice_reason::no_room:     return park_choice::over_budget;
+        case choice_reason::no_state:    return park_choice::no_state;
+        case choice_reason::move_failed: return park_choice::swap_failed;
+    }
+    return park_choice::no_state;
+}
+
+const char * choice_reason_name(choice_reason r) {
+    switch (r) {
+        case choice_reason::cheapest:    return "cheapest";
+        case choice_reason::mode:        return "mode";
+        case choice_reason::room:        return "room";
+        case choice_reason::no_room:     return "no_room";
+        case choice_reason::no_state:    return "no_state";
+        case choice_reason::move_failed: return "move_failed";
+    }
+    return "?";
+}
+
+// Each tier's quote for one victim, in milliseconds of the decode loop:
 //  - RAM: its state copied out and back (park + restore);
 //  - disk: the same two copies, plus the file's write when the host copy does not fit what is left
 //    of the RAM (then the loop waits for it; otherwise it is written in the background and the
 //    RAM is held only until then), plus the read back unless that read runs ahead of its turn
 //    (the victim waits behind another parked slot);
 //  - RECOMPUTE: its tokens re-prefilled.
-// RAM is worth more than its own price when taking it leaves less than the state's own size: the
-// next victim of that size goes to disk and pays a read it cannot hide. So a victim whose read
-// can be hidden gives the RAM up (disk_cheaper) when RAM is that short; one that does not fit the
-// RAM goes to disk when that is cheaper than a recompute (ram_full).
-park_decision choose_park(preempt_mode mode, const park_options & o, const cost_rates & rates) {
-    park_decision d;
+// RAM is worth more than its own quote when taking it leaves less than the state's own size: the
+// next victim of that size goes to disk and pays a read it cannot hide. So its rank adds that read,
+// and a victim whose read can be hidden gives the RAM up (disk_cheaper) when RAM is that short.
+std::vector<tier_offer> tier_offers(const park_options & o, const cost_rates & rates) {
     const double copy_ms  = o.bytes > 0 ? 1e3 * o.bytes / rates.park_bps + 1e3 * o.bytes / rates.restore_bps : 0;
     const double write_ms = 1e3 * o.bytes / rates.disk_write_bps;
     const double read_ms  = 1e3 * o.bytes / rates.disk_read_bps;
     const bool fits_ram  = o.bytes <= o.ram_left;
     const bool fits_disk = o.disk_left > 0 && o.bytes <= o.disk_left;
 
-    d.swap_ms      = copy_ms;
-    d.disk_ms      = fits_disk && o.bytes > 0 ? copy_ms + (fits_ram ? 0 : write_ms) + (o.waits_behind ? 0 : read_ms) : 0;
-    d.recompute_ms = 1e3 * o.n_tokens / rates.prefill_tps;
+    tier_offer ram { park_tier::ram, true, fits_ram, copy_ms, copy_ms };
+    if (fits_ram && fits_disk && o.bytes > o.ram_left - o.bytes) {
+        ram.rank_ms += read_ms;
+    }
+    tier_offer disk { park_tier::disk, true, fits_disk, 0, 0 };
+    if (fits_disk && o.bytes > 0) {
+        disk.ms = disk.rank_ms = copy_ms + (fits_ram ? 0 : write_ms) + (o.waits_behind ? 0 : read_ms);
+    }
+    const double recompute_ms = 1e3 * o.n_tokens / rates.prefill_tps;
+    const tier_offer recompute { park_tier::recompute, false, true, recompute_ms, recompute_ms };
+    return { ram, disk, recompute };
+}
 
-    auto take = [&](park_tier tier, park_choice why) {
-        d.tier = tier;
-        d.why  = why;
+park_decision choose_park(preempt_mode mode, const park_options & o, const cost_rates & rates) {
+    const std::vector<tier_offer> offers = tier_offers(o, rates);
+    park_decision d;
+    for (const tier_offer & t : offers) {
+        switch (t.where) {
+            case park_tier::ram:       d.swap_ms      = t.ms; break;
+            case park_tier::disk:      d.disk_ms      = t.ms; break;
+            case park_tier::recompute: d.recompute_ms = t.ms; break;
+        }
+    }
+    auto take = [&](park_tier where, choice_reason reason) {
+        d.tier   = where;
+        d.reason = reason;
+        d.why    = park_choice_of(where, reason);
         return d;
     };
     if (mode == preempt_mode::recompute) {
-        return take(park_tier::recompute, park_choice::recompute_mode);
+        return take(park_tier::recompute, choice_reason::mode);
     }
     if (o.bytes == 0) {
-        return take(park_tier::recompute, park_choice::no_state);
+        return take(park_tier::recompute, choice_reason::no_state);
     }
-    if (!fits_ram && !fits_disk) {
-        return take(park_tier::recompute, park_choice::over_budget);
+    // the tiers that keep the state and have room for it: swap takes the first, auto the cheapest
+    // in all (ties to the earlier)
+    const tier_offer * best = nullptr;
+    bool full_before = false;  // a tier before the chosen one had no room
+    bool full_seen   = false;
+    for (const tier_offer & t : offers) {
+        if (!t.copies) {
+            continue;
+        }
+        if (!t.fits) {
+            full_seen = true;
+            continue;
+        }
+        if (!best || (mode == preempt_mode::automatic && t.rank_ms < best->rank_ms)) {
+            best        = &t;
+            full_before = full_seen;
+        }
     }
-    if (mode == preempt_mode::swap) {
-        return fits_ram ? take(park_tier::ram, park_choice::swap_mode) : take(park_tier::disk, park_choice::ram_full);
+    if (!best) {
+        return take(park_tier::recompute, choice_reason::no_room);
     }
-    if (!fits_ram) {
-        return d.disk_ms < d.recompute_ms ? take(park_tier::disk, park_choice::ram_full)
-                                          : take(park_tier::recompute, park_choice::recompute_cheaper);
+    const choice_reason reason = full_before ? choice_reason::room
+                               : mode == preempt_mode::swap ? choice_reason::mode : choice_reason::cheapest;
+    if (mode == preempt_mode::swap || best->ms < d.recompute_ms) {
+        return take(best->where, reason);
     }
-    // it fits the RAM: what that RAM is worth, against a disk park and against one re-prefill
-    const bool   ram_short = fits_disk && o.bytes > o.ram_left - o.bytes;
-    const double ram_worth = copy_ms + (ram_short ? read_ms : 0);
-    if (fits_disk && d.disk_ms < ram_worth) {
-        return d.disk_ms < d.recompute_ms ? take(park_tier::disk, park_choice::disk_cheaper)
-                                          : take(park_tier::recompute, park_choice::recompute_cheaper);
-    }
-    return d.swap_ms < d.recompute_ms ? take(park_tier::ram, park_choice::swap_cheaper)
-                                      : take(park_tier::recompute, park_choice::recompute_cheaper);
+    return take(park_tier::recompute, choice_reason::cheapest);
 }
 
 // the victim ranked as it will be once parked (one more park, parked last), by the planner's own

@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace llama_preempt {
 
@@ -37,10 +38,24 @@ enum class park_choice {
 constexpr int N_PARK_CHOICES = 9;
 const char * park_choice_name(park_choice c);
 
+// Why a tier was taken, whatever the tier: with the tier, this is a park's reason. park_choice,
+// the label /metrics, the events and the trace show, is read from the two (park_choice_of()).
+enum class choice_reason {
+    cheapest,     // auto: priced below the other tiers that could take it, RECOMPUTE included
+    mode,         // the mode's own pick: --preempt-mode swap's first tier with room, or recompute
+    room,         // a tier before it (in tier order) had no room for the state
+    no_room,      // no tier that copies had room: RECOMPUTE
+    no_state,     // nothing to copy: RECOMPUTE
+    move_failed,  // its move failed and no tier still held the state: RECOMPUTE
+};
+park_choice park_choice_of(park_tier where, choice_reason reason);
+const char * choice_reason_name(choice_reason r);  // "cheapest", "mode", "room", "no_room", "no_state", "move_failed"
+
 
 struct park_decision {
-    park_tier   tier = park_tier::recompute;  // where its state waits
-    park_choice why  = park_choice::no_state;
+    park_tier     tier   = park_tier::recompute;  // where its state waits
+    choice_reason reason = choice_reason::no_state;
+    park_choice   why    = park_choice::no_state;  // park_choice_of(tier, reason)
     double      swap_ms      = 0;  // predicted RAM park: park + restore
     double      disk_ms      = 0;  // predicted disk park: park + write (unless in the background) + read (unless ahead) + restore; 0 without a disk
     double      recompute_ms = 0;  // predicted: re-prefill of the tokens held
@@ -85,7 +100,23 @@ bool read_cached_prompt(size_t bytes, size_t n_tokens, const cost_rates & rates)
 // the defaults (8192 and 8192) make one 8 GiB budget instead of two
 host_budget host_budget_from_mib(int64_t host_mib, int64_t park_mib, int64_t cache_mib);
 
-// One victim: RAM, disk or RECOMPUTE, priced with the measured rates (see preempt-choice.cpp).
+// One tier as a victim's choice sees it: the data choose_park() filters and ranks, so a tier is a
+// row of tier_offers(), not a branch of the choice.
+struct tier_offer {
+    park_tier where   = park_tier::recompute;
+    bool      copies  = false;  // keeps the state (RAM, disk); RECOMPUTE re-prefills the tokens instead
+    bool      fits    = false;  // the state fits its room now (RECOMPUTE: always)
+    double    ms      = 0;      // its quote: what parking the state there and bringing it back costs the loop
+    double    rank_ms = 0;      // what taking it costs in all: its quote, plus what the room it takes is worth to
+                                // the next victim (RAM left short: that victim pays a read it cannot hide)
+};
+
+// The tiers for one victim, in tier order (the order --preempt-mode swap prefers them in, and ties
+// go to): RAM, disk, then RECOMPUTE last. Each quote from the measured rates (preempt-choice.cpp).
+std::vector<tier_offer> tier_offers(const park_options & o, const cost_rates & rates);
+
+// One victim: the tiers that copy filtered by room, the cheapest taken (auto) or the first
+// (swap), against RECOMPUTE's re-prefill (see preempt-choice.cpp).
 park_decision choose_park(preempt_mode mode, const park_options & o, const cost_rates & rates);
 
 } // namespace llama_preempt

@@ -19,7 +19,7 @@ park_order decide_park(const victim_state & v, const tier_state & t, bool waits_
     opt.waits_behind = opt.disk_left > 0 && (v.reason == park_reason::api || waits_behind);
     o.how = choose_park(t.mode, opt, t.rates);
     if (o.how.tier == park_tier::ram && t.force_disk && opt.bytes <= opt.disk_left) {
-        o.how.tier = park_tier::disk;
+        o.how.tier = park_tier::disk;  // the test seam keeps the reason (and label) RAM was chosen for
     }
     o.bytes = o.how.copies() ? opt.bytes : 0;
     // to disk in the background when the host copy fits what is left of the RAM budget (it is held
@@ -29,15 +29,16 @@ park_order decide_park(const victim_state & v, const tier_state & t, bool waits_
     return o;
 }
 
-park_order park_fallback(const park_order & o, move_failure f, bool kept_in_ram, int32_t n_batch) {
+park_order park_fallback(const park_order & o, park_tier still_in, int32_t n_batch) {
     park_order r = o;
     r.background = false;
-    if (f == move_failure::disk_write && kept_in_ram) {
-        r.how.tier = park_tier::ram;  // a RAM park from now on, for the reason it was chosen
+    if (still_in != park_tier::recompute && still_in != o.how.tier) {
+        r.how.tier = still_in;  // parked there from now on, for the reason it was chosen
         return r;
     }
-    r.how.tier = park_tier::recompute;
-    r.how.why  = park_choice::swap_failed;
+    r.how.tier   = park_tier::recompute;
+    r.how.reason = choice_reason::move_failed;
+    r.how.why    = park_choice_of(park_tier::recompute, choice_reason::move_failed);
     r.bytes    = 0;
     r.shape    = shape_park(o.in, false, n_batch);
     return r;

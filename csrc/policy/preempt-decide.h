@@ -61,9 +61,10 @@ enum class move_failure {
     restore,     // the state could not be brought back (a lost file, no RAM to read it into)
 };
 
-// A park whose move failed: kept in RAM when its file failed but the host copy, within the RAM
-// budget, still holds the state (kept_in_ram); else RECOMPUTE (swap_failed). Nothing is lost.
-park_order park_fallback(const park_order & o, move_failure f, bool kept_in_ram, int32_t n_batch);
+// A park whose move failed falls back to the tier that still holds the state within its room, as
+// the failed move reported it (`still_in`: a disk park whose file failed, its host copy within the
+// RAM budget: RAM, for the reason it was chosen); else RECOMPUTE (move_failed). Nothing is lost.
+park_order park_fallback(const park_order & o, park_tier still_in, int32_t n_batch);
 
 // A resume whose restore failed comes back by RECOMPUTE from the tokens kept beside the state.
 park_tier restore_fallback(park_tier from, move_failure f);

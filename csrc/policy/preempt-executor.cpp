@@ -11,7 +11,7 @@ park_order park_victim(plan_executor & ex, int32_t id, park_reason reason) {
     if (o.how.copies()) {
         const move_result r = ex.tier(o.tier()).copy_out(o);
         if (!r.ok()) {
-            o = park_fallback(o, r.failure, r.kept_in_ram, t.n_batch);
+            o = park_fallback(o, r.still_in, t.n_batch);
             fallback = true;
         }
     }

@@ -18,7 +18,8 @@ namespace llama_preempt {
 // the outcome of a move of state (a park's copy out, a resume's copy back)
 struct move_result {
     move_failure failure     = move_failure::none;
-    bool         kept_in_ram = false;  // copy out to disk failed, but the host copy still holds the state
+    park_tier    still_in    = park_tier::recompute;  // a failed copy out: the tier that still holds the state within
+                                                      // its room (a disk park's host copy: RAM), else recompute
     // a copy in: when it began (the executor's clock, µs; the parked time ends there) and whether
     // the state had been brought up ahead (read ahead, uploaded ahead)
     int64_t      t_begin_us  = 0;

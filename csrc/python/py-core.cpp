@@ -295,6 +295,7 @@ PYBIND11_MODULE(_core, m) {
         .def_property_readonly("swap", [](const lp::park_decision & d) { return d.copies(); })  // copied out, to RAM or disk
         .def_property_readonly("disk", [](const lp::park_decision & d) { return d.tier == lp::park_tier::disk; })
         .def_readonly("why",  &lp::park_decision::why)
+        .def_property_readonly("reason", [](const lp::park_decision & d) { return std::string(lp::choice_reason_name(d.reason)); })
         .def_readonly("tier", &lp::park_decision::tier)
         .def_readonly("swap_ms",      &lp::park_decision::swap_ms)
         .def_readonly("disk_ms",      &lp::park_decision::disk_ms)
@@ -314,6 +315,29 @@ PYBIND11_MODULE(_core, m) {
           py::arg("disk_left") = 0, py::arg("waits_behind") = false,
           "the server's choice for one victim: `bytes` of state (0: cannot swap), `n_tokens` to re-prefill, "
           "`ram_left` and `disk_left` (0: no disk tier) bytes free, `waits_behind`: another parked slot comes back first");
+    m.def("tier_offers", [](size_t bytes, int64_t n_tokens, size_t ram_left, const lp::cost_rates & rates,
+                            size_t disk_left, bool waits_behind) {
+              lp::park_options o;
+              o.bytes        = bytes;
+              o.n_tokens     = n_tokens;
+              o.ram_left     = ram_left;
+              o.disk_left    = disk_left;
+              o.waits_behind = waits_behind;
+              py::list out;
+              for (const auto & t : lp::tier_offers(o, rates)) {
+                  py::dict d;
+                  d["tier"] = t.where;
+                  d["copies"] = t.copies;
+                  d["fits"] = t.fits;
+                  d["ms"] = t.ms;
+                  d["rank_ms"] = t.rank_ms;
+                  out.append(d);
+              }
+              return out;
+          },
+          py::arg("bytes"), py::arg("n_tokens"), py::arg("ram_left"), py::arg("rates"),
+          py::arg("disk_left") = 0, py::arg("waits_behind") = false,
+          "the tiers choose_park() picks from, in tier order: each one's room check, quote and rank in ms");
     m.def("waits_behind_parked", &lp::waits_behind_parked, py::arg("slots"), py::arg("victim"),
           "whether the victim, once parked, comes back after another parked slot (its file can be read ahead)");
 

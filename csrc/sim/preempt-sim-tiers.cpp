@@ -11,7 +11,7 @@ static move_result copy_to_host(sim_server & s, const park_order & o, host_use u
     const bool ok = s.host.reserve(s.prompts.held(), o.bytes, use);
     s.prompts.spill();
     if (!ok) {
-        return { move_failure::copy_out, false };
+        return { move_failure::copy_out };
     }
     s.slots[o.id].bytes = (double) o.bytes;
     s.t += o.bytes / s.p.swap_out_bps;
