@@ -11,7 +11,7 @@
 //
 // The state is process-wide: a signal handler can reach nothing else, and may only touch atomics.
 // A small thread (drain_watcher) turns a signal into a wake-up of the server loop, which does the
-// rest at its next step (preempt-drain.inc).
+// rest at its next step (preempt-drain-loop.h).
 #pragma once
 
 #include <atomic>

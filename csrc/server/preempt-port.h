@@ -1,0 +1,74 @@
+// llama-preempt: the one narrow port from our compiled server units to upstream's server.
+//
+// Upstream's server_slot, server_queue and server_response are defined inside
+// tools/server/server-context.cpp, so code of ours that touches them had to be pasted into that
+// file (the .inc parts). A unit behind this port is compiled on its own instead: it names slots by
+// index and asks the port for what it needs, and the port's one implementation (the adapter,
+// preempt-server.inc, where upstream's types are complete) answers with upstream's members. Each
+// operation here is one a unit needed, said in the words of what it is for, not of upstream's
+// fields. Everything is called on the server loop, except where an operation says otherwise.
+#pragma once
+
+#include "preempt-slot.h"
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+namespace llama_preempt {
+
+// a slot's phase as upstream's state machine has it
+enum class upstream_phase {
+    idle,     // no request
+    started,  // a request taken, its prompt not begun (its client has seen nothing of it yet)
+    running,  // its prompt or its answer is being computed
+    parked,   // preempted (SLOT_STATE_PREEMPTED): out of the pool, still processing
+};
+
+// what a unit reads of one slot
+struct slot_facts {
+    upstream_phase phase    = upstream_phase::idle;
+    int32_t        id_task  = -1;     // its request's task (-1: none), for the log
+    bool           has_task = false;
+    bool           streams  = false;  // its request streams its answer
+    bool           family   = false;  // one of an n_cmpl family (a parent or a child task): they wait for each other
+
+    bool processing() const { return phase != upstream_phase::idle; }
+};
+
+class server_port {
+public:
+    virtual ~server_port() = default;
+
+    // --- the slots ---
+    virtual int32_t n_slots() const = 0;
+    virtual slot_facts facts(int32_t id) const = 0;
+    virtual slot_preempt_state & preempt_of(int32_t id) = 0;  // our state of the slot (upstream's server_slot holds it)
+    // its request ends with this error (a 503's, for another server), and the slot is released
+    // (a parked slot's buffers go with its state)
+    virtual void end_request(int32_t id, const std::string & why) = 0;
+
+    // --- the task queue and the results ---
+    // requests (not slot actions) that wait for a slot are answered with this error (a 503's) at
+    // once; how many
+    virtual int32_t hand_back_waiting(const std::string & why) = 0;
+    // a task is waiting to be taken (one may have arrived since this step began)
+    virtual bool task_waiting() = 0;
+    virtual size_t n_deferred() const = 0;    // requests deferred for a slot
+    virtual size_t n_results_waiting() = 0;   // handlers still waiting for results to write
+    // any thread: the loop wakes for a step; the loop sleeps (--sleep-idle-seconds); the loop ends
+    virtual void wake_loop() = 0;
+    virtual bool loop_asleep() = 0;
+    virtual void end_loop() = 0;
+
+    // --- the prompt cache ---
+    // what the slots hold is kept in upstream's prompt cache (a drain's end, with --cache-persist)
+    virtual void keep_slot_prompts() = 0;
+};
+
+} // namespace llama_preempt
+
+// The server's log line for a slot, as upstream's SLT_* macros print it, from a unit that names the
+// slot by index and has its task from the port
+#define PSLT_INF(id, id_task, fmt, ...) LOG_INF("slot %12.*s: id %2d | task %d | " fmt, 12, __func__, (int) (id), (int) (id_task), __VA_ARGS__)
+#define PSLT_WRN(id, id_task, fmt, ...) LOG_WRN("slot %12.*s: id %2d | task %d | " fmt, 12, __func__, (int) (id), (int) (id_task), __VA_ARGS__)
