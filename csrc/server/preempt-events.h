@@ -1,6 +1,6 @@
 // llama-preempt: what one iteration of the server loop did, as typed events, for a host that
 // drives the loop one step at a time (the Python Engine's StepReport). The server's mechanics
-// record them (preempt-engine-step.inc); the binding (py-core.cpp) hands them to Python as they are.
+// record them (preempt-step-recorder.h); the binding (py-core.cpp) hands them to Python as they are.
 #pragma once
 
 #include "preempt-policy.h"

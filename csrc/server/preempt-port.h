@@ -9,10 +9,12 @@
 // fields. Everything is called on the server loop, except where an operation says otherwise.
 #pragma once
 
+#include "preempt-events.h"  // end_stop
 #include "preempt-slot.h"
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <string>
 
 namespace llama_preempt {
@@ -32,6 +34,8 @@ struct slot_facts {
     bool           has_task = false;
     bool           streams  = false;  // its request streams its answer
     bool           family   = false;  // one of an n_cmpl family (a parent or a child task): they wait for each other
+    int32_t        priority = 0;      // its request's priority
+    int64_t        n_gen    = 0;      // tokens its request has generated
 
     bool processing() const { return phase != upstream_phase::idle; }
 };
@@ -44,6 +48,10 @@ public:
     virtual int32_t n_slots() const = 0;
     virtual slot_facts facts(int32_t id) const = 0;
     virtual slot_preempt_state & preempt_of(int32_t id) = 0;  // our state of the slot (upstream's server_slot holds it)
+    // each slot's release, from now on: `f(id, id_task, n_generated, stop)`, called before upstream's
+    // own reset callback (which flushes the slot's metrics)
+    using release_fn = std::function<void(int32_t, int32_t, int64_t, end_stop)>;
+    virtual void on_release(release_fn f) = 0;
     // its request ends with this error (a 503's, for another server), and the slot is released
     // (a parked slot's buffers go with its state)
     virtual void end_request(int32_t id, const std::string & why) = 0;
@@ -56,6 +64,9 @@ public:
     virtual bool task_waiting() = 0;
     virtual size_t n_deferred() const = 0;    // requests deferred for a slot
     virtual size_t n_results_waiting() = 0;   // handlers still waiting for results to write
+    // one iteration of upstream's loop (take the queued tasks, run update_slots() once); false
+    // once the loop has ended
+    virtual bool loop_step() = 0;
     // any thread: the loop wakes for a step; the loop sleeps (--sleep-idle-seconds); the loop ends
     virtual void wake_loop() = 0;
     virtual bool loop_asleep() = 0;
