@@ -2,7 +2,7 @@
 // is read back or its tokens prefilled, whose file is read ahead, which files give way to a park)
 // and the copy guard's reaction to a wrong copy. Pure C++ over snapshots, like the planner
 // (preempt-policy.h): the server's mechanics and the simulator hand it sizes and tokens and carry
-// its answer out (csrc/server/preempt-prompt-disk.inc, store/preempt-prompt-disk.cpp,
+// its answer out (csrc/server/preempt-prompt-cache-disk.cpp, store/preempt-prompt-disk.cpp,
 // server/preempt-parked.inc).
 #pragma once
 

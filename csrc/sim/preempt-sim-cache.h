@@ -2,7 +2,7 @@
 // update) and its disk side (store/preempt-prompt-disk.h), over prompts that are token counts, not
 // tokens. The server's choices about it are the policy's own functions (policy/preempt-memory.h:
 // which file matches, read back or prefill, read ahead, which files give way), called by the
-// simulator (sim_prompts, preempt-sim-prompts.cpp) as csrc/server/preempt-prompt-disk.inc calls them; the RAM
+// simulator (sim_prompts, preempt-sim-prompts.cpp) as csrc/server/preempt-prompt-cache-disk.cpp calls them; the RAM
 // cache's own rules (its size and token limits, oldest out first, "do not trash a long prompt")
 // are upstream's, modelled here as preempt-sim.cpp models upstream's loop.
 #pragma once

@@ -1,5 +1,5 @@
 // The simulated server's prompt cache (preempt-sim-prompts.h): upstream's RAM cache and the disk
-// side as csrc/server/preempt-prompt-disk.inc runs it, each choice the policy's
+// side as csrc/server/preempt-prompt-cache-disk.cpp runs it, each choice the policy's
 // (policy/preempt-memory.h) and each byte into host RAM asked of the one host budget (host_ram).
 #include "preempt-sim.h"
 

@@ -35,8 +35,8 @@ struct sim_prompt_load {
     sim_cached_prompt got;
 };
 
-// The simulated server's prompt cache as the server's preempt_prompt_cache
-// (server/preempt-prompt-cache.inc, preempt-prompt-disk.inc) runs upstream's: the RAM cache, and its
+// The simulated server's prompt cache as the server's cached_prompts
+// (server/preempt-prompt-cache.h, preempt-prompt-cache-disk.cpp) runs upstream's: the RAM cache, and its
 // disk side: what leaves RAM is written to a file, read back when a request's prefix matches, read
 // ahead for the oldest waiting request, dropped when a park needs the room, each choice the
 // policy's (preempt-memory.h) and each byte into host RAM asked of the one host budget. It owns

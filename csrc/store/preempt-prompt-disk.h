@@ -5,7 +5,7 @@
 // better than anything in RAM. Parked slots come first on disk too: drop_oldest() drops the oldest
 // prompt files for a park. Which file matches, whether it comes back or is read ahead and how many
 // give way are the policy's choices (policy/preempt-memory.h) over views(). No server types: the server hands it tokens and bytes
-// (csrc/server/preempt-prompt-disk.inc).
+// (csrc/server/preempt-prompt-cache-disk.cpp).
 #pragma once
 
 #include "preempt-disk.h"

@@ -1,8 +1,19 @@
-// llama-preempt: the prompt cache's disk side, the out-of-line part of preempt_prompt_cache
-// (preempt-prompt-cache.inc, which includes it): a prompt upstream drops goes to a file, a file
+// llama-preempt: the prompt cache's disk side, the out-of-line part of cached_prompts
+// (preempt-prompt-cache.h): a prompt upstream drops goes to a file, a file
 // that matches a request better than RAM comes back, and the oldest waiting request's file is read
 // ahead. Every choice is the policy's (policy/preempt-memory.h); every byte into host RAM is asked
 // of the host budget first.
+
+#include "preempt-prompt-cache.h"
+
+#include "preempt-disk-io.h"  // put_bytes, byte_reader
+#include "preempt-memory.h"   // the policy's choices over the prompt files
+#include "preempt-stream.h"   // state_stream
+
+#include <algorithm>
+#include <list>
+
+namespace llama_preempt {
 
 // A cached prompt's context checkpoints (a recurrent or SWA model keeps them to resume inside the
 // prompt), packed after its state in the file: each one's positions, then its three byte strings.
@@ -11,10 +22,10 @@ static std::vector<uint8_t> preempt_pack_checkpoints(const std::list<common_prom
     for (const auto & c : checkpoints) {
         const int64_t  head[3]  = { c.n_tokens, c.pos_min, c.pos_max };
         const uint64_t sizes[3] = { c.data_tgt.size(), c.data_dft.size(), c.data_spec.size() };
-        llama_preempt::put_bytes(out, head, sizeof(head));
-        llama_preempt::put_bytes(out, sizes, sizeof(sizes));
+        put_bytes(out, head, sizeof(head));
+        put_bytes(out, sizes, sizeof(sizes));
         for (const auto * v : { &c.data_tgt, &c.data_dft, &c.data_spec }) {
-            llama_preempt::put_bytes(out, v->data(), v->size());
+            put_bytes(out, v->data(), v->size());
         }
     }
     return out;
@@ -23,7 +34,7 @@ static std::vector<uint8_t> preempt_pack_checkpoints(const std::list<common_prom
 // false when the bytes are not what preempt_pack_checkpoints() wrote (the file's checksum passed,
 // so only a file of another layout gets here)
 static bool preempt_unpack_checkpoints(const std::vector<uint8_t> & in, std::list<common_prompt_checkpoint> & out) {
-    llama_preempt::byte_reader r { in };
+    byte_reader r { in };
     while (r.left() > 0) {
         int64_t  head[3];
         uint64_t sizes[3];
@@ -48,10 +59,10 @@ static bool preempt_unpack_checkpoints(const std::vector<uint8_t> & in, std::lis
 // A cached prompt's file read back (`ok`) with its checkpoints: false, with `why` and `error`, when
 // the read failed or the checkpoints do not parse
 static bool preempt_checkpoints_of(bool ok, const std::vector<uint8_t> & tail, std::list<common_prompt_checkpoint> & out,
-                                   std::string & why, llama_preempt::disk_error & error) {
+                                   std::string & why, disk_error & error) {
     if (ok && !preempt_unpack_checkpoints(tail, out)) {
         why   = "its context checkpoints do not parse";
-        error = llama_preempt::disk_error::checksum;
+        error = disk_error::checksum;
         return false;
     }
     return ok;
@@ -59,15 +70,15 @@ static bool preempt_checkpoints_of(bool ok, const std::vector<uint8_t> & tail, s
 
 // a prompt file that failed to write or read back: counted, by kind as for parks
 // (preempt_disk_failures_total{kind})
-void preempt_prompt_cache::count_failure(llama_preempt::disk_error error) {
+void cached_prompts::count_failure(disk_error error) {
     metrics_.preempt.n_prompt_cache_disk_failures_total++;
-    if (llama_preempt::is_disk_failure(error)) {
+    if (is_disk_failure(error)) {
         metrics_.preempt.disk_failures[(int) error]++;
     }
 }
 
 // a prompt file read back for a request (into RAM, or a slot): a hit, its bytes and time, the measured rate
-void preempt_prompt_cache::count_read(size_t n_bytes, int64_t t_us) {
+void cached_prompts::count_read(size_t n_bytes, int64_t t_us) {
     metrics_.preempt.n_prompt_cache_disk_hits_total++;
     metrics_.preempt.n_disk_read_bytes_total += n_bytes;
     metrics_.preempt.n_disk_read_us_total    += (uint64_t) t_us;
@@ -75,7 +86,7 @@ void preempt_prompt_cache::count_read(size_t n_bytes, int64_t t_us) {
 }
 
 // upstream drops a cached prompt for room: its state (and its checkpoints) go to a file instead
-void preempt_prompt_cache::spill(server_prompt_cache_state & state) {
+void cached_prompts::spill(server_prompt_cache_state & state) {
     const auto & toks = state.prompt.tokens.get_tokens();
     const bool media  = std::find(toks.begin(), toks.end(), LLAMA_TOKEN_NULL) != toks.end();
     if (media || state.data.main.empty()) {
@@ -92,7 +103,7 @@ void preempt_prompt_cache::spill(server_prompt_cache_state & state) {
     const size_t n_bytes = state.size();
     // the disk tier's limit: the oldest prompts give way (the policy's choice)
     if (const size_t room = disk_->room();
-        llama_preempt::prompt_files_give_way(n_bytes, room, disk_->bytes_held(), reading_ || disk_->ahead() >= 0)) {
+        prompt_files_give_way(n_bytes, room, disk_->bytes_held(), reading_ || disk_->ahead() >= 0)) {
         make_room(n_bytes, room, "a newer prompt");
     }
     if (!disk_->spill(toks, std::move(state.data.main), std::move(state.data.drft),
@@ -109,11 +120,11 @@ void preempt_prompt_cache::spill(server_prompt_cache_state & state) {
 
 // upstream skips a prompt larger than its RAM cache (and one it holds already, or cannot allocate
 // for): the first goes to the disk tier instead, streamed from the slot's cells
-void preempt_prompt_cache::save_skipped(const server_prompt & prompt, const llama_preempt::seq_contexts & sc) {
+void cached_prompts::save_skipped(const server_prompt & prompt, const seq_contexts & sc) {
     if (!disk_ || cache_->limit_size == 0) {
         return;
     }
-    const auto n = llama_preempt::size_state(sc);
+    const auto n = size_state(sc);
     size_t n_ckpt = 0;
     for (const auto & c : prompt.checkpoints) {
         n_ckpt += c.size();
@@ -132,8 +143,8 @@ void preempt_prompt_cache::save_skipped(const server_prompt & prompt, const llam
 // A slot's prompt to the disk tier now, streamed from its cells one chunk at a time
 // (store/preempt-stream.h): never a host copy of the whole state. False when it is not written
 // (media, held on disk already, no room, a failed write).
-bool preempt_prompt_cache::stream_prompt(const server_prompt & prompt, const llama_preempt::seq_contexts & sc,
-                                         const llama_preempt::state_sizes & n, const char * why) {
+bool cached_prompts::stream_prompt(const server_prompt & prompt, const seq_contexts & sc,
+                                         const state_sizes & n, const char * why) {
     const auto & toks = prompt.tokens.get_tokens();
     if (n.total() == 0 || std::find(toks.begin(), toks.end(), LLAMA_TOKEN_NULL) != toks.end()) {
         metrics_.preempt.n_prompt_cache_disk_skipped_total++;
@@ -145,18 +156,18 @@ bool preempt_prompt_cache::stream_prompt(const server_prompt & prompt, const lla
         }
     }
     count_writes(disk_->finish_writes());  // one write at a time, as a spill's
-    llama_preempt::state_stream from(sc, n, preempt_pack_checkpoints(prompt.checkpoints));
+    state_stream from(sc, n, preempt_pack_checkpoints(prompt.checkpoints));
     const size_t n_bytes = from.part_bytes(0) + from.part_bytes(1);
     if (const size_t room = disk_->room();
-        llama_preempt::prompt_files_give_way(n_bytes, room, disk_->bytes_held(), reading_ || disk_->ahead() >= 0)) {
+        prompt_files_give_way(n_bytes, room, disk_->bytes_held(), reading_ || disk_->ahead() >= 0)) {
         make_room(n_bytes, room, "a newer prompt");
     }
     std::string err;
-    llama_preempt::disk_error error = llama_preempt::disk_error::none;
+    disk_error error = disk_error::none;
     const int64_t t0 = ggml_time_us();
     if (!from.lay_out(err) ||
         !disk_->write_streamed(toks, from, from.part_bytes(0), from.part_bytes(1), from.tail().size(), from.layout(), err, error)) {
-        if (error == llama_preempt::disk_error::none || error == llama_preempt::disk_error::full) {
+        if (error == disk_error::none || error == disk_error::full) {
             metrics_.preempt.n_prompt_cache_disk_skipped_total++;  // no room, or not laid out: dropped, as a spill without room
         } else {
             count_failure(error);
@@ -169,7 +180,7 @@ bool preempt_prompt_cache::stream_prompt(const server_prompt & prompt, const lla
     metrics_.preempt.n_prompt_cache_streamed_total++;
     SRV_INF("preemption: a prompt of %d tokens (%.2f MiB) %s streamed to the disk tier in %.2f ms, through %zu KiB of host RAM\n",
             prompt.n_tokens(), n_bytes / 1048576.0, why, (ggml_time_us() - t0) / 1000.0,
-            llama_preempt::disk_store::CHUNK >> 10);
+            disk_store::CHUNK >> 10);
     return true;
 }
 
@@ -179,14 +190,14 @@ bool preempt_prompt_cache::stream_prompt(const server_prompt & prompt, const lla
 // fits what parked slots leave of the host budget, else streamed into the slot when its tokens
 // fit the `stream_cells` the pool has for it now (0: no slot, as for a read ahead).
 // `files`: the prompt files' views (prompt_disk::views()).
-llama_preempt::prompt_read_choice preempt_prompt_cache::to_read(const server_tokens & tokens,
-                                                                const std::vector<llama_preempt::prompt_file_view> & files,
+prompt_read_choice cached_prompts::to_read(const server_tokens & tokens,
+                                                                const std::vector<prompt_file_view> & files,
                                                                 size_t n_slot, size_t stream_cells) const {
     size_t n_ram = n_slot;
     for (const auto & st : cache_->states) {
         n_ram = std::max(n_ram, st.prompt.tokens.get_common_prefix(tokens));
     }
-    return llama_preempt::choose_prompt_read(files, tokens.get_tokens(), n_ram, host_.limits().cache_room(parked_()), rates_,
+    return choose_prompt_read(files, tokens.get_tokens(), n_ram, host_.limits().cache_room(parked_()), rates_,
                                              stream_cells);
 }
 
@@ -194,9 +205,9 @@ llama_preempt::prompt_read_choice preempt_prompt_cache::to_read(const server_tok
 // background while it waits, so its lookup finds the bytes in host memory (choose_read_ahead). Its
 // bytes count in the host budget from now (held()); a read ahead that no waiting request
 // wants any more goes.
-void preempt_prompt_cache::read_ahead() {
+void cached_prompts::read_ahead() {
     const auto files = disk_->views();
-    llama_preempt::prompt_read_choice next;
+    prompt_read_choice next;
     queue_.peek_deferred([&](const server_task & task) {
         if (task.type != SERVER_TASK_TYPE_COMPLETION || task.tokens.empty()) {
             return false;  // upstream caches prompts for completions only: the next waiting task
@@ -204,14 +215,14 @@ void preempt_prompt_cache::read_ahead() {
         next = to_read(task.tokens, files);
         return true;
     });
-    const auto act = llama_preempt::choose_read_ahead(files, next, disk_->ahead());
+    const auto act = choose_read_ahead(files, next, disk_->ahead());
     const auto file = act.start ? disk_->handle(act.want) : nullptr;
     if (act.forget) {
         forget_ahead(true);
     }
     // room in the host budget first: older prompts give way (to disk)
     reading_ = file != nullptr;  // what the reservation evicts is written without giving way to it
-    const bool room = file && host_.reserve(held(), file->total(), llama_preempt::host_use::prompt_ahead);
+    const bool room = file && host_.reserve(held(), file->total(), host_use::prompt_ahead);
     reading_ = false;
     if (room) {
         const int32_t i = disk_->find(file);  // the fit may have written or dropped files: the index may move
@@ -223,7 +234,7 @@ void preempt_prompt_cache::read_ahead() {
 
 // before upstream searches its RAM cache for a request: a file that matches better comes back
 // into it, or one too large for it straight into the slot
-void preempt_prompt_cache::lookup(server_prompt & prompt, const server_tokens & tokens, const llama_preempt::seq_contexts & sc) {
+void cached_prompts::lookup(server_prompt & prompt, const server_tokens & tokens, const seq_contexts & sc) {
     const auto choice = to_read(tokens, disk_->views(), prompt.tokens.get_common_prefix(tokens), room_cells_(sc.seq, 0));
     const size_t n_common = choice.n_common;
     if (choice.stream()) {
@@ -243,7 +254,7 @@ void preempt_prompt_cache::lookup(server_prompt & prompt, const server_tokens & 
     const size_t n_bytes = file->total();
     // room in the host budget before its bytes come back: older prompts give way
     reading_ = true;  // what the reservation evicts is written without giving way to this file
-    const bool room = was_ahead || host_.reserve(held(), n_bytes, llama_preempt::host_use::prompt_read);
+    const bool room = was_ahead || host_.reserve(held(), n_bytes, host_use::prompt_read);
     reading_ = false;
     if (!room) {
         return;
@@ -252,14 +263,14 @@ void preempt_prompt_cache::lookup(server_prompt & prompt, const server_tokens & 
     if (i < 0) {
         return;
     }
-    llama_preempt::prompt_read got;
+    prompt_read got;
     std::string why;
-    llama_preempt::disk_error error = llama_preempt::disk_error::none;
+    disk_error error = disk_error::none;
     std::list<common_prompt_checkpoint> checkpoints;
     if (!preempt_checkpoints_of(disk_->take(i, got, why, error), got.tail, checkpoints, why, error)) {
         count_failure(error);
         SRV_WRN("preemption: a cached prompt's file failed to read back (%s): %s; its tokens are prefilled instead\n",
-                llama_preempt::disk_error_name(error), why.c_str());
+                disk_error_name(error), why.c_str());
         return;
     }
     count_read(n_bytes, got.t_us);
@@ -277,7 +288,7 @@ void preempt_prompt_cache::lookup(server_prompt & prompt, const server_tokens & 
 // A file larger than what the host budget leaves cached prompts: streamed straight into the slot,
 // one chunk at a time, in place of what it held (upstream's load() replaces it the same way; its
 // prompt went to the cache just before). A read that fails leaves the slot empty.
-void preempt_prompt_cache::stream_back(int32_t i, size_t n_common, server_prompt & prompt, const llama_preempt::seq_contexts & sc) {
+void cached_prompts::stream_back(int32_t i, size_t n_common, server_prompt & prompt, const seq_contexts & sc) {
     const auto file = disk_->handle(i);
     if (disk_->ahead() >= 0 && disk_->ahead() != i) {
         forget_ahead(false);  // a read ahead that failed is dropped: the indices may move
@@ -300,13 +311,13 @@ void preempt_prompt_cache::stream_back(int32_t i, size_t n_common, server_prompt
         }
     }
     prompt.clear();
-    llama_preempt::state_stream into(sc, { file->n_bytes[0], file->n_bytes[1] - n_tail });
+    state_stream into(sc, { file->n_bytes[0], file->n_bytes[1] - n_tail });
     into.expect_tail(n_tail);
     into.use_layout(disk_->layout_of(i));
     std::vector<llama_token> tokens;
     int64_t t_us = 0;
     std::string why;
-    llama_preempt::disk_error error = llama_preempt::disk_error::none;
+    disk_error error = disk_error::none;
     std::list<common_prompt_checkpoint> checkpoints;
     const bool ok = preempt_checkpoints_of(disk_->take_streamed(i, into, tokens, t_us, why, error), into.tail(), checkpoints,
                                            why, error);
@@ -315,7 +326,7 @@ void preempt_prompt_cache::stream_back(int32_t i, size_t n_common, server_prompt
         into.undo();
         count_failure(error);
         SRV_WRN("preemption: a cached prompt's file failed to stream back (%s): %s; its tokens are prefilled instead\n",
-                llama_preempt::disk_error_name(error), why.c_str());
+                disk_error_name(error), why.c_str());
         return;
     }
     count_read(n_bytes, t_us);
@@ -324,14 +335,14 @@ void preempt_prompt_cache::stream_back(int32_t i, size_t n_common, server_prompt
             "into slot %d, %.2f MiB in %.2f ms through %zu KiB of host RAM (larger than the RAM cache has room for)\n",
             tokens.size(), n_common,
             checkpoints.empty() ? "" : string_format(", %zu context checkpoints", checkpoints.size()).c_str(), sc.seq,
-            n_bytes / 1048576.0, t_us / 1000.0, llama_preempt::disk_store::CHUNK >> 10);
+            n_bytes / 1048576.0, t_us / 1000.0, disk_store::CHUNK >> 10);
     prompt.tokens      = server_tokens(tokens, false);
     prompt.checkpoints = std::move(checkpoints);
 }
 
 // the file read ahead lets its host copy go (the waiting request went another way); one whose read
 // failed is dropped and counted
-void preempt_prompt_cache::forget_ahead(bool say) {
+void cached_prompts::forget_ahead(bool say) {
     const bool failed = disk_->forget_ahead();
     host_.pages_freed();
     if (failed) {
@@ -342,3 +353,4 @@ void preempt_prompt_cache::forget_ahead(bool say) {
     }
 }
 
+} // namespace llama_preempt
