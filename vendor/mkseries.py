@@ -63,7 +63,7 @@ _ENGINE_WORDS = _in("preempt-engine.inc", "preempt_note_error", "common_params_p
 
 # in order: each hunk goes to the first topic that takes it
 TOPICS = [
-    Topic("flags", "our flags in upstream's parser (csrc/server/preempt-args.inc) and their fields in common_params",
+    Topic("flags", "our flags in upstream's parser (csrc/server/preempt-args.cpp) and their fields in common_params",
           lambda f, t: f.startswith("common/") and not _ENGINE_WORDS(t) and not _CLIENT_COMMON(t) and not _in("batch_invariant")(t)),
     Topic("loop-split", "server_queue::start_loop() split into its parts, so a host can run one iteration at a time",
           lambda f, t: (f == "tools/server/server-queue.h" or (f == "tools/server/server-queue.cpp" and "deadline" not in t))

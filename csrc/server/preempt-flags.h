@@ -1,10 +1,10 @@
 // llama-preempt: the checks of our flags, in one place for llama-server's argument parser
-// (preempt-args.inc), the in-process Engine and Python (llama_preempt._core), so that every front
+// (preempt-args.cpp), the in-process Engine and Python (llama_preempt._core), so that every front
 // end refuses the same values with the same words. Header-only: upstream's common library includes
 // it without linking anything of ours.
 #pragma once
 
-#include "preempt-choice.h"  // preempt_mode (header use only: nothing of ours is linked)
+#include "preempt-choice.h"  // preempt_mode (its types only: llama-common links preempt-args.cpp, no policy code)
 
 #include <algorithm>
 #include <climits>

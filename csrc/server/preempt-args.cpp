@@ -1,9 +1,13 @@
-// llama-preempt: our flags (--preempt*, --drain-timeout, --deterministic), included inside upstream's
-// common_params_parser_init() (common/arg.cpp) where its own server flags are added, so that --help
-// lists them beside theirs and every front end
-// (llama-server, the Engine) parses them with upstream's parser. The checks are preempt-flags.h's
-// (included at the top of arg.cpp).
+// Our flags inside upstream's parser (preempt-args.h).
+#include "preempt-args.h"
 
+#include "preempt-flags.h"
+
+#include <string>
+
+namespace llama_preempt {
+
+void preempt_add_args(common_params & params, const std::function<void(common_arg)> & add_opt) {
     add_opt(common_arg(
         {"--preempt"},
         {"--no-preempt"},
@@ -150,3 +154,6 @@
             params.batch_invariant = true;
         }
     ).set_env("LLAMA_ARG_DETERMINISTIC").set_examples({LLAMA_EXAMPLE_SERVER}));
+}
+
+} // namespace llama_preempt
