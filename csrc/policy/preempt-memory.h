@@ -3,7 +3,7 @@
 // and the copy guard's reaction to a wrong copy. Pure C++ over snapshots, like the planner
 // (preempt-policy.h): the server's mechanics and the simulator hand it sizes and tokens and carry
 // its answer out (csrc/server/preempt-prompt-cache-disk.cpp, store/preempt-prompt-disk.cpp,
-// server/preempt-parked.inc).
+// server/preempt-parked.cpp).
 #pragma once
 
 #include "preempt-choice.h"

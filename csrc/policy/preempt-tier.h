@@ -3,7 +3,7 @@
 // from the tiers (tier_state_of()) and carries its choice out through the tier it chose
 // (park_victim(), resume_parked(): preempt-executor.h). Each executor implements the three tiers,
 // RAM, disk and RECOMPUTE, once: the server over the real slots and copies
-// (csrc/server/preempt-tiers.inc) and the simulator in simulated time (preempt-sim-tiers.cpp).
+// (csrc/server/preempt-tiers.h) and the simulator in simulated time (preempt-sim-tiers.cpp).
 // Where a state is, is one value everywhere (park_tier: the executors, the trace, /slots, the
 // events). Adding a tier: docs/contributing.md.
 #pragma once

@@ -69,7 +69,7 @@ void server_drain::step() {
         if (!f.processing()) {
             continue;
         }
-        PSLT_WRN(id, f.id_task, "%s\n", why.c_str());
+        PSLT_WRN(port_, id, "%s\n", why.c_str());
         port_.end_request(id, why);
         p_.n_ended++;
     }
@@ -93,7 +93,7 @@ void server_drain::hand_back() {
         if (!not_begun || !unseen) {
             continue;
         }
-        PSLT_INF(id, f.id_task, "%s\n", "handed back: the server is draining and this request had not started");
+        PSLT_INF(port_, id, "%s\n", "handed back: the server is draining and this request had not started");
         port_.end_request(id, why);
         p_.n_handed_back++;
     }

@@ -11,6 +11,9 @@
 
 #include "preempt-events.h"  // end_stop
 #include "preempt-slot.h"
+#include "preempt-swap.h"    // seq_contexts
+
+#include "server-task.h"     // server_prompt
 
 #include <cstddef>
 #include <cstdint>
@@ -21,10 +24,12 @@ namespace llama_preempt {
 
 // a slot's phase as upstream's state machine has it
 enum class upstream_phase {
-    idle,     // no request
-    started,  // a request taken, its prompt not begun (its client has seen nothing of it yet)
-    running,  // its prompt or its answer is being computed
-    parked,   // preempted (SLOT_STATE_PREEMPTED): out of the pool, still processing
+    idle,        // no request
+    started,     // a request taken, its prompt not begun (its client has seen nothing of it yet)
+    prompt,      // its prompt is being processed (a replay too)
+    generating,  // its answer is being generated
+    running,     // between the two, or waiting for the other slots of its family
+    parked,      // preempted (SLOT_STATE_PREEMPTED): out of the pool, still processing
 };
 
 // what a unit reads of one slot
@@ -36,6 +41,7 @@ struct slot_facts {
     bool           family   = false;  // one of an n_cmpl family (a parent or a child task): they wait for each other
     int32_t        priority = 0;      // its request's priority
     int64_t        n_gen    = 0;      // tokens its request has generated
+    int32_t        n_prompt = 0;      // its request's prompt tokens
 
     bool processing() const { return phase != upstream_phase::idle; }
 };
@@ -48,6 +54,21 @@ public:
     virtual int32_t n_slots() const = 0;
     virtual slot_facts facts(int32_t id) const = 0;
     virtual slot_preempt_state & preempt_of(int32_t id) = 0;  // our state of the slot (upstream's server_slot holds it)
+    virtual int32_t task_of(int32_t id) const = 0;  // its request's task (-1: none), for the log
+
+    // --- a slot leaving the pool and coming back (the parked slots) ---
+    virtual server_prompt & prompt_of(int32_t id) = 0;      // its tokens (equal to its cells) and checkpoints
+    virtual llama_token sampled_of(int32_t id) const = 0;   // the token to decode next (sent to its client already)
+    virtual seq_contexts contexts_of(int32_t id) const = 0; // where its sequence's state lives
+    virtual void set_phase(int32_t id, upstream_phase phase) = 0;  // started, prompt, generating or parked
+    virtual void drop_cells(int32_t id) = 0;    // its sequence leaves the pool (target and draft), its prompt kept
+    virtual void clear_prompt(int32_t id) = 0;  // its prompt and cells go, and any draft: the speculator starts over
+    virtual void leave_batch(int32_t id) = 0;   // it has no tokens in the batch being built
+    // its timings: `t_us` more parked (not generation time), and the parks its response reports
+    virtual void count_parked(int32_t id, int64_t t_us, int32_t n_preempt) = 0;
+    // a streamed request hears of its park and resume as an SSE comment (preempt-notice.h)
+    virtual void notify(int32_t id, const char * kind) = 0;
+
     // each slot's release, from now on: `f(id, id_task, n_generated, stop)`, called before upstream's
     // own reset callback (which flushes the slot's metrics)
     using release_fn = std::function<void(int32_t, int32_t, int64_t, end_stop)>;
@@ -80,6 +101,8 @@ public:
 } // namespace llama_preempt
 
 // The server's log line for a slot, as upstream's SLT_* macros print it, from a unit that names the
-// slot by index and has its task from the port
-#define PSLT_INF(id, id_task, fmt, ...) LOG_INF("slot %12.*s: id %2d | task %d | " fmt, 12, __func__, (int) (id), (int) (id_task), __VA_ARGS__)
-#define PSLT_WRN(id, id_task, fmt, ...) LOG_WRN("slot %12.*s: id %2d | task %d | " fmt, 12, __func__, (int) (id), (int) (id_task), __VA_ARGS__)
+// slot by index and asks the port for its task
+#define PSLT_DBG(port, id, fmt, ...) LOG_DBG("slot %12.*s: id %2d | task %d | " fmt, 12, __func__, (int) (id), (int) (port).task_of(id), __VA_ARGS__)
+#define PSLT_INF(port, id, fmt, ...) LOG_INF("slot %12.*s: id %2d | task %d | " fmt, 12, __func__, (int) (id), (int) (port).task_of(id), __VA_ARGS__)
+#define PSLT_WRN(port, id, fmt, ...) LOG_WRN("slot %12.*s: id %2d | task %d | " fmt, 12, __func__, (int) (id), (int) (port).task_of(id), __VA_ARGS__)
+#define PSLT_ERR(port, id, fmt, ...) LOG_ERR("slot %12.*s: id %2d | task %d | " fmt, 12, __func__, (int) (id), (int) (port).task_of(id), __VA_ARGS__)

@@ -1,6 +1,6 @@
 // The simulator's three tiers (policy/preempt-tier.h) in simulated time: what a park's copies
 // cost on the server's clock and what they hold of host RAM and the disk, as the server's tiers
-// (csrc/server/preempt-tiers.inc) do with the real copies. Each is a view of its simulated server
+// (csrc/server/preempt-tiers.h) do with the real copies. Each is a view of its simulated server
 // (the slots, the clock and the budgets are the server's): the server owns them.
 #pragma once
 

@@ -1,7 +1,7 @@
 // llama-preempt: disk parks, a SWAP park's state taken from host RAM to a file and back
 // (--preempt-disk). The park itself is a swap_out() as for RAM (preempt-swap.h); these functions
 // then move the host copy to the disk tier (preempt-disk.h) and bring it back before swap_in().
-// No server types: the parked slots (server/preempt-parked.inc) call them and log and count what they report.
+// No server types: the parked slots (server/preempt-parked-disk.cpp) call them and log and count what they report.
 //
 // A disk park's life, in its swap_state:
 //   1. park: the host copy is written in the background when it fits what is left of

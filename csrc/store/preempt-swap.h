@@ -3,7 +3,7 @@
 // Swap out, swap in, verify, settle and restore ahead, as functions over the llama contexts, the
 // slot's saved state (swap_state), and the host side that serves every slot (swap_host: the bulk
 // copier, the pool of warm host memory and the measured rates). No server types: the server's
-// parked slots (server/preempt-parked.inc) call these and log what they report through the slot's logger.
+// parked slots (server/preempt-parked.cpp) call these and log what they report through the slot's logger.
 #pragma once
 
 #include "preempt-copy.h"
