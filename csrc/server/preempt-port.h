@@ -27,8 +27,9 @@ enum class upstream_phase {
     idle,        // no request
     started,     // a request taken, its prompt not begun (its client has seen nothing of it yet)
     prompt,      // its prompt is being processed (a replay too)
+    prompt_done, // its prompt's last token is in the batch: its logits give the first token
     generating,  // its answer is being generated
-    running,     // between the two, or waiting for the other slots of its family
+    running,     // waiting for the other slots of its family
     parked,      // preempted (SLOT_STATE_PREEMPTED): out of the pool, still processing
 };
 
@@ -42,6 +43,7 @@ struct slot_facts {
     int32_t        priority = 0;      // its request's priority
     int64_t        n_gen    = 0;      // tokens its request has generated
     int32_t        n_prompt = 0;      // its request's prompt tokens
+    bool           can_split = true;  // its prompt may be spread over several batches (not a non-causal embedding)
 
     bool processing() const { return phase != upstream_phase::idle; }
 };
@@ -68,6 +70,30 @@ public:
     virtual void count_parked(int32_t id, int64_t t_us, int32_t n_preempt) = 0;
     // a streamed request hears of its park and resume as an SSE comment (preempt-notice.h)
     virtual void notify(int32_t id, const char * kind) = 0;
+
+    // --- the batch being built (the batch hooks) ---
+    struct batch_token {
+        int32_t   id_slot   = -1;
+        llama_pos pos       = 0;
+        bool      is_prompt = false;
+        bool      is_replay = false;
+    };
+    virtual int32_t n_batch_max() const = 0;  // the batch's size limit (llama_n_batch)
+    virtual int32_t batch_size() const = 0;
+    virtual batch_token batch_token_at(int32_t i) const = 0;
+    virtual void mark_batch_token(int32_t i, bool is_prompt, bool is_replay) = 0;
+    // one replayed token into the batch at the slot's next position (and into its prompt); false:
+    // the batch had no room
+    virtual bool add_replay_token(int32_t id, llama_token token) = 0;
+    // its replay's last token is in the batch: its logits are read, and the slot samples next
+    // (prompt_done), as the interrupted step would have
+    virtual void replay_done(int32_t id) = 0;
+    // the batch leads with another slot this one cannot share a batch with; none yet: it leads
+    virtual bool can_join_batch(int32_t id) const = 0;
+    virtual void lead_batch_if_none(int32_t id) = 0;
+    // its last `n` tokens leave its prompt and cells: it is back at a token boundary (a generating
+    // slot's draft dropped; a prompt slot processes its prompt again from there)
+    virtual void take_back(int32_t id, int32_t n) = 0;
 
     // each slot's release, from now on: `f(id, id_task, n_generated, stop)`, called before upstream's
     // own reset callback (which flushes the slot's metrics)
