@@ -94,6 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--save", type=Path, help="write this run's figures to this JSON file (relative to bench/)")
     ap.add_argument("--against", type=Path, help="compare with a run saved by --save (relative to bench/)")
     ap.add_argument("--chat", action="store_true", help="the multi-turn chats (the prompt cache) instead")
+    ap.add_argument("--name", help="the results' name under bench/results/ (default: tiers_ab, or tiers_ab_chat with --chat)")
     args = ap.parse_args(argv)
     now = run(args.chat)
     if args.save:
@@ -125,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     print("\n".join(table))
     if before is not None:
         print(f"\n{len(rows) - n_diff} of {len(rows)} runs identical to {args.against}")
-    write_results("tiers_ab_chat" if args.chat else "tiers_ab", {"runs": now, "n_differ": n_diff if before is not None else None},
+    write_results(args.name or ("tiers_ab_chat" if args.chat else "tiers_ab"), {"runs": now, "n_differ": n_diff if before is not None else None},
                   ["The simulator's fingerprint on the recorded workloads (steps, makespan, parks by tier, "
                    "re-prefilled tokens, every request's timings)"
                    + (f", against `{args.against}`" if before is not None else "") + ".", ""] + table
