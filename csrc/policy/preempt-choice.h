@@ -63,6 +63,11 @@ struct park_decision {
     bool copies() const { return tier != park_tier::recompute; }  // the state is copied out (to RAM, or through RAM to disk)
 };
 
+// a tier as a bit of a set of tiers (park_options::offered)
+constexpr unsigned tier_bit(park_tier t) { return 1u << (unsigned) t; }
+// the tiers every executor has (a disk tier without --preempt-disk has no room, and is never taken)
+constexpr unsigned CORE_TIERS = tier_bit(park_tier::recompute) | tier_bit(park_tier::ram) | tier_bit(park_tier::disk);
+
 // What one victim could be parked into.
 struct park_options {
     size_t  bytes     = 0;  // state to copy (0: cannot be copied)
@@ -70,6 +75,7 @@ struct park_options {
     size_t  ram_left  = 0;  // bytes of --preempt-ram still free (in-flight disk writes hold theirs)
     size_t  disk_left = 0;  // bytes the disk tier can still take (0: no disk tier)
     bool    waits_behind = false;  // another parked slot comes back first: its file is read ahead of its turn
+    unsigned offered  = CORE_TIERS;  // the tiers the executor has (tier_bit()); an opt-in tier is offered only here
 };
 
 // --preempt-ram 0 without a disk tier means RECOMPUTE whatever the mode: there is nowhere to swap to

@@ -15,6 +15,7 @@ park_order decide_park(const victim_state & v, const tier_state & t, bool waits_
     opt.n_tokens  = v.in.n_held;
     opt.ram_left  = t.ram_left;
     opt.disk_left = opt.bytes > 0 ? t.disk_left : 0;
+    opt.offered   = t.offered;
     // a slot parked through the API waits for its unpark: its read can always be had ahead
     opt.waits_behind = opt.disk_left > 0 && (v.reason == park_reason::api || waits_behind);
     o.how = choose_park(t.mode, opt, t.rates);

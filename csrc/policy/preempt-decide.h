@@ -23,6 +23,7 @@ struct tier_state {
     size_t       disk_left  = 0;  // bytes the disk tier can still take (0: no disk tier)
     cost_rates   rates;           // the measured prices
     int32_t      n_batch    = 512;
+    unsigned     offered    = CORE_TIERS;  // the tiers the executor has (tier_bit()); RAM, disk and RECOMPUTE always
     bool         force_disk = false;  // fault seam (LLAMA_SERVER_PREEMPT_DISK_ALWAYS): a RAM park goes to disk where it fits
 };
 

@@ -43,7 +43,10 @@ tier_state tier_state_of(const tier_set & tiers, preempt_mode mode, int32_t n_ba
     t.ram_left   = tiers[park_tier::ram].room();
     t.disk_left  = tiers[park_tier::disk].room();
     for (const kv_tier * k : tiers.by_where) {
-        k->price(t.rates);
+        if (k != nullptr) {
+            k->price(t.rates);
+            t.offered |= tier_bit(k->where());
+        }
     }
     return t;
 }

@@ -48,11 +48,13 @@ public:
     virtual void forget(int32_t id) = 0;
 };
 
-// one executor's tiers, by where a state waits
+// one executor's tiers, by where a state waits; a tier an executor does not have is null (the
+// simulator has no compressed tier, a server only under its flag) and is never offered
 struct tier_set {
     kv_tier * by_where[N_PARK_TIERS] = {};
 
     kv_tier & operator[](park_tier t) const { return *by_where[(int) t]; }
+    bool has(park_tier t) const { return by_where[(int) t] != nullptr; }
 };
 
 // What the policy reads of the tiers to price a victim: each one's rates and room, with the

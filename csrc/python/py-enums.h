@@ -15,6 +15,7 @@
 #include "preempt-policy.h"
 #include "preempt-sim.h"
 
+#include <cctype>
 #include <string>
 #include <utility>
 #include <vector>
@@ -28,8 +29,25 @@ template <typename E> struct py_str_enum;
 template <> struct py_str_enum<park_tier> {
     static constexpr const char * name = "ParkTier";
     static constexpr const char * doc  = "where a parked slot's state waits: host RAM, a file on disk, or nowhere (recompute)";
+    // every tier, named as the server names it, upper-cased (ParkTier.RAM == "ram"): a new tier
+    // needs nothing here
     static std::vector<std::pair<const char *, park_tier>> members() {
-        return { { "RECOMPUTE", park_tier::recompute }, { "RAM", park_tier::ram }, { "DISK", park_tier::disk } };
+        static const std::vector<std::string> names = [] {
+            std::vector<std::string> v;
+            for (int i = 0; i < N_PARK_TIERS; ++i) {
+                std::string n = park_tier_name((park_tier) i);
+                for (char & c : n) {
+                    c = (char) std::toupper((unsigned char) c);
+                }
+                v.push_back(n);
+            }
+            return v;
+        }();
+        std::vector<std::pair<const char *, park_tier>> m;
+        for (int i = 0; i < N_PARK_TIERS; ++i) {
+            m.emplace_back(names[i].c_str(), (park_tier) i);
+        }
+        return m;
     }
     static const char * wire(park_tier t) { return park_tier_name(t); }
 };

@@ -56,7 +56,7 @@ void parked_slots::read_ahead(int32_t id) {
     }
     if (st.disk.on()) {
         // its bytes come back into host RAM: cached prompts give way
-        host_.reserve(prompts_.held(), st.disk.total(), host_use::transit);
+        reserve_transit(st.disk.total());
         if (disk_read_ahead(st, swap_)) {
             metrics_.preempt.n_disk_read_ahead_total++;
             PSLT_DBG(port_, id, "disk park: reading %.2f MiB back ahead of its resume\n", st.disk.total() / 1048576.0);

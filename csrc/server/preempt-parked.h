@@ -57,6 +57,10 @@ public:
     swap_host & swap() { return swap_; }
     const swap_host & swap() const { return swap_; }
     const std::string & persist_key() const { return persist_key_; }
+    const preempt_config & config() const { return cfg_; }
+    // host RAM for `bytes` on their way into the pool (a disk park's read back, a compressed
+    // state expanded): cached prompts give way; always let in (a parked request's own bytes)
+    void reserve_transit(size_t bytes) { host_.reserve(prompts_.held(), bytes, host_use::transit); }
 
     // bytes parked slots hold in host RAM now, and what parks may still take of it
     size_t ram_held() const {

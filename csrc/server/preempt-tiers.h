@@ -3,7 +3,7 @@
 // through them. Small adapters over the parked slots (preempt-parked.h): the swap store's copies to
 // host RAM and back, and the disk tier's files; a state lives in the slot's preemption state
 // (port.preempt_of(id).swap), and what a tier holds is counted from there. preempt_server owns one
-// of each and hands them to the policy as a tier_set.
+// of each (server_tiers) and hands them to the policy as a tier_set.
 #pragma once
 
 #include "preempt-parked.h"
@@ -12,6 +12,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <initializer_list>
 #include <string>
 
 namespace llama_preempt {
@@ -103,6 +104,24 @@ struct recompute_tier final : kv_tier {
     move_result copy_out(const park_order &) override { return {}; }
     move_result copy_in(int32_t) override { return {}; }
     void forget(int32_t) override {}
+};
+
+// The server's tiers, owned together; set() hands the policy those this server has (an opt-in
+// tier only under its flag). Adding a tier: its struct above, a member here, a line in set().
+struct server_tiers {
+    recompute_tier recompute;
+    ram_tier       ram;
+    disk_tier      disk;
+
+    server_tiers(parked_slots & parked, server_port & port) : recompute(parked), ram(parked, port), disk(parked, port) {}
+
+    tier_set set() {
+        tier_set s;
+        for (kv_tier * t : std::initializer_list<kv_tier *>{ &recompute, &ram, &disk }) {
+            s.by_where[(int) t->where()] = t;
+        }
+        return s;
+    }
 };
 
 } // namespace llama_preempt
