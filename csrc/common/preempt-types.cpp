@@ -1,16 +1,7 @@
-// The shared plain types' few functions (preempt-types.h): a tier's name and the rates' averages.
+// The shared plain types' few functions (preempt-types.h): the rates' averages.
 #include "preempt-types.h"
 
 namespace llama_preempt {
-
-const char * park_tier_name(park_tier t) {
-    switch (t) {
-        case park_tier::recompute: return "recompute";
-        case park_tier::ram:       return "ram";
-        case park_tier::disk:      return "disk";
-    }
-    return "?";
-}
 
 static void ema(double & avg, int64_t & n, double sample) {
     avg = n == 0 ? sample : (1 - cost_rates::ALPHA) * avg + cost_rates::ALPHA * sample;

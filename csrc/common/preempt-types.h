@@ -12,7 +12,12 @@ namespace llama_preempt {
 // where a parked slot's state waits: nowhere (its tokens are re-prefilled), host RAM, or a file
 enum class park_tier { recompute, ram, disk };
 constexpr int N_PARK_TIERS = 3;
-const char * park_tier_name(park_tier t);  // "recompute", "ram", "disk"
+// "recompute", "ram", "disk": spelled once, beside the enum (/slots, /metrics, the events, Python)
+inline const char * park_tier_name(park_tier t) {
+    static const char * const names[N_PARK_TIERS] = { "recompute", "ram", "disk" };
+    const int i = (int) t;
+    return i >= 0 && i < N_PARK_TIERS ? names[i] : "?";
+}
 
 // The rates the choice is made with: exponential moving averages of what the server's own parks,
 // restores, disk files and prompt batches took, with defaults until the first measurement.

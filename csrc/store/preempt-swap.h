@@ -93,6 +93,8 @@ struct swap_state {
     host_buffer  tgt;
     host_buffer  dft;
     disk_copy    disk;
+    park_tier    held_as = park_tier::ram;    // whose form the host buffers hold: the state's own bytes (RAM), or
+                                          // another tier's packing of them, set by that tier (a disk park: disk.on())
     bool         copy_in_flight = false;  // the transfer to host RAM may still be running
     int64_t      t_copy_in_flight_until_us = 0;      // LLAMA_SERVER_PREEMPT_COPY_HOLD_MS: in flight until then
     int32_t      n_copy_ranges  = 0;      // cell ranges the state was copied from
@@ -118,6 +120,7 @@ struct swap_state {
             tgt  = std::move(o.tgt);
             dft  = std::move(o.dft);
             disk = std::move(o.disk);
+            held_as = o.held_as;
             copy_in_flight = o.copy_in_flight;
             t_copy_in_flight_until_us = o.t_copy_in_flight_until_us;
             n_copy_ranges  = o.n_copy_ranges;
@@ -137,10 +140,11 @@ struct swap_state {
     size_t bytes() const { return tgt.size + dft.size; }  // host RAM it holds now
     // the state's size wherever it waits: its file's for a disk park, else the RAM buffers'
     size_t state_bytes() const { return disk.on() ? disk.total() : bytes(); }
-    // where its state waits: on disk for a disk park, else in RAM (recompute: not a swap at all)
-    park_tier tier() const { return disk.on() ? park_tier::disk : park_tier::ram; }
+    // where its state waits: on disk for a disk park, else in RAM, in the form held there (recompute: not a swap at all)
+    park_tier tier() const { return disk.on() ? park_tier::disk : held_as; }
     void free() {
         disk.reset();
+        held_as = park_tier::ram;
         tgt.reset();
         dft.reset();
         copy_in_flight = false;
