@@ -36,6 +36,22 @@ void register_model(py::module_ & m);   // py-model.cpp: the request fields and 
 
 namespace {
 
+// one victim's options as choose_park() and tier_offers() take them; `extra_tiers` are offered
+// beside the tiers every executor has
+lp::park_options park_options_of(size_t bytes, int64_t n_tokens, size_t ram_left, size_t disk_left, bool waits_behind,
+                                 const std::vector<lp::park_tier> & extra_tiers) {
+    lp::park_options o;
+    o.bytes        = bytes;
+    o.n_tokens     = n_tokens;
+    o.ram_left     = ram_left;
+    o.disk_left    = disk_left;
+    o.waits_behind = waits_behind;
+    for (lp::park_tier t : extra_tiers) {
+        o.offered |= lp::tier_bit(t);
+    }
+    return o;
+}
+
 } // namespace
 
 PYBIND11_MODULE(_core, m) {
@@ -302,29 +318,18 @@ PYBIND11_MODULE(_core, m) {
         .def_readonly("recompute_ms", &lp::park_decision::recompute_ms);
 
     m.def("choose_park", [](lp::preempt_mode pm, size_t bytes, int64_t n_tokens, size_t ram_left, const lp::cost_rates & rates,
-                            size_t disk_left, bool waits_behind) {
-              lp::park_options o;
-              o.bytes        = bytes;
-              o.n_tokens     = n_tokens;
-              o.ram_left     = ram_left;
-              o.disk_left    = disk_left;
-              o.waits_behind = waits_behind;
-              return lp::choose_park(pm, o, rates);
+                            size_t disk_left, bool waits_behind, const std::vector<lp::park_tier> & extra_tiers) {
+              return lp::choose_park(pm, park_options_of(bytes, n_tokens, ram_left, disk_left, waits_behind, extra_tiers), rates);
           },
           py::arg("mode"), py::arg("bytes"), py::arg("n_tokens"), py::arg("ram_left"), py::arg("rates"),
-          py::arg("disk_left") = 0, py::arg("waits_behind") = false,
+          py::arg("disk_left") = 0, py::arg("waits_behind") = false, py::arg("extra_tiers") = std::vector<lp::park_tier>{},
           "the server's choice for one victim: `bytes` of state (0: cannot swap), `n_tokens` to re-prefill, "
-          "`ram_left` and `disk_left` (0: no disk tier) bytes free, `waits_behind`: another parked slot comes back first");
+          "`ram_left` and `disk_left` (0: no disk tier) bytes free, `waits_behind`: another parked slot comes back first, "
+          "`extra_tiers`: opt-in tiers the executor has beside RAM, disk and RECOMPUTE (ParkTier.RAM_Q8)");
     m.def("tier_offers", [](size_t bytes, int64_t n_tokens, size_t ram_left, const lp::cost_rates & rates,
-                            size_t disk_left, bool waits_behind) {
-              lp::park_options o;
-              o.bytes        = bytes;
-              o.n_tokens     = n_tokens;
-              o.ram_left     = ram_left;
-              o.disk_left    = disk_left;
-              o.waits_behind = waits_behind;
+                            size_t disk_left, bool waits_behind, const std::vector<lp::park_tier> & extra_tiers) {
               py::list out;
-              for (const auto & t : lp::tier_offers(o, rates)) {
+              for (const auto & t : lp::tier_offers(park_options_of(bytes, n_tokens, ram_left, disk_left, waits_behind, extra_tiers), rates)) {
                   py::dict d;
                   d["tier"] = t.where;
                   d["copies"] = t.copies;
@@ -336,7 +341,7 @@ PYBIND11_MODULE(_core, m) {
               return out;
           },
           py::arg("bytes"), py::arg("n_tokens"), py::arg("ram_left"), py::arg("rates"),
-          py::arg("disk_left") = 0, py::arg("waits_behind") = false,
+          py::arg("disk_left") = 0, py::arg("waits_behind") = false, py::arg("extra_tiers") = std::vector<lp::park_tier>{},
           "the tiers choose_park() picks from, in tier order: each one's room check, quote and rank in ms");
     m.def("waits_behind_parked", &lp::waits_behind_parked, py::arg("slots"), py::arg("victim"),
           "whether the victim, once parked, comes back after another parked slot (its file can be read ahead)");

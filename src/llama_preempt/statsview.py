@@ -151,7 +151,7 @@ def render(snap: Snapshot, r: dict[str, float] | None) -> Group:
     st = snap.stats
     slots = Table(title=f"{snap.url}  ({snap.version or 'llama-preempt'})", title_justify="left")
     # short headers: the table reads whole at 80 columns (README: "held" is tokens held, "mode" how it
-    # is parked: swap (to RAM), disk or recompute, "recomp" tokens recomputed, "parked" the time
+    # is parked: swap (to RAM), disk, recompute or another tier by its name (ram_q8), "recomp" tokens recomputed, "parked" the time
     # parked, the current park included)
     for col in ("slot", "state", "held", "mode", "parks", "recomp", "RAM/disk", "parked"):
         slots.add_column(col, justify="right" if col not in ("state", "mode") else "left", no_wrap=True)
@@ -160,7 +160,7 @@ def render(snap: Snapshot, r: dict[str, float] | None) -> Group:
                  "processing_prompt": "[cyan]prompt[/]", "started": "[cyan]started[/]"}.get(s.state, s.state)
         held = " + ".join(x for x in (_mib(s.preempt_ram_bytes) if s.preempt_ram_bytes else "",
                                       f"{_mib(s.preempt_disk_bytes)} disk" if s.preempt_disk_bytes else "") if x)
-        mode = {"ram": "swap", "disk": "disk", "recompute": "recompute"}.get(s.preempt_tier or "", "")  # where it waits
+        mode = {"ram": "swap"}.get(s.preempt_tier or "", s.preempt_tier or "")  # where it waits, by its tier's name
         slots.add_row(str(s.id), state, str(s.n_tokens), mode, str(s.n_preempt),
                       str(s.n_recompute), held, f"{s.t_preempted_ms / 1000:.1f} s" if s.t_preempted_ms else "")
     counters = Table(title="preemption", title_justify="left")
