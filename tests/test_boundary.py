@@ -52,7 +52,7 @@ def test_the_names_python_uses_come_from_the_core() -> None:
     assert PREEMPT_MODES == tuple(_core.PREEMPT_MODES)
     assert PARK_CHOICES == tuple(_core.PARK_CHOICES) and "swap_cheaper" in PARK_CHOICES
     assert {"disk_cheaper", "ram_full"} <= set(PARK_CHOICES)
-    assert PARK_TIERS == ("recompute", "ram", "disk") == tuple(_core.PARK_TIERS)
+    assert PARK_TIERS == ("recompute", "ram", "disk", "ram_q8") == tuple(_core.PARK_TIERS)
     assert DISK_FAILURES == tuple(_core.DISK_FAILURES) and "checksum" in DISK_FAILURES
     assert {"planner", "api", "last_resort", "forced"} == set(_core.PARK_REASONS)
 
@@ -60,7 +60,8 @@ def test_the_names_python_uses_come_from_the_core() -> None:
 def test_the_policys_enums_cross_as_str_enums_in_both_directions() -> None:
     """C++ hands Python a member equal to the server's name for it; Python may hand back a member or
     that name; anything else is a ValueError that lists the names."""
-    assert tuple(_core.ParkTier) == (_core.ParkTier.RECOMPUTE, _core.ParkTier.RAM, _core.ParkTier.DISK)
+    assert tuple(_core.ParkTier) == (_core.ParkTier.RECOMPUTE, _core.ParkTier.RAM, _core.ParkTier.DISK,
+                                     _core.ParkTier.RAM_Q8)
     assert PARK_TIERS == tuple(t.value for t in _core.ParkTier)
     assert PARK_CHOICES == tuple(c.value for c in _core.ParkChoice)
     assert {t: 1 for t in _core.ParkTier}["disk"] == 1 and f"{_core.ParkTier.DISK}" == "disk"

@@ -404,7 +404,7 @@ def test_engine_stats_and_http_stats_are_the_same_type(start_server, stories_mod
     assert all(s.state == "idle" for s in st.slots)
     assert set(st.parks_by_choice) == {"swap_cheaper", "recompute_cheaper", "swap_mode", "recompute_mode",
                                        "over_budget", "no_state", "swap_failed", "disk_cheaper", "ram_full"}
-    assert set(st.parks_by_tier) == set(st.restores_by_tier) == {"ram", "disk", "recompute"}
+    assert set(st.parks_by_tier) == set(st.restores_by_tier) == {"ram", "disk", "recompute", "ram_q8"}
     assert st.restore_bytes_per_second > 0 and st.preempt_copies_in_flight == 0
 
 

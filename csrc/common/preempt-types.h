@@ -9,12 +9,13 @@
 
 namespace llama_preempt {
 
-// where a parked slot's state waits: nowhere (its tokens are re-prefilled), host RAM, or a file
-enum class park_tier { recompute, ram, disk };
-constexpr int N_PARK_TIERS = 3;
-// "recompute", "ram", "disk": spelled once, beside the enum (/slots, /metrics, the events, Python)
+// where a parked slot's state waits: nowhere (its tokens are re-prefilled), host RAM, a file, or
+// host RAM compressed to q8_0 (--preempt-compress q8_0, opt-in: not byte-exact)
+enum class park_tier { recompute, ram, disk, ram_q8 };
+constexpr int N_PARK_TIERS = 4;
+// "recompute", "ram", "disk", "ram_q8": spelled once, beside the enum (/slots, /metrics, the events, Python)
 inline const char * park_tier_name(park_tier t) {
-    static const char * const names[N_PARK_TIERS] = { "recompute", "ram", "disk" };
+    static const char * const names[N_PARK_TIERS] = { "recompute", "ram", "disk", "ram_q8" };
     const int i = (int) t;
     return i >= 0 && i < N_PARK_TIERS ? names[i] : "?";
 }
@@ -28,6 +29,9 @@ struct cost_rates {
     static constexpr double DEFAULT_PREFILL_TPS    = 1000;  // tokens/s re-prefilled
     static constexpr double DEFAULT_DISK_WRITE_BPS = 5e8;   // bytes/s, a disk park's file written (--preempt-disk)
     static constexpr double DEFAULT_DISK_READ_BPS  = 1e9;   // bytes/s, a disk park's file read back
+    static constexpr double DEFAULT_PACK_BPS       = 1e9;   // bytes/s of state packed to q8_0 (--preempt-compress)
+    static constexpr double DEFAULT_UNPACK_BPS     = 2e9;   // bytes/s of state unpacked from q8_0
+    static constexpr double DEFAULT_PACK_RATIO     = 34.0 / 64;  // packed bytes per byte of state: q8_0 of f16 KV
     static constexpr double ALPHA                  = 0.25;  // weight of a new sample
     static constexpr size_t MIN_COPY_BYTES         = 64 * 1024;
     static constexpr int64_t MIN_PREFILL_TOKENS    = 32;
@@ -37,6 +41,9 @@ struct cost_rates {
     double prefill_tps    = DEFAULT_PREFILL_TPS;
     double disk_write_bps = DEFAULT_DISK_WRITE_BPS;
     double disk_read_bps  = DEFAULT_DISK_READ_BPS;
+    double pack_bps       = DEFAULT_PACK_BPS;     // the compressed tier's, measured by it (server/preempt-tiers.h)
+    double unpack_bps     = DEFAULT_UNPACK_BPS;
+    double pack_ratio     = DEFAULT_PACK_RATIO;
     int64_t n_park_samples       = 0;
     int64_t n_restore_samples    = 0;
     int64_t n_prefill_samples    = 0;

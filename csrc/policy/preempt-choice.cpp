@@ -68,9 +68,9 @@ host_budget host_budget_from_mib(int64_t host_mib, int64_t park_mib, int64_t cac
 park_choice park_choice_of(park_tier where, choice_reason reason) {
     switch (reason) {
         case choice_reason::cheapest:
-            return where == park_tier::ram  ? park_choice::swap_cheaper
-                 : where == park_tier::disk ? park_choice::disk_cheaper
-                                            : park_choice::recompute_cheaper;
+            return where == park_tier::recompute ? park_choice::recompute_cheaper
+                 : where == park_tier::disk      ? park_choice::disk_cheaper
+                                                 : park_choice::swap_cheaper;  // RAM, plain or compressed
         case choice_reason::mode:
             return where == park_tier::recompute ? park_choice::recompute_mode
                  : where == park_tier::ram       ? park_choice::swap_mode
@@ -122,7 +122,15 @@ std::vector<tier_offer> tier_offers(const park_options & o, const cost_rates & r
     }
     const double recompute_ms = 1e3 * o.n_tokens / rates.prefill_tps;
     const tier_offer recompute { park_tier::recompute, false, true, recompute_ms, recompute_ms };
-    return { ram, disk, recompute };
+    if (!(o.offered & tier_bit(park_tier::ram_q8))) {
+        return { ram, disk, recompute };
+    }
+    // RAM compressed to q8_0 (opt-in): the RAM park's copies plus packing and unpacking, for its
+    // packed share of the same RAM
+    const bool   fits_q8 = o.bytes > 0 && o.bytes * rates.pack_ratio <= o.ram_left;
+    const double q8_ms   = copy_ms + 1e3 * o.bytes / rates.pack_bps + 1e3 * o.bytes / rates.unpack_bps;
+    const tier_offer ram_q8 { park_tier::ram_q8, true, fits_q8, q8_ms, q8_ms };
+    return { ram, ram_q8, disk, recompute };
 }
 
 park_decision choose_park(preempt_mode mode, const park_options & o, const cost_rates & rates) {
@@ -132,6 +140,7 @@ park_decision choose_park(preempt_mode mode, const park_options & o, const cost_
         switch (t.where) {
             case park_tier::ram:       d.swap_ms      = t.ms; break;
             case park_tier::disk:      d.disk_ms      = t.ms; break;
+            case park_tier::ram_q8:    break;  // its quote is in the offers (tier_offers())
             case park_tier::recompute: d.recompute_ms = t.ms; break;
         }
     }

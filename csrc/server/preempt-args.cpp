@@ -47,6 +47,18 @@ void preempt_add_args(common_params & params, const std::function<void(common_ar
         }
     ).set_env("LLAMA_ARG_PREEMPT_MODE").set_examples({LLAMA_EXAMPLE_SERVER}));
     add_opt(common_arg(
+        {"--preempt-compress"}, "{none,q8_0}",
+        "llama-preempt: 'q8_0' adds a tier for parked slots in host RAM compressed to q8_0 (about half the bytes of a "
+        "RAM park, within --preempt-ram, for the time packing takes); not byte-exact: a resumed answer may differ from "
+        "the unparked one after the park. Taken where the plain copy has no room, or is priced higher (default: none)",
+        [](common_params & params, const std::string & value) {
+            if (value != "none" && value != "q8_0") {
+                throw std::invalid_argument("--preempt-compress expects none or q8_0, got '" + value + "'");
+            }
+            params.preempt_compress_q8 = value == "q8_0";
+        }
+    ).set_env("LLAMA_ARG_PREEMPT_COMPRESS").set_examples({LLAMA_EXAMPLE_SERVER}));
+    add_opt(common_arg(
         {"--preempt-disk"}, "DIR",
         "llama-preempt: a disk tier for parked slots: a victim whose state does not fit what is left of --preempt-ram, "
         "or that is priced cheaper on disk, is written to a file under DIR (in a subdirectory of this server's, mode "

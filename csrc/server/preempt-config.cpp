@@ -86,6 +86,7 @@ preempt_config make_preempt_config(const common_params & params, bool has_memory
     cfg.ram_budget = cfg.host.parks();
     cfg.mode       = params.preempt_mode;  // read once, by the flag's parser
     cfg.disk_dir    = params.preempt_disk_dir;
+    cfg.compress_q8 = params.preempt_compress_q8;
     cfg.disk_mib    = params.preempt_disk_mib;
     cfg.disk_mib_from = llama_preempt::disk_limit_from(params.preempt_disk_mib_default, params.preempt_disk_mib);
     cfg.disk_budget = cfg.disk_dir.empty() ? 0 : ram_budget_from_mib(cfg.disk_mib);
@@ -172,6 +173,10 @@ void log_preempt_config(const preempt_config & cfg, size_t n_slots, int32_t n_ct
                           : string_format("%s within %lld MiB of host RAM, %s", choose, (long long) mib, above.c_str());
     CFG_INF("preemption: on (%s), %zu slots share a pool of %d cells; a slot is parked "
             "instead of failing every request when the pool fills\n", how.c_str(), n_slots, n_ctx);
+    if (cfg.compress_q8 && cfg.mode != preempt_mode::recompute && mib != 0) {
+        CFG_INF("preemption: a compressed host tier (--preempt-compress %s): a state that does not fit the RAM left, or "
+                "is priced lower packed, is held in host RAM at about half its bytes; not byte-exact\n", "q8_0");
+    }
     const auto as_mib = [](size_t b) { return b == SIZE_MAX ? std::string("no limit") : string_format("%zu MiB", b >> 20); };
     CFG_INF("preemption: one host budget for KV off the device (--host-kv-ram): %s, parked slots first (up to %s), "
             "the prompt cache in what they leave (up to %s), least recently used prompts giving way\n",

@@ -49,6 +49,7 @@ struct preempt_config {
     host_budget  host;                       // --host-kv-ram: parked slots and the prompt cache together
     preempt_mode mode       = preempt_mode::automatic;  // effective: RECOMPUTE with --preempt-ram 0 and no disk tier
     std::string  disk_dir;                   // --preempt-disk ("" : no disk tier)
+    bool         compress_q8 = false;        // --preempt-compress q8_0: the compressed host tier (server/preempt-tiers.h)
     int32_t      disk_mib    = -1;           // --preempt-disk-mib as given
     std::string  disk_mib_from;              // where that limit came from (disk_limit_from())
     size_t       disk_budget = 0;            // bytes parked files may take at once (SIZE_MAX: the disk's free space; 0: no disk tier)

@@ -209,6 +209,7 @@ inline json props_json(const common_params & params) {
         { "preempt_ram_mib",         params.preempt_ram_mib },
         { "host_kv_ram_mib",         host_kv_ram_mib(params) },
         { "preempt_mode",            llama_preempt::preempt_mode_flag_name(params.preempt_mode) },
+        { "preempt_compress",        params.preempt_compress_q8 ? "q8_0" : "none" },
         { "preempt_disk",            params.preempt_disk_dir.empty() ? json(nullptr) : json(params.preempt_disk_dir) },
         { "preempt_disk_mib",        params.preempt_disk_dir.empty() ? json(nullptr) : json(params.preempt_disk_mib) },
         { "preempt_disk_mib_from",   params.preempt_disk_dir.empty() ? json(nullptr)

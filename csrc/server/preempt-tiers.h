@@ -8,12 +8,15 @@
 
 #include "preempt-parked.h"
 #include "preempt-port.h"
+#include "preempt-q8.h"
 #include "preempt-tier.h"
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <initializer_list>
 #include <string>
+#include <vector>
 
 namespace llama_preempt {
 
@@ -93,6 +96,90 @@ struct disk_tier final : kv_tier {
     void forget(int32_t id) override { parked.forget(id); }
 };
 
+// A park in host RAM compressed to q8_0 (--preempt-compress q8_0; store/preempt-q8.h): about half
+// a RAM park's bytes, within the same share of the host budget, for the time packing and
+// unpacking take (measured here: the rates it is priced by). Not byte-exact. The state comes to
+// host RAM whole as bytes on their way (a disk park's way), is packed while its cells are still in
+// place, and is unpacked into full buffers before its restore; never uploaded ahead.
+struct q8_tier final : kv_tier {
+    parked_slots & parked;
+    server_port &  port;
+    cost_rates     measured;  // its own pack and unpack rates and packed share
+    std::vector<q8_form> forms;  // by slot: how the state it holds was packed (the handle of what it holds)
+    q8_tier(parked_slots & parked, server_port & port) : parked(parked), port(port) {}
+
+    bool on() const { return parked.config().compress_q8; }
+
+    park_tier where() const override { return park_tier::ram_q8; }
+    void price(cost_rates & r) const override {
+        r.park_bps    = parked.swap().rates.park_bps;
+        r.restore_bps = parked.swap().rates.restore_bps;
+        r.pack_bps    = measured.pack_bps;
+        r.unpack_bps  = measured.unpack_bps;
+        r.pack_ratio  = measured.pack_ratio;
+    }
+    size_t room() const override { return parked.ram_room(); }
+    move_result copy_out(const park_order & o) override {
+        const size_t room = parked.ram_room();
+        swap_result r;
+        if (!parked.copy_to_host(o.id, host_use::transit, r)) {
+            return { move_failure::copy_out };
+        }
+        auto & st = port.preempt_of(o.id).swap;
+        const size_t  full = st.bytes();
+        const int64_t t0   = ggml_time_us();
+        std::string why;
+        forms.resize(std::max<size_t>(forms.size(), (size_t) port.n_slots()));
+        const bool packed = compress_state(st, port.contexts_of(o.id), parked.swap(), forms[o.id], why);
+        parked.take_verdict(o.id);  // a checked park's verdict, reached as its transfer settled
+        if (packed && st.bytes() <= room) {
+            const int64_t t_us = ggml_time_us() - t0;
+            PSLT_INF(port, o.id, "packed to q8_0: %.2f MiB of state held in %.2f MiB in %.2f ms\n", full / 1048576.0,
+                     st.bytes() / 1048576.0, t_us / 1000.0);
+            observe(measured.pack_bps, full, t_us);
+            measured.pack_ratio += cost_rates::ALPHA * ((double) st.bytes() / full - measured.pack_ratio);
+            return {};
+        }
+        if (packed) {
+            why = string_format("packed to %.2f MiB, more than the %.2f MiB parks may still hold", st.bytes() / 1048576.0, room / 1048576.0);
+        }
+        PSLT_WRN(port, o.id, "compressed park failed (%s)\n", why.c_str());
+        if (!packed && full <= room) {
+            return { move_failure::copy_out, park_tier::ram };  // a plain RAM park, as copied
+        }
+        parked.forget(o.id);
+        return { move_failure::copy_out };
+    }
+    move_result copy_in(int32_t id) override {
+        auto m = parked.restore_begin(id);
+        auto & st = port.preempt_of(id).swap;
+        const size_t n_bytes = st.state_bytes();
+        const q8_form form   = std::move(forms[id]);
+        const size_t  full   = form.full_bytes();
+        parked.reserve_transit(full);
+        const int64_t t0 = ggml_time_us();
+        std::string why;
+        if (!expand_state(st, form, parked.swap(), why)) {
+            return parked.restore_failed(id, m, n_bytes, "compressed host RAM", why);
+        }
+        observe(measured.unpack_bps, full, ggml_time_us() - t0);
+        return parked.restore_from_host(id, m, full, "compressed host RAM");
+    }
+    void forget(int32_t id) override {
+        parked.forget(id);
+        if ((size_t) id < forms.size()) {
+            forms[id] = {};
+        }
+    }
+
+private:
+    static void observe(double & bps, size_t bytes, int64_t t_us) {
+        if (bytes >= cost_rates::MIN_COPY_BYTES && t_us > 0) {
+            bps += cost_rates::ALPHA * (bytes * 1e6 / t_us - bps);
+        }
+    }
+};
+
 // RECOMPUTE: nothing is copied; its price is the prefill that replays what a slot held
 struct recompute_tier final : kv_tier {
     const parked_slots & parked;
@@ -112,13 +199,17 @@ struct server_tiers {
     recompute_tier recompute;
     ram_tier       ram;
     disk_tier      disk;
+    q8_tier        q8;
 
-    server_tiers(parked_slots & parked, server_port & port) : recompute(parked), ram(parked, port), disk(parked, port) {}
+    server_tiers(parked_slots & parked, server_port & port)
+        : recompute(parked), ram(parked, port), disk(parked, port), q8(parked, port) {}
 
     tier_set set() {
         tier_set s;
-        for (kv_tier * t : std::initializer_list<kv_tier *>{ &recompute, &ram, &disk }) {
-            s.by_where[(int) t->where()] = t;
+        for (kv_tier * t : std::initializer_list<kv_tier *>{ &recompute, &ram, &disk, q8.on() ? &q8 : nullptr }) {
+            if (t != nullptr) {
+                s.by_where[(int) t->where()] = t;
+            }
         }
         return s;
     }

@@ -52,7 +52,7 @@ class SlotStats:
     priority: int = 0           # its request's priority
     preempt_choice: str | None = None  # while parked: why by SWAP or RECOMPUTE (a `choice` label of /metrics)
     preempt_copy_in_flight: bool = False  # while parked by SWAP: its copy to host RAM may still run
-    preempt_tier: str | None = None     # while parked: where its state waits, "ram", "disk" or "recompute"
+    preempt_tier: str | None = None     # while parked: where its state waits, "ram", "disk", "recompute" or "ram_q8"
     preempt_disk_bytes: int = 0         # bytes of its state in a file of the disk tier now
     is_paused: bool = False             # generating beyond the decode width: it keeps its cells and waits for a seat
 
