@@ -57,7 +57,7 @@ _CLIENT_WORDS = _in("preempt-notice.h", "notices", "keepalive", "preempt_slot_ac
                     "preempt_observe_final", "client_json_error", "version_line", "preempt-version.h",
                     "priority", "n_preempt\"", "preempted_ms", "checked_number", "chat_messages_error")
 _CLIENT_COMMON = _in("the client's mistake")  # common/ hunks that make a caller's error a 400
-_ENGINE_WORDS = _in("preempt-engine.inc", "preempt_note_error", "common_params_parse_ex", "server_prepare_params",
+_ENGINE_WORDS = _in("preempt_note_error", "common_params_parse_ex", "server_prepare_params",
                     "ex_wrapper", "step_report", "preempt-events.h", "preempt_selftest(",
                     "preempt-engine-api.h")
 

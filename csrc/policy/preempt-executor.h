@@ -3,7 +3,7 @@
 // The policy decides (plan_step(), decide_park(), the fallbacks); an executor only reads its state
 // out and moves memory. apply_plan() walks a plan in the one order both executors share (purge,
 // fail, park, resume, hold, read ahead), asking the policy for each victim's tier as it goes, so
-// the server (server/preempt-context.inc and preempt-parked.cpp, the real slots and copies) and the simulator
+// the server (server/preempt-server.cpp and preempt-parked.cpp, the real slots and copies) and the simulator
 // (preempt-sim.h, simulated time) cannot drift apart: they differ only in what a move costs.
 // Each decision is recorded through record(), the trace a test compares between the two.
 #pragma once

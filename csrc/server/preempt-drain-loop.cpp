@@ -70,7 +70,7 @@ void server_drain::step() {
             continue;
         }
         PSLT_WRN(port_, id, "%s\n", why.c_str());
-        port_.end_request(id, why);
+        port_.end_request(id, why, end_error::unavailable);
         p_.n_ended++;
     }
 }
@@ -94,7 +94,7 @@ void server_drain::hand_back() {
             continue;
         }
         PSLT_INF(port_, id, "%s\n", "handed back: the server is draining and this request had not started");
-        port_.end_request(id, why);
+        port_.end_request(id, why, end_error::unavailable);
         p_.n_handed_back++;
     }
 }

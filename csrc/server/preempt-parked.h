@@ -74,7 +74,7 @@ public:
     // bytes a disk park may still take (0: no disk tier); prompt files give way to parks: their bytes count as room
     size_t disk_room() const { return swap_.disk ? swap_.disk->room() + prompts_.disk_bytes() : 0; }
 
-    // --- the executor's moves (preempt-context.inc binds them to the interface) ---
+    // --- the executor's moves (preempt_server, preempt-server.cpp, binds them to the interface) ---
 
     // the victim as the policy sees it; its state is sized only when it may be copied (and kept for
     // that copy, which follows in the same park: nothing moves in between)

@@ -4,7 +4,7 @@
 // tools/server/server-context.cpp, so code of ours that touches them had to be pasted into that
 // file (the .inc parts). A unit behind this port is compiled on its own instead: it names slots by
 // index and asks the port for what it needs, and the port's one implementation (the adapter,
-// preempt-server.inc, where upstream's types are complete) answers with upstream's members. Each
+// preempt-upstream.inc, where upstream's types are complete) answers with upstream's members. Each
 // operation here is one a unit needed, said in the words of what it is for, not of upstream's
 // fields. Everything is called on the server loop, except where an operation says otherwise.
 #pragma once
@@ -40,12 +40,19 @@ struct slot_facts {
     bool           has_task = false;
     bool           streams  = false;  // its request streams its answer
     bool           family   = false;  // one of an n_cmpl family (a parent or a child task): they wait for each other
+    int32_t        id_family = -1;    // its family's parent task (-1: none)
     int32_t        priority = 0;      // its request's priority
     int64_t        n_gen    = 0;      // tokens its request has generated
     int32_t        n_prompt = 0;      // its request's prompt tokens
     bool           can_split = true;  // its prompt may be spread over several batches (not a non-causal embedding)
 
     bool processing() const { return phase != upstream_phase::idle; }
+};
+
+// how a request that must end is answered
+enum class end_error {
+    unavailable,       // a 503's: try another server (the drain)
+    context_exceeded,  // the context error upstream gives: the request cannot fit the pool
 };
 
 class server_port {
@@ -55,6 +62,10 @@ public:
     // --- the slots ---
     virtual int32_t n_slots() const = 0;
     virtual slot_facts facts(int32_t id) const = 0;
+    // the policy's view of one slot at a token boundary, translated from upstream's slot (its
+    // phase, cells, request, prompt left and draft bound); whether a parked one may resume now is
+    // the caller's to say (can_resume)
+    virtual slot_view view_of(int32_t id) const = 0;
     virtual slot_preempt_state & preempt_of(int32_t id) = 0;  // our state of the slot (upstream's server_slot holds it)
     virtual int32_t task_of(int32_t id) const = 0;  // its request's task (-1: none), for the log
 
@@ -99,9 +110,22 @@ public:
     // own reset callback (which flushes the slot's metrics)
     using release_fn = std::function<void(int32_t, int32_t, int64_t, end_stop)>;
     virtual void on_release(release_fn f) = 0;
-    // its request ends with this error (a 503's, for another server), and the slot is released
-    // (a parked slot's buffers go with its state)
-    virtual void end_request(int32_t id, const std::string & why) = 0;
+    // its request ends with this error, and the slot is released (a parked slot's buffers go with its state)
+    virtual void end_request(int32_t id, const std::string & why, end_error kind) = 0;
+    // an idle slot's prompt goes to upstream's prompt cache and its cells are freed (the planner's purge)
+    virtual void purge(int32_t id) = 0;
+    // `t_us` more paused: not generation time in its timings
+    virtual void count_paused(int32_t id, int64_t t_us) = 0;
+    // The pool's cells a prompt file streamed into slot `id` may take, its own cells included: what
+    // the other slots' prompts do not hold, and what the idle ones hold too where upstream hands their
+    // prompts to the cache and clears them right after this load anyway (--cache-idle-slots with one
+    // pool). `need` > 0: a stream of that many cells is about to start: when the cells held now leave
+    // less, those idle slots' prompts go to the cache now, a moment before upstream would.
+    virtual size_t room_cells(int32_t id, size_t need) = 0;
+    // a pending context shift runs now (split out of pre_decode(), so the plan sees the counts after it)
+    virtual void context_shift() = 0;
+    // the request handlers check whether their clients are still there
+    virtual void wake_waiters() = 0;
 
     // --- the task queue and the results ---
     // requests (not slot actions) that wait for a slot are answered with this error (a 503's) at

@@ -20,12 +20,10 @@
 #include <new>
 #include <stdexcept>
 
-struct preempt_server;  // preemption beside upstream's server_context_impl (preempt-server.inc)
-
 namespace llama_preempt {
 
 // upstream's slot_state by name, for /slots (its values in order, SLOT_STATE_PREEMPTED last: a
-// static_assert in preempt-context.inc keeps the two in step). This header comes before upstream's
+// static_assert in preempt-upstream.inc keeps the two in step). This header comes before upstream's
 // enum, hence its value by number.
 constexpr int slot_state_preempted = 6;
 

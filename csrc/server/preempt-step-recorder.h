@@ -1,6 +1,6 @@
 // llama-preempt: the in-process engine's view of the loop, a unit of its own behind the port
 // (preempt-port.h). A host that owns the main loop (llama_preempt._core, through
-// server_context::step() in preempt-engine.inc) runs one iteration of upstream's loop per step and
+// server_context::step() in preempt-upstream.inc) runs one iteration of upstream's loop per step and
 // gets what happened in it as typed events (preempt-events.h); the binding turns them into Python
 // objects. Nothing is recorded unless such a host runs the loop. It owns the step's log; the
 // parked slots and the batch tell it each park, resume, error and decoded token as they happen.

@@ -1,0 +1,398 @@
+// Preemption's step inside llama-server, over the port (see preempt-server.h).
+#include "preempt-server.h"
+
+#include "preempt-hostmem.h"  // return_free_pages(): the host budget hands freed pages back
+#include "preempt-decide.h"
+
+#include "ggml-backend.h"
+#include "log.h"
+
+#include <algorithm>
+#include <chrono>
+#include <thread>
+
+namespace llama_preempt {
+
+preempt_server::preempt_server(server_port & port, server_metrics & metrics, const common_params & params,
+                               const int32_t & n_ctx, llama_context * ctx_tgt,
+                               std::unique_ptr<server_prompt_cache> & prompt_cache, server_queue & queue_tasks)
+    : steps(port),
+      parked(port, metrics, cfg, host, prompts, steps),
+      prompts(prompt_cache, metrics, host, parked.swap().rates, queue_tasks,
+              [this] { return parked.ram_held(); },
+              [this](int32_t id, size_t need) { return port_.room_cells(id, need); }),
+      drain(port, params.drain_timeout_s),
+      batch(port, metrics, steps),
+      tiers(parked, port),
+      port_(port), metrics_(metrics), params_(params), n_ctx_(n_ctx), ctx_tgt_(ctx_tgt), prompt_cache_(prompt_cache) {}
+
+void preempt_server::init() {
+    cfg = make_preempt_config(params_, llama_get_memory(ctx_tgt_) != nullptr);
+    batch.set_unified(params_.kv_unified);
+    batch.set_width_loss(cfg.sched.width_loss);
+    parked.init();
+    host = host_ram(cfg.host, prompt_cache_ ? &prompts : nullptr, return_free_pages);
+    metrics_.preempt.n_pool_cells = n_ctx_;
+    metrics_.preempt.host_budget_bytes = cfg.host.total == SIZE_MAX ? 0 : cfg.host.total;
+    log_lost_devices();
+    log_deterministic_devices();
+    log_preempt_config(cfg, (size_t) port_.n_slots(), n_ctx_);
+    parked.open_disk(params_, ctx_tgt_);
+    prompts.init(parked.swap().disk, parked.persist_key());
+    drain.init();
+}
+
+// --deterministic's batch-invariant kernels are the CPU's: say so where layers run on another device
+// (CUDA's kernels still choose their path by the batch, so answers there can follow it)
+void preempt_server::log_deterministic_devices() const {
+    if (!params_.batch_invariant || params_.n_gpu_layers == 0 ||
+        (!params_.devices.empty() && params_.devices.front() == nullptr)) {
+        return;
+    }
+    std::string names;
+    for (size_t i = 0; i < ggml_backend_dev_count(); ++i) {
+        ggml_backend_dev_t dev = ggml_backend_dev_get(i);
+        const bool used = params_.devices.empty() ||
+            std::find(params_.devices.begin(), params_.devices.end(), dev) != params_.devices.end();
+        if (used && ggml_backend_dev_type(dev) != GGML_BACKEND_DEVICE_TYPE_CPU) {
+            names += (names.empty() ? "" : ", ") + std::string(ggml_backend_dev_name(dev));
+        }
+    }
+    if (!names.empty()) {
+        SRV_WRN("deterministic: the batch-invariant kernels are the CPU's; the layers on %s run that device's own kernels, "
+                "whose answers can still follow the batch (an RPC device is batch-invariant when its ggml-rpc-server runs the "
+                "CPU with GGML_CPU_BATCH_INVARIANT=1; -dev none keeps every layer on the CPU)\n", names.c_str());
+    }
+}
+
+// the policy's view of one slot at a token boundary: upstream's slot as the port translates it, and
+// whether a parked one may come back now (not in the step the last resort parked it, nor before
+// LLAMA_SERVER_PREEMPT_HOLD_MS)
+slot_view preempt_server::view(int32_t id) const {
+    slot_view v = port_.view_of(id);
+    if (v.phase == slot_phase::parked) {
+        const auto & ps = port_.preempt_of(id);
+        v.can_resume = !batch.parked_last_resort() &&
+                       (cfg.knobs.min_parked_us == 0 || ggml_time_us() - ps.t_parked_us >= cfg.knobs.min_parked_us);
+    }
+    return v;
+}
+
+std::vector<slot_view> preempt_server::views() const {
+    std::vector<slot_view> out;
+    out.reserve(port_.n_slots());
+    for (int32_t id = 0; id < port_.n_slots(); ++id) {
+        out.push_back(view(id));
+    }
+    return out;
+}
+
+plan_params preempt_server::params() const {
+    plan_params p;
+    p.park     = !cfg.knobs.reactive;
+    p.n_pool   = n_ctx_;
+    p.n_batch  = (int32_t) llama_n_batch(ctx_tgt_);
+    p.t_now_us = ggml_time_us();
+    p.sched    = cfg.sched;
+    p.cost       = batch.fit().cost();
+    p.cost_ready = batch.fit().ready();
+    p.unified    = params_.kv_unified;
+    p.width_free = !batch.guard().allow_limit();
+    return p;  // park_to_admit: the step sets it from the tiers (policy_step())
+}
+
+preempt_gauges preempt_server::gauges() const {
+    preempt_gauges g;
+    for (int32_t id = 0; id < port_.n_slots(); ++id) {
+        const auto & ps = port_.preempt_of(id);
+        const auto   ph = port_.facts(id).phase;
+        g.n_requests_preempted += ph == upstream_phase::parked ? 1 : 0;
+        g.ram_bytes            += ps.swap_bytes();
+        g.n_copies_in_flight   += ps.swap.copy_in_flight ? 1 : 0;
+        g.n_requests_paused    += ps.paused && ph == upstream_phase::generating ? 1 : 0;
+    }
+    const auto & swap = parked.swap();
+    g.decode_width   = batch.width();
+    g.cost           = batch.fit().cost();
+    g.n_cost_samples = batch.fit().n_samples();
+    g.n_width_probes    = batch.guard().n_probes();
+    g.n_width_fallbacks = batch.guard().n_fallbacks();
+    g.pool_bytes = swap.pool ? swap.pool->bytes_kept() : 0;
+    g.prompt_cache_bytes = prompt_cache_ ? prompt_cache_->size() : 0;
+    g.prompt_cache_disk_bytes = prompts.disk_bytes();
+    g.rates = swap.rates;
+    if (swap.disk) {
+        g.disk_bytes             = swap.disk->bytes_held();
+        g.n_disk_writes_in_flight = swap.disk->n_writes_in_flight();
+    }
+    for (int32_t id = 0; id < port_.n_slots(); ++id) {
+        g.n_pool_cells_used += port_.facts(id).processing() ? charged_cells(view(id)) : 0;
+    }
+    g.draining = drain_level() > 0;
+    return g;
+}
+
+engine_stats preempt_server::stats() const {
+    engine_stats st;
+    st.preempt_on        = cfg.on;
+    st.n_pool            = n_ctx_;
+    st.ram_budget_bytes  = host.limits().parks() == SIZE_MAX ? -1 : (int64_t) host.limits().parks();
+    st.disk_budget_bytes = !parked.swap().disk ? 0 : cfg.disk_budget == SIZE_MAX ? -1 : (int64_t) cfg.disk_budget;
+    st.mode              = cfg.mode;
+    st.series            = metric_items(metrics_.preempt, gauges());
+    st.labeled           = labeled_items(metrics_.preempt);
+    return st;
+}
+
+// the executor interface (policy/preempt-executor.h), bound to this server: the moves of a parked
+// slot are the parked slots' (preempt-parked.h), the step's shape the batch hooks' (preempt-batch.h)
+struct preempt_server::executor final : plan_executor {
+    preempt_server & s;
+    explicit executor(preempt_server & s) : s(s) {}
+
+    std::vector<slot_view> views() const override { return s.views(); }
+    void settle() override { s.settle(); }
+    plan_params params() override { return s.params(); }
+    tier_state tiers() const override { return s.tier_state_now(); }
+    kv_tier & tier(park_tier where) override { return s.tier_set_now()[where]; }
+    victim_state victim(int32_t id, park_reason reason) override { return s.parked.victim(id, reason); }
+    parked_state parked(int32_t id) const override { return s.parked.parked(id); }
+    void purge(int32_t id) override { s.port_.purge(id); }
+    void fail(int32_t id) override { s.fail(id); }
+    void park(const park_order & o) override { s.parked.park_as(o.id, o); }
+    void resume(int32_t id, park_tier from, const move_result & restore) override { s.parked.resume_as(id, from, restore); }
+    void hold(int32_t id) override { s.batch.hold(id); }
+    void chunk(int32_t id, int32_t n) override { s.batch.chunk(id, n); }
+    void pause(const std::vector<int32_t> & ids) override { s.set_paused(ids); }
+    void read_ahead(int32_t id) override { s.parked.read_ahead(id); }
+    void planned(const plan & pl) override { s.planned(pl); }
+};
+
+// park a slot now (the planner's victims go through apply_plan(); the test knob, the last resort
+// and the API come here)
+park_order preempt_server::park(int32_t id, park_reason reason) {
+    executor ex(*this);
+    return park_victim(ex, id, reason);
+}
+
+tier_set preempt_server::tier_set_now() const {
+    return const_cast<preempt_server *>(this)->tiers.set();  // the policy only prices and sizes them here
+}
+
+// the tiers as the policy prices a victim: each one's room and measured rates (preempt-tiers.h)
+tier_state preempt_server::tier_state_now() const {
+    return tier_state_of(tier_set_now(), cfg.mode, (int32_t) llama_n_batch(ctx_tgt_), cfg.knobs.disk_always);
+}
+
+void preempt_server::fail(int32_t id) {
+    PSLT_WRN(port_, id, "parked request needs %d cells, more than the whole pool (%d): ending it\n",
+             port_.preempt_of(id).n_restore, n_ctx_);
+    metrics_.preempt.n_fail_total++;
+    port_.end_request(id, "Context size has been exceeded.", end_error::context_exceeded);
+}
+
+// the plan's pause: these generating slots sit this step out (pre_decode leaves them out of the
+// batch, decode_paused()); every other slot is not paused. A pause's time is kept per request.
+void preempt_server::set_paused(const std::vector<int32_t> & ids) {
+    const int64_t now = ggml_time_us();
+    for (int32_t id = 0; id < port_.n_slots(); ++id) {
+        auto & ps = port_.preempt_of(id);
+        const bool p = port_.facts(id).phase == upstream_phase::generating && contains_id(ids, id);
+        if (p && !ps.paused) {
+            ps.t_paused_us = now;
+            metrics_.preempt.n_paused_total++;
+        } else if (!p && ps.paused) {
+            ps.t_paused_total_us += now - ps.t_paused_us;
+            port_.count_paused(id, now - ps.t_paused_us);  // waiting is not generation time
+        }
+        ps.paused = p;
+    }
+}
+
+// a resumed slot that is generating again has finished its replay
+void preempt_server::end_replays() {
+    for (int32_t id = 0; id < port_.n_slots(); ++id) {
+        auto & ps = port_.preempt_of(id);
+        if (ps.resuming && port_.facts(id).phase == upstream_phase::generating) {
+            ps.resuming      = false;
+            ps.n_replay_done = 0;
+            ps.replay.clear();
+        }
+    }
+}
+
+void preempt_server::update() {
+    // the request handlers check their should_stop() once a step (at most every 10 ms, so that fast
+    // steps do not wake every waiting handler each time): a cancelled request (a closed
+    // connection) leaves within a step or two, not at its handler's next 1 s poll
+    if (const int64_t now_wake = ggml_time_us(); now_wake - t_wake_us_ >= 10 * 1000) {
+        t_wake_us_ = now_wake;
+        port_.wake_waiters();
+    }
+    drain.step();  // a drain runs whether preemption is on or not
+    batch.loop_begin();  // the loop's clock runs whether preemption is on or not (preempt_loop_us_total)
+    if (!cfg.on) {
+        batch.measure();
+        return;
+    }
+    batch.begin();
+
+    executor ex(*this);
+    // settle (settle()), plan, keep what the hooks need (planned()), apply
+    const auto [views, pl] = policy_step(ex);
+
+    // the step's cost is measured from here: the plan's copies are not part of it (a retry of the
+    // step after the last resort parked is not measured)
+    batch.measure();
+
+    // slots parked through the API (or kept parked by LLAMA_SERVER_PREEMPT_HOLD_MS) can leave every processing slot
+    // parked on purpose: wait a little instead of spinning the loop hot until that changes
+    if (loop_idles(views, pl, cfg.knobs.min_parked_us > 0)) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+}
+
+// the plan, before it is carried out: what the step's hooks need from it
+void preempt_server::planned(const plan & pl) {
+    restore_next_ = pl.restore_next;
+    batch.planned(pl);
+    if (pl.has_action()) {
+        SRV_DBG("preemption plan: %s\n", plan_to_string(pl).c_str());
+    }
+}
+
+// the step's start, before the plan: the host budget, the prompt files and the copies catch up, a
+// pending context shift runs, the test knobs act, and waiting requests are seen arriving
+void preempt_server::settle() {
+    host.settle(prompts.held());  // parked slots resumed since the last step: the cache may grow into their room
+    prompts.step();
+    end_replays();
+    // transfers started by the last step's parks land and the copy guard counts them; disk writes
+    // whose transfer settled start, finished ones free their host copy (but the slot that comes
+    // back next keeps it)
+    parked.step(restore_next_);
+
+    // the counts below must be the ones after any pending context shift
+    port_.context_shift();
+
+    // test knob: park every generating slot every N generated tokens
+    if (cfg.knobs.every > 0) {
+        for (int32_t id : forced_parks(views(), cfg.knobs.every)) {
+            port_.preempt_of(id).n_gen_forced = (int32_t) port_.facts(id).n_gen;
+            park(id, park_reason::forced);
+        }
+    }
+
+    // a request's wait for admission starts when it reaches its slot (the planner ages it)
+    for (int32_t id = 0; id < port_.n_slots(); ++id) {
+        auto & ps = port_.preempt_of(id);
+        if (port_.facts(id).has_task && ps.t_arrival_us < 0) {
+            ps.t_arrival_us = ggml_time_us();
+        }
+    }
+}
+
+// The bottom of the KV-full retry ladder: the decode failed at n_batch 1. Rather than failing
+// every request, take the undecoded tokens [off, end) back out of their slots (back to a token
+// boundary, batch_hooks::rewind()) and park a victim; the step is then retried from
+// scratch. Returns false when no slot may be parked, and upstream's error path runs.
+bool preempt_server::last_resort(int32_t off) {
+    if (!cfg.on) {
+        return false;
+    }
+    // children copy their parent's cells after the first sub-batch, so a family in the batch is
+    // not rewound and parked: it ends below instead
+    if (!batch.rewind(off)) {
+        const int32_t victim = select_victim(views(), params());
+        if (victim >= 0) {
+            park(victim, park_reason::last_resort);
+            batch.parked_by_last_resort();
+            return true;
+        }
+    }
+    // nothing may be parked: an n_cmpl family, whose slots share cells and are never parked, gets
+    // the context error (the one request that cannot wait), not every request as upstream does
+    return end_families();
+}
+
+// the last resort's last resort: end the n_cmpl requests that hold cells, every slot of them
+bool preempt_server::end_families() {
+    std::vector<int32_t> ended;
+    for (int32_t id = 0; id < port_.n_slots(); ++id) {
+        const slot_facts f = port_.facts(id);
+        if (!f.processing() || !f.has_task || !f.family) {
+            continue;
+        }
+        if (std::find(ended.begin(), ended.end(), f.id_family) == ended.end()) {
+            ended.push_back(f.id_family);
+            metrics_.preempt.n_fail_total++;
+        }
+        PSLT_WRN(port_, id, "%s", "the pool is full and nothing else can be parked: ending this n_cmpl request "
+                                  "(its slots share cells, so it cannot be parked)\n");
+        port_.end_request(id, "Context size has been exceeded.", end_error::context_exceeded);
+        port_.clear_prompt(id);
+    }
+    return !ended.empty();
+}
+
+void preempt_server::observe_final(int32_t n_preempt) {
+    metrics_.preempt.observe_request(n_preempt);
+    drain.note_finished();
+}
+
+// POST /slots/{id}?action=park|unpark, on the main loop at a token boundary (tasks are declined
+// while a decode runs). A slot parked here stays parked until it is unparked or its request is
+// cancelled; unparked, the planner resumes it as soon as it fits.
+slot_action_answer preempt_server::slot_action(int32_t id_slot, bool do_park) {
+    slot_action_answer a;
+    if (id_slot < 0 || id_slot >= port_.n_slots()) {
+        // 400 like upstream's "Invalid slot ID" (the HTTP layer answers every 404 with its own page)
+        a.error = string_format("Invalid slot ID: no slot %d, this server has slots 0 to %d", id_slot, port_.n_slots() - 1);
+        return a;
+    }
+    if (!cfg.on) {
+        a.error = "preemption is off on this server (" + cfg.off_why + "): slots cannot be parked";
+        return a;
+    }
+    auto & ps = port_.preempt_of(id_slot);
+    const upstream_phase phase = port_.facts(id_slot).phase;
+    a.out = { { "id_slot", id_slot }, { "action", do_park ? "park" : "unpark" } };
+
+    if (do_park) {
+        if (phase == upstream_phase::idle) {
+            a.error = string_format("slot %d is idle: it has no request to park", id_slot);
+            return a;
+        }
+        if (phase == upstream_phase::parked) {
+            a.error = string_format("slot %d is already parked (by %s)", id_slot, park_reason_key(ps.reason));
+            return a;
+        }
+        if (const auto block = park_blocker(view(id_slot)); block != park_block::none) {
+            a.error = string_format("slot %d cannot be parked: %s", id_slot, park_block_reason(block));
+            return a;
+        }
+        end_replays();
+        const int32_t n_held = port_.prompt_of(id_slot).n_tokens();
+        park(id_slot, park_reason::api);
+        ps.waits_for_unpark = true;
+        a.out["preempt_mode"] = ps.tier() == park_tier::recompute ? "recompute" : "swap";
+        a.out["n_tokens"]     = n_held;
+        a.out["is_preempted"] = true;
+    } else {
+        if (phase != upstream_phase::parked) {
+            a.error = string_format("slot %d is not parked", id_slot);
+            return a;
+        }
+        if (!ps.waits_for_unpark) {
+            a.error = string_format("slot %d was parked by the %s, not through the API: it resumes on its own when "
+                                    "the pool has room", id_slot, park_reason_key(ps.reason));
+            return a;
+        }
+        ps.waits_for_unpark = false;  // the planner resumes it as soon as it fits
+        a.out["is_preempted"] = true;
+    }
+    PSLT_INF(port_, id_slot, "%s through the API\n", do_park ? "parked" : "unparked");
+    return a;
+}
+
+} // namespace llama_preempt
