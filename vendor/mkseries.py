@@ -53,7 +53,7 @@ def _only_includes(hunk: str) -> bool:
 
 
 _CLIENT_WORDS = _in("preempt-notice.h", "notices", "keepalive", "preempt_slot_action", "SLOT_PARK", "SLOT_UNPARK",
-                    "preempt-routes.inc", "handle_slots_preempt", "unknown_slot_action", "props_json",
+                    "handle_slots_preempt", "unknown_slot_action", "props_json",
                     "preempt_observe_final", "client_json_error", "version_line", "preempt-version.h",
                     "priority", "n_preempt\"", "preempted_ms", "checked_number", "chat_messages_error")
 _CLIENT_COMMON = _in("the client's mistake")  # common/ hunks that make a caller's error a 400

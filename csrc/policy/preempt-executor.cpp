@@ -85,14 +85,17 @@ void apply_plan(const plan & pl, plan_executor & ex) {
         ex.chunk(id, n);
     }
     ex.pause(pl.pause);
-    // restore ahead: the slot the plan brings back next has its file read back into host RAM (when
-    // its state fits what is left of the budget), or its RAM buffer uploaded, while others decode
+    // restore ahead, as the next slot back's tier does it (kv_tier::ahead()): its RAM buffer
+    // uploaded, or its file read back into host RAM when its state fits what is left of the budget,
+    // while others decode
     if (pl.restore_next >= 0) {
         const parked_state p = ex.parked(pl.restore_next);
-        const tier_state   t = ex.tiers();
-        if (p.tier == park_tier::ram ||
-            (p.tier == park_tier::disk && !p.in_ram && may_read_ahead(p.bytes, t.ram_left))) {
-            ex.read_ahead(pl.restore_next);
+        if (p.tier != park_tier::recompute) {
+            const ahead_kind how = ex.tier(p.tier).ahead();
+            if (how == ahead_kind::upload ||
+                (how == ahead_kind::read_in && !p.in_ram && may_read_ahead(p.bytes, ex.tiers().ram_left))) {
+                ex.read_ahead(pl.restore_next);
+            }
         }
     }
 }

@@ -28,11 +28,18 @@ struct move_result {
     bool ok() const { return failure == move_failure::none; }
 };
 
+// what restoring ahead does for the next slot back whose state waits in a tier, while the others
+// decode: nothing, an upload of its host copy to the device (no new host RAM), or its bytes read
+// back into host RAM (only where they fit the RAM left)
+enum class ahead_kind { none, upload, read_in };
+
 class kv_tier {
 public:
     virtual ~kv_tier() = default;
 
     virtual park_tier where() const = 0;
+    // its restore ahead (apply_plan()); a tier that says nothing is restored at its turn only
+    virtual ahead_kind ahead() const { return ahead_kind::none; }
     // price: its measured rates, into what the policy prices a park with (RAM: the park and restore
     // copies; disk: the file's write and read; RECOMPUTE: the prefill)
     virtual void price(cost_rates & rates) const = 0;

@@ -30,6 +30,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 namespace llama_preempt {
 
@@ -42,8 +43,9 @@ public:
     parked_slots(const parked_slots &) = delete;
     parked_slots & operator=(const parked_slots &) = delete;
 
-    // once, after the settings are read: the copier, its host memory, the rates, the guard
+    // once, after the settings are read: each slot's state, the copier, its host memory, the rates, the guard
     void init() {
+        states_.resize(port_.n_slots());  // once: upstream's slots point into it (server_slot::preempt)
         swap_.copier = std::make_shared<seq_copier>(cfg_.knobs.route);
         swap_.copier->set_faults(cfg_.knobs.faults);
         guard_.n_first = cfg_.verify_first;
@@ -52,6 +54,12 @@ public:
         swap_.knobs = cfg_.knobs.swap;
     }
     void open_disk(const common_params & params, llama_context * ctx_tgt);  // the disk tier under --preempt-disk (preempt-parked-disk.cpp)
+
+    // a slot's preemption state: the table of them is this class's, one entry per slot for the
+    // server's life (the port's preempt_of() answers from it, and upstream's slot points to its entry
+    // for /slots and its reset)
+    slot_preempt_state & state(int32_t id) { return states_[id]; }
+    const slot_preempt_state & state(int32_t id) const { return states_[id]; }
 
     // the copies' state: the copier, its warm host memory, the measured rates, the disk tier
     swap_host & swap() { return swap_; }
@@ -122,6 +130,7 @@ private:
     cached_prompts & prompts_;
     step_recorder &  steps_;
 
+    std::vector<slot_preempt_state> states_;  // by slot (sized once by init())
     swap_host    swap_;           // the copier, warm host memory and measured rates of every swap, the disk tier
     verify_guard guard_;          // which swap copies are checked byte for byte (--preempt-verify)
     std::string  persist_key_;    // --cache-persist: the kept directory's key, computed once by open_disk()

@@ -66,7 +66,7 @@ public:
     // phase, cells, request, prompt left and draft bound); whether a parked one may resume now is
     // the caller's to say (can_resume)
     virtual slot_view view_of(int32_t id) const = 0;
-    virtual slot_preempt_state & preempt_of(int32_t id) = 0;  // our state of the slot (upstream's server_slot holds it)
+    virtual slot_preempt_state & preempt_of(int32_t id) = 0;  // our state of the slot (the parked slots' table, parked_slots::state())
     virtual int32_t task_of(int32_t id) const = 0;  // its request's task (-1: none), for the log
 
     // --- a slot leaving the pool and coming back (the parked slots) ---

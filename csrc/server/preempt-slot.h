@@ -1,4 +1,6 @@
-// Per-slot preemption state, a member of upstream's server_slot (`slot.preempt`).
+// Per-slot preemption state, kept in the parked slots' table (parked_slots::state(), one entry per
+// slot for the server's life); upstream's server_slot points to its entry (`slot.preempt`) for
+// /slots and for its reset, which frees it.
 //
 // Plain data: /slots and /metrics read it from the worker thread during yields, so it is only
 // written on the main loop, outside yield_to_queue lambdas.

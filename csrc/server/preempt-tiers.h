@@ -27,6 +27,7 @@ struct ram_tier final : kv_tier {
     ram_tier(parked_slots & parked, server_port & port) : parked(parked), port(port) {}
 
     park_tier where() const override { return park_tier::ram; }
+    ahead_kind ahead() const override { return ahead_kind::upload; }  // where the copier can (read_ahead())
     void price(cost_rates & r) const override {
         r.park_bps    = parked.swap().rates.park_bps;
         r.restore_bps = parked.swap().rates.restore_bps;
@@ -54,6 +55,7 @@ struct disk_tier final : kv_tier {
     disk_tier(parked_slots & parked, server_port & port) : parked(parked), port(port) {}
 
     park_tier where() const override { return park_tier::disk; }
+    ahead_kind ahead() const override { return ahead_kind::read_in; }
     void price(cost_rates & r) const override {
         r.disk_write_bps = parked.swap().rates.disk_write_bps;
         r.disk_read_bps  = parked.swap().rates.disk_read_bps;

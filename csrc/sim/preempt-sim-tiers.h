@@ -16,6 +16,7 @@ struct sim_ram_tier final : kv_tier {
     explicit sim_ram_tier(sim_server & s) : s(s) {}
 
     park_tier   where() const override { return park_tier::ram; }
+    ahead_kind  ahead() const override { return ahead_kind::upload; }
     void        price(cost_rates & rates) const override;
     size_t      room() const override;
     move_result copy_out(const park_order & o) override;
@@ -30,6 +31,7 @@ struct sim_disk_tier final : kv_tier {
     explicit sim_disk_tier(sim_server & s) : s(s) {}
 
     park_tier   where() const override { return park_tier::disk; }
+    ahead_kind  ahead() const override { return ahead_kind::read_in; }
     void        price(cost_rates & rates) const override;
     size_t      room() const override;  // 0: no disk tier
     move_result copy_out(const park_order & o) override;
