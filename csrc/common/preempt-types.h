@@ -29,8 +29,8 @@ struct cost_rates {
     static constexpr double DEFAULT_PREFILL_TPS    = 1000;  // tokens/s re-prefilled
     static constexpr double DEFAULT_DISK_WRITE_BPS = 5e8;   // bytes/s, a disk park's file written (--preempt-disk)
     static constexpr double DEFAULT_DISK_READ_BPS  = 1e9;   // bytes/s, a disk park's file read back
-    static constexpr double DEFAULT_PACK_BPS       = 1e9;   // bytes/s of state packed to q8_0 (--preempt-compress)
-    static constexpr double DEFAULT_UNPACK_BPS     = 2e9;   // bytes/s of state unpacked from q8_0
+    static constexpr double DEFAULT_PACK_BPS       = 3e8;   // bytes/s of state packed to q8_0 (--preempt-compress; measured: bench/compressed_tier.py)
+    static constexpr double DEFAULT_UNPACK_BPS     = 6e8;   // bytes/s of state unpacked from q8_0
     static constexpr double DEFAULT_PACK_RATIO     = 34.0 / 64;  // packed bytes per byte of state: q8_0 of f16 KV
     static constexpr double ALPHA                  = 0.25;  // weight of a new sample
     static constexpr size_t MIN_COPY_BYTES         = 64 * 1024;

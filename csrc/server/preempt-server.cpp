@@ -3,12 +3,18 @@
 
 #include "preempt-hostmem.h"  // return_free_pages(): the host budget hands freed pages back
 #include "preempt-decide.h"
+#include "preempt-selftest.h"
+#include "preempt-version.h"
 
 #include "ggml-backend.h"
 #include "log.h"
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <thread>
 
 namespace llama_preempt {
@@ -393,6 +399,51 @@ slot_action_answer preempt_server::slot_action(int32_t id_slot, bool do_park) {
     }
     PSLT_INF(port_, id_slot, "%s through the API\n", do_park ? "parked" : "unparked");
     return a;
+}
+
+std::string preempt_server::queue_refusal(bool queued_before, size_t n_waiting, int32_t id_task) {
+    const int32_t max_queue = params_.preempt_max_queue;
+    if (queued_before || max_queue < 0 || (int32_t) n_waiting < max_queue) {
+        return "";
+    }
+    const uint64_t n = ++metrics_.preempt.n_queue_full_total;
+    if ((n & (n - 1)) == 0) {
+        // the 1st, 2nd, 4th, 8th, ... refusal: a server shedding load at thousands a second logs a few lines, not thousands
+        SRV_WRN("the queue is full (--max-queue %d requests wait for a slot): task %d refused, %llu refused so far "
+                "(llamacpp:n_queue_full_total)\n", max_queue, id_task, (unsigned long long) n);
+    }
+    return string_format("the server is busy: %d requests already wait for a slot (--max-queue %d); try "
+                         "again later or another server", max_queue, max_queue);
+}
+
+int preempt_server::selftest(const common_params & params, bool has_draft) {
+    selftest_input in;
+    in.ctx        = ctx_tgt_;
+    in.host       = &parked.swap();
+    in.faults     = cfg.knobs.faults;
+    in.disk       = cfg.knobs.disk;
+    in.has_draft  = has_draft;
+    in.build      = version_line();
+    in.flags      = {
+        "-m " + params.model.path, string_format("-c %u", llama_n_ctx(ctx_tgt_)), string_format("-np %d", params.n_parallel),
+        string_format("-ngl %d", params.n_gpu_layers), params.flash_attn_type == LLAMA_FLASH_ATTN_TYPE_ENABLED ? "-fa on" : params.flash_attn_type == LLAMA_FLASH_ATTN_TYPE_DISABLED ? "-fa off" : "-fa auto",
+        string_format("-ctk %s -ctv %s", ggml_type_name(params.cache_type_k), ggml_type_name(params.cache_type_v)),
+        params.preempt_disk_dir.empty() ? "(no --preempt-disk)" : "--preempt-disk " + params.preempt_disk_dir,
+    };
+    const auto res = run_selftest(in);
+    print_selftest(stdout, in, res);
+    fflush(stdout);
+    if (const char * path = getenv("LLAMA_PREEMPT_SELFTEST_JSON")) {
+        if (FILE * f = fopen(path, "w")) {
+            const std::string j = selftest_json(in, res);
+            fwrite(j.data(), 1, j.size(), f);
+            fclose(f);
+        } else {
+            fprintf(stderr, "error: cannot write LLAMA_PREEMPT_SELFTEST_JSON=%s: %s\n", path, strerror(errno));
+            return 1;
+        }
+    }
+    return res.ok() ? 0 : 1;
 }
 
 } // namespace llama_preempt

@@ -84,6 +84,16 @@ public:
     // POST /slots/{id}?action=park|unpark, on the main loop at a token boundary
     slot_action_answer slot_action(int32_t id_slot, bool park);
 
+    // A request with no slot waits in the queue, unless --max-queue requests wait already (`n_waiting`):
+    // then it is answered 503 (with Retry-After) at once, with this text, so that a balancer sends it
+    // elsewhere; "" : it waits. A request that waited before (`queued_before`: taken out for a slot
+    // that another got first) keeps its place whatever the count.
+    std::string queue_refusal(bool queued_before, size_t n_waiting, int32_t id_task);
+    // llama-server --preempt-selftest (preempt-selftest.h): every park route on this model and these
+    // flags, checked, printed as a table and a report; LLAMA_PREEMPT_SELFTEST_JSON=FILE also writes
+    // them as JSON (llama-preempt doctor reads it). 0 when every route is right.
+    int selftest(const common_params & params, bool has_draft);
+
     // what /metrics shows now of the slots and the copies
     preempt_gauges gauges() const;
     // the counters and gauges /metrics shows, as types (the Engine's stats; the adapter adds each
