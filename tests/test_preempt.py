@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from helpers import (ALL_DECODE, ON_THE_CPU, BackgroundStream, complete, complete_all, logged, long_prompt, n_tokens,
-                     run_concurrently, sse_events, wait_for_parked)
+                     run_concurrently, sse_events, wait_for_parked, wait_until)
 from llama_preempt import Completion
 from llama_preempt.server import ServerStartError
 
@@ -49,6 +49,25 @@ def test_forced_parks_complete_with_the_same_length_and_text(start_server, stori
     assert m["n_preempt_swap_total"] == 0
     logged(srv, "parked by recompute")
     logged(srv, "resumed by recompute after")
+
+
+def test_a_server_woken_from_sleep_parks_and_reports_each_request_afresh(start_server, stories_model: Path) -> None:
+    """Upstream frees its context and makes its slots anew when it sleeps (--sleep-idle-seconds) and
+    wakes: preemption then works on the new context, and each new slot's state is its request's
+    alone (its parks counted from zero, nothing held, /slots complete)."""
+    srv = start_server(stories_model, n_ctx=512, n_parallel=2, env={"LLAMA_SERVER_PREEMPT_EVERY": "8"},
+                       extra_args=["--sleep-idle-seconds", "1"])
+    before = complete(srv, "Once upon a time", 48).json()
+    assert before["timings"]["n_preempt"] >= 4
+    for _ in range(2):  # asleep and awake twice
+        wait_until(lambda: srv.props().get("is_sleeping"), 30, "the server to fall asleep", interval_s=0.1)
+        after = complete(srv, "Once upon a time", 48).json()
+        assert after["tokens_predicted"] == 48
+        assert after["timings"]["n_preempt"] == before["timings"]["n_preempt"]  # this request's parks, not the last one's too
+        slots = srv.slots()
+        assert all(s["state"] == "idle" and s["n_preempt"] == 0 and s["preempt_ram_bytes"] == 0 for s in slots), slots
+    logged(srv, "server is exiting sleeping state")
+    assert srv.metrics()["preempt_ram_bytes"] == 0
 
 
 def test_usage_does_not_count_the_recompute_as_prompt_tokens(start_server, stories_model: Path) -> None:

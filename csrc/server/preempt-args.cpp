@@ -50,7 +50,8 @@ void preempt_add_args(common_params & params, const std::function<void(common_ar
         {"--preempt-compress"}, "{none,q8_0}",
         "llama-preempt: 'q8_0' adds a tier for parked slots in host RAM compressed to q8_0 (about half the bytes of a "
         "RAM park, within --preempt-ram, for the time packing takes); not byte-exact: a resumed answer may differ from "
-        "the unparked one after the park. Taken where the plain copy has no room, or is priced higher (default: none)",
+        "the unparked one after the park. Taken where the plain copy has no room and it is priced below disk and a recompute "
+        "(default: none)",
         [](common_params & params, const std::string & value) {
             if (value != "none" && value != "q8_0") {
                 throw std::invalid_argument("--preempt-compress expects none or q8_0, got '" + value + "'");

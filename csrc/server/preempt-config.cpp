@@ -174,8 +174,8 @@ void log_preempt_config(const preempt_config & cfg, size_t n_slots, int32_t n_ct
     CFG_INF("preemption: on (%s), %zu slots share a pool of %d cells; a slot is parked "
             "instead of failing every request when the pool fills\n", how.c_str(), n_slots, n_ctx);
     if (cfg.compress_q8 && cfg.mode != preempt_mode::recompute && mib != 0) {
-        CFG_INF("preemption: a compressed host tier (--preempt-compress %s): a state that does not fit the RAM left, or "
-                "is priced lower packed, is held in host RAM at about half its bytes; not byte-exact\n", "q8_0");
+        CFG_INF("preemption: a compressed host tier (--preempt-compress %s): a state that does not fit the RAM left "
+                "may be held in host RAM packed, at about half its bytes, where that is priced below disk and a recompute; not byte-exact\n", "q8_0");
     }
     const auto as_mib = [](size_t b) { return b == SIZE_MAX ? std::string("no limit") : string_format("%zu MiB", b >> 20); };
     CFG_INF("preemption: one host budget for KV off the device (--host-kv-ram): %s, parked slots first (up to %s), "

@@ -51,6 +51,7 @@ parked_state parked_slots::parked(int32_t id) const {
 
 void parked_slots::read_ahead(int32_t id) {
     auto & st = port_.preempt_of(id).swap;
+    GGML_ASSERT(st.tier() == park_tier::ram || st.tier() == park_tier::disk);  // a tier whose ahead() says so (kv_tier::ahead())
     if (st.disk.streamed) {
         return;  // larger than what parks may hold: it comes back straight from its file
     }

@@ -20,7 +20,7 @@
 namespace llama_preempt {
 
 preempt_server::preempt_server(server_port & port, server_metrics & metrics, const common_params & params,
-                               const int32_t & n_ctx, llama_context * ctx_tgt,
+                               const int32_t & n_ctx, llama_context * const & ctx_tgt,
                                std::unique_ptr<server_prompt_cache> & prompt_cache, server_queue & queue_tasks)
     : steps(port),
       parked(port, metrics, cfg, host, prompts, steps),

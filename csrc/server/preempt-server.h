@@ -64,7 +64,7 @@ public:
     // state, the batch size), the prompt cache (a purged slot's prompt, the host budget's cap) and
     // the task queue (a prompt file read ahead for a waiting request)
     preempt_server(server_port & port, server_metrics & metrics, const common_params & params, const int32_t & n_ctx,
-                   llama_context * ctx_tgt, std::unique_ptr<server_prompt_cache> & prompt_cache, server_queue & queue_tasks);
+                   llama_context * const & ctx_tgt, std::unique_ptr<server_prompt_cache> & prompt_cache, server_queue & queue_tasks);
 
     preempt_server(const preempt_server &) = delete;
     preempt_server & operator=(const preempt_server &) = delete;
@@ -132,7 +132,7 @@ private:
     server_metrics &                       metrics_;
     const common_params &                  params_;
     const int32_t &                        n_ctx_;
-    llama_context *                        ctx_tgt_;
+    llama_context * const &                ctx_tgt_;  // upstream's, read each time: a wake from sleep makes a new context
     std::unique_ptr<server_prompt_cache> & prompt_cache_;
 
     int64_t t_wake_us_    = 0;   // when the request handlers were last woken to check should_stop()

@@ -129,6 +129,7 @@ struct q8_tier final : kv_tier {
         }
         auto & st = port.preempt_of(o.id).swap;
         const size_t  full = st.bytes();
+        settle_copy(st, *parked.swap().copier);  // on a device: its transfer lands first, outside the pack's time
         const int64_t t0   = ggml_time_us();
         std::string why;
         forms.resize(std::max<size_t>(forms.size(), (size_t) port.n_slots()));
