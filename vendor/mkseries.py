@@ -61,10 +61,13 @@ _ENGINE_WORDS = _in("preempt_note_error", "common_params_parse_ex", "server_prep
                     "ex_wrapper", "step_report", "preempt-events.h", "preempt_selftest(",
                     "preempt-engine-api.h")
 
+_OWN_CELLS = ("kv_runs", "attn_own_cells", "fa_kv_", "float * scratch", "scratch ? scratch")  # the words of the attn-own-cells topic
+
 # in order: each hunk goes to the first topic that takes it
 TOPICS = [
     Topic("flags", "our flags in upstream's parser (csrc/server/preempt-args.cpp) and their fields in common_params",
-          lambda f, t: f.startswith("common/") and not _ENGINE_WORDS(t) and not _CLIENT_COMMON(t) and not _in("batch_invariant")(t)),
+          lambda f, t: f.startswith("common/") and not _ENGINE_WORDS(t) and not _CLIENT_COMMON(t)
+          and not _in("batch_invariant", "attn_own_cells")(t)),
     Topic("loop-split", "server_queue::start_loop() split into its parts, so a host can run one iteration at a time",
           lambda f, t: (f == "tools/server/server-queue.h" or (f == "tools/server/server-queue.cpp" and "deadline" not in t))
           and "n_waiting" not in t and "peek_deferred" not in t and "wake_waiters" not in t and "result_waiter" not in t),
@@ -79,9 +82,9 @@ TOPICS = [
           "(with many streams the shared wakeups took most of the loop's time; could go upstream alone)",
           lambda f, t: f.startswith("tools/server/server-queue.") and "result_waiter" in t),
     Topic("engine", "what the in-process Engine calls instead of copying: step(), the parser, parameter finalisation",
-          lambda f, t: f.startswith("tools/server/") or (f.startswith("common/") and not _in("batch_invariant")(t))),
+          lambda f, t: f.startswith("tools/server/") or (f.startswith("common/") and not _in("batch_invariant", "attn_own_cells")(t))),
     Topic("state-seq-bulk-copy", "libllama: a sequence state's slices handed to a callback in bulk (could go upstream alone)",
-          lambda f, t: (f.startswith("include/") or f.startswith("src/")) and not _in("batch_invariant", "kv_order")(t)),
+          lambda f, t: (f.startswith("include/") or f.startswith("src/")) and not _in("batch_invariant", "kv_order", *_OWN_CELLS)(t)),
     Topic("rpc-supports-op", "ggml-rpc: the client asks the remote device whether it runs an op (cached; protocol 7.1), so "
           "an op the device lacks stays local instead of aborting the server (could go upstream alone)",
           lambda f, t: f in ("ggml/src/ggml-rpc/ggml-rpc.cpp", "ggml/include/ggml-rpc.h")
@@ -90,7 +93,11 @@ TOPICS = [
           lambda f, t: f == "ggml/src/ggml-rpc/ggml-rpc.cpp"),
     Topic("batch-invariant", "ggml-cpu and libllama: batch-invariant kernels and a KV visiting order, so a sequence's "
           "logits do not depend on its batch or neighbours (could go upstream alone)",
-          lambda f, t: f.startswith("ggml/") or _in("batch_invariant", "kv_order")(t)),
+          lambda f, t: (f.startswith("ggml/") or _in("batch_invariant", "kv_order")(t)) and not _in(*_OWN_CELLS)(t)),
+    Topic("attn-own-cells", "ggml-cpu and libllama: flash attention over a pool shared by many sequences visits only each "
+          "row's own cells (runs of cells built once per ubatch), so one pool costs what a static split does "
+          "(could go upstream alone)",
+          lambda f, t: f.startswith(("ggml/", "src/", "include/", "common/", "tests/")) and _in(*_OWN_CELLS)(t)),
 ]
 
 
@@ -134,25 +141,37 @@ def changed_files(pristine: Path) -> set[str]:
     return out
 
 
-def build(named: list[str]) -> dict[str, str]:
+def build(named: list[str], keep: int = 0) -> dict[str, str]:
     """topic name -> patch text, for the files the series touches, the named ones and every file
-    of the tree that differs from the pristine one"""
+    of the tree that differs from the pristine one. The first `keep` patches of patches/ are kept as
+    they are: the later topics are the step from the tree with them applied (so a topic whose lines
+    sit beside an earlier topic's, or change them, leaves the earlier patch whole)"""
     out: dict[str, str] = {}
     with tempfile.TemporaryDirectory() as tmp:
         tree = Path(tmp) / "tree"
         fetch.extract(fetch.find_sdist(), tree)
         files = sorted(set(named) | changed_files(tree))
-        # every hunk against pristine, sorted into topics
-        by_topic: dict[str, list[tuple[str, str]]] = {t.name: [] for t in TOPICS}
+        kept = fetch.patch_files()[:keep]
+        for topic, p in zip(TOPICS, kept):
+            text = p.read_text()
+            proc = subprocess.run(["patch", "-p1", "--batch", "--silent", "-d", str(tree)], input=text,
+                                  capture_output=True, text=True)
+            if proc.returncode != 0:
+                raise SystemExit(f"mkseries: kept {p.name} does not apply:\n{proc.stdout}{proc.stderr}")
+            out[topic.name] = text
+        # every hunk against that tree, sorted into the topics after the kept ones
+        by_topic: dict[str, list[tuple[str, str]]] = {t.name: [] for t in TOPICS[keep:]}
         for rel in files:
             d = file_diff(tree / rel, fetch.TREE / rel, rel)
             for h in split_hunks(d) if d else []:
-                topic = next((t for t in TOPICS if t.takes(rel, h)), None)
+                topic = next((t for t in TOPICS[keep:] if t.takes(rel, h)), None)
                 if topic is None:
                     raise SystemExit(f"mkseries: no topic takes a hunk of {rel}:\n{h}")
                 by_topic[topic.name].append((rel, h))
         # apply topic by topic; each patch is the diff of its step
         for i, topic in enumerate(TOPICS):
+            if i < keep:
+                continue
             hunks = by_topic[topic.name]
             if not hunks:
                 continue
@@ -183,8 +202,10 @@ def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--check", action="store_true", help="compare with patches/ and write nothing")
     ap.add_argument("--file", action="append", default=[], help="a file of the tree to add to the series")
+    ap.add_argument("--keep", type=int, default=0, metavar="N",
+                    help="keep the first N patches as they are and write the later topics on top of them")
     args = ap.parse_args(argv)
-    series = build(sorted(set(touched_files()) | set(args.file)))
+    series = build(sorted(set(touched_files()) | set(args.file)), args.keep)
     names = {f"{i + 1:04d}-{name}.patch": text for i, (name, text) in enumerate(series.items())}
     if args.check:
         now = {p.name: p.read_text() for p in fetch.patch_files()}

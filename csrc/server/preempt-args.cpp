@@ -167,6 +167,16 @@ void preempt_add_args(common_params & params, const std::function<void(common_ar
             params.batch_invariant = true;
         }
     ).set_env("LLAMA_ARG_DETERMINISTIC").set_examples({LLAMA_EXAMPLE_SERVER}));
+    add_opt(common_arg(
+        {"--attn-own-cells"}, {"--no-attn-own-cells"},
+        "llama-preempt: flash attention visits only each request's own cells of the shared pool (runs of cells built "
+        "once per batch), not every cell up to the pool's highest used one, so many slots in one pool cost what the "
+        "static split costs; the same answers as visiting every cell (byte for byte under --deterministic); "
+        "--no-attn-own-cells visits the whole span, as upstream (default: enabled)",
+        [](common_params & params, bool value) {
+            params.attn_own_cells = value;
+        }
+    ).set_env("LLAMA_ARG_ATTN_OWN_CELLS").set_examples({LLAMA_EXAMPLE_SERVER}));
 }
 
 } // namespace llama_preempt

@@ -184,11 +184,21 @@ inline std::string prepare_server_params(common_params & params) {
                 "does without preemption)\n", params.n_parallel);
     }
     const std::string why = server_params_error(params);
+    if (why.empty() && params.attn_own_cells && !attn_own_cells_active(params) && params.n_parallel > 1) {
+        SRV_WRN("%s", "attention visits every cell up to the pool's highest used one: -fa off has no own-cells "
+                "path, so with many slots in one pool each token pays for the others' cells (drop -fa off)\n");
+    }
     if (why.empty() && params.batch_invariant) {
         SRV_INF("%s", "deterministic: batch-invariant kernels and flash attention on; a request's tokens do not "
                 "depend on what runs beside it or how it is parked (CPU kernels; no repacked weights)\n");
     }
     return why;
+}
+
+// whether attention over the pool visits only each request's own cells: flash attention's runs of
+// cells (patches/0011); -fa off computes its products over every cell up to the pool's highest used one
+inline bool attn_own_cells_active(const common_params & params) {
+    return params.attn_own_cells && params.flash_attn_type != LLAMA_FLASH_ATTN_TYPE_DISABLED;
 }
 
 // --host-kv-ram as in effect, in MiB (-1: no limit)
@@ -217,6 +227,7 @@ inline json props_json(const common_params & params) {
         { "cache_persist",           params.preempt_cache_persist },
         { "max_logprobs",            params.preempt_max_logprobs < 0 ? json(nullptr) : json(params.preempt_max_logprobs) },
         { "deterministic",           params.batch_invariant },
+        { "attn_own_cells",          attn_own_cells_active(params) },
         { "ui",                      ui_embedded() },            // built into this binary
         { "ui_served",               ui_embedded() && params.ui },  // and served at GET / (never by the Engine)
     };
