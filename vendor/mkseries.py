@@ -61,7 +61,7 @@ _ENGINE_WORDS = _in("preempt_note_error", "common_params_parse_ex", "server_prep
                     "ex_wrapper", "step_report", "preempt-events.h", "preempt_selftest(",
                     "preempt-engine-api.h")
 
-_OWN_CELLS = ("kv_runs", "attn_own_cells", "fa_kv_", "float * scratch", "scratch ? scratch")  # the words of the attn-own-cells topic
+_OWN_CELLS = ("kv_runs", "attn_own_cells", "fa_kv_", "float * scratch", "scratch ? scratch", "tile_cells", "seq_block", "kv_own_cells", "llama-kv-cache.h\"", "llama-memory-hybrid.h")  # the words of the attn-own-cells topic
 
 # in order: each hunk goes to the first topic that takes it
 TOPICS = [

@@ -111,7 +111,7 @@ void batch_hooks::count_decoded(int32_t off, int32_t n_tokens) {
         // the step's shape, for the step cost's fit: a token at position p reads p + 1 cells
         (t.is_prompt || t.is_replay || ps.n_redo_left > 0 ? step_now_.n_prompt : step_now_.n_decode)++;
         step_now_.n_attended += (int64_t) t.pos + 1;
-        step_now_.n_spanned  += spanned_cells(unified_, n_pool_used_ + n_tokens, t.pos);
+        step_now_.n_spanned  += spanned_cells(spans_pool_, n_pool_used_ + n_tokens, t.pos);
         if (!t.is_replay && t.is_prompt && ps.n_redo_left > 0) {
             // a prompt-phase victim processing again what it had processed before the park
             ps.n_redo_left--;

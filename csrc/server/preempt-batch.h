@@ -27,7 +27,9 @@ public:
     batch_hooks(server_port & port, server_metrics & metrics, step_recorder & steps)
         : port_(port), metrics_(metrics), steps_(steps) {}
 
-    void set_unified(bool unified) { unified_ = unified; }  // --kv-unified, once the parameters are final
+    // whether a token's attention spans the pool's used cells (a unified pool whose attention does not
+    // walk each sequence's own cells), once the parameters are final
+    void set_spans_pool(bool spans) { spans_pool_ = spans; }
 
     // before the plan: no slot held, no chunk given
     void begin() {
@@ -143,7 +145,7 @@ private:
     step_shape pending_shape_;
     int64_t pending_us_ = 0;
     int64_t n_pool_used_ = 0;   // cells the slots held as the step began
-    bool    unified_ = true;    // one stream for every slot (--kv-unified): a token's attention spans the pool
+    bool    spans_pool_ = true; // a token's attention spans the pool's used cells, not its own
     // the width rule's live check: whether the last plan paused a slot, the pending step's, the loss allowed
     width_guard guard_;
     bool    limited_ = false;

@@ -73,6 +73,10 @@ static bool parse_copy_corrupt(const std::string & v, copy_faults & f) {
     return true;
 }
 
+bool attn_own_cells_active(const common_params & params) {
+    return params.attn_own_cells && params.flash_attn_type != LLAMA_FLASH_ATTN_TYPE_DISABLED;
+}
+
 preempt_config make_preempt_config(const common_params & params, bool has_memory) {
     preempt_config cfg;
     cfg.off_why = preempt_inactive_reason(params);  // the same words /props gives

@@ -67,6 +67,11 @@ struct preempt_config {
 // --preempt-mode (the flag parser refuses it first; this guards a host that sets it directly).
 preempt_config make_preempt_config(const common_params & params, bool has_memory);
 
+// whether attention over the pool visits only each request's own cells: flash attention's runs of
+// cells (--attn-own-cells, patches/0011); -fa off computes its products over every cell up to the
+// pool's highest used one
+bool attn_own_cells_active(const common_params & params);
+
 // the startup lines: on and how, or off and why, and every test knob that is set
 void log_preempt_config(const preempt_config & cfg, size_t n_slots, int32_t n_ctx);
 

@@ -4,6 +4,7 @@
 
 #include "common.h"
 #include "preempt-choice.h"
+#include "preempt-config.h"
 #include "preempt-disk-dir.h"
 #include "preempt-drain.h"
 #include "preempt-version.h"
@@ -193,12 +194,6 @@ inline std::string prepare_server_params(common_params & params) {
                 "depend on what runs beside it or how it is parked (CPU kernels; no repacked weights)\n");
     }
     return why;
-}
-
-// whether attention over the pool visits only each request's own cells: flash attention's runs of
-// cells (patches/0011); -fa off computes its products over every cell up to the pool's highest used one
-inline bool attn_own_cells_active(const common_params & params) {
-    return params.attn_own_cells && params.flash_attn_type != LLAMA_FLASH_ATTN_TYPE_DISABLED;
 }
 
 // --host-kv-ram as in effect, in MiB (-1: no limit)

@@ -127,6 +127,8 @@ private:
     void settle();
     bool end_families();
     void log_deterministic_devices() const;
+    std::string layer_devices() const;
+    bool attention_spans_pool() const;
 
     server_port &                          port_;
     server_metrics &                       metrics_;
