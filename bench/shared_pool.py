@@ -11,8 +11,9 @@ cells' client) into one pool of --ctx cells, served these ways, the cells taking
   (nothing can fail; the rest wait for a slot), or --split N slots;
 - unified, N slots, --no-preempt (upstream's unified server with this build's attention);
 - auto, N slots: llama-preempt's defaults;
-- the same two with --no-attn-own-cells: attention over every cell up to the pool's highest used
-  one, as upstream's kernel does (the "before"; --no-dense leaves them out).
+- the same two with --no-attn-own-cells (flash attention on): attention over every cell up to the
+  pool's highest used one, as upstream's kernel does (the "before"; --no-dense leaves them out).
+  With -fa off there is no own-cells path, so its unified cells are the "before" too.
 
 Each with flash attention on (-fa on) and off (-fa off) as --fa says. Per cell: tokens/s, TTFT and
 end-to-end latency (p50, p99), medians of the runs with their ranges, each against the split of the
@@ -43,7 +44,7 @@ def cell_specs(n_slots: int, n_split: int, fa: str, dense: bool) -> list[tuple[s
     out = [(f"split {n_split}, fa {fa}", {"n_parallel": n_split, "unified": False, "extra": fa_args}),
            (f"unified {n_slots}, fa {fa}", {"n_parallel": n_slots, "unified": True, "extra": fa_args, "preempt": False}),
            (f"auto {n_slots}, fa {fa}", {"n_parallel": n_slots, "unified": True, "extra": fa_args})]
-    if dense:
+    if dense and fa == "on":  # -fa off has no own-cells path: its cells are the "every cell" ones already
         off = [*fa_args, "--no-attn-own-cells"]
         out += [(f"unified {n_slots}, fa {fa}, every cell", {"n_parallel": n_slots, "unified": True, "extra": off,
                                                              "preempt": False}),
@@ -107,8 +108,12 @@ def main(argv: list[str] | None = None) -> int:
     rate = args.rate or (30.0 if smol else 150.0)
     name = args.name or ("shared_pool_smollm2" if smol else "shared_pool")
     fas = ["on", "off"] if args.fa == "both" else [args.fa]
-    wl_words = workload_words("chat", n_req, rate, ctx, args.prompt_median or (48 if smol else 40),
-                              args.gen_median or (48 if smol else 46), args.seed)
+    # the lengths are bounded by the pool a split slot gets where the split's slots are given (so that
+    # every request fits one), else by the whole pool (the split then has as many slots as fit)
+    split_given = args.split or (32 if smol else None)
+    wl_words = workload_words("chat", n_req, rate, ctx // split_given if split_given else ctx,
+                              args.prompt_median or (48 if smol else 40), args.gen_median or (48 if smol else 46),
+                              args.seed)
     prompts = [prompt_of(n, i) for i, n in enumerate(wl_words.n_prompt)]
 
     def server(n_parallel: int, unified: bool, extra: list[str], preempt: bool | None = None) -> LlamaServer:
@@ -120,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
         n_prompt = [len(srv.post("/tokenize", {"content": p, "add_special": True}).json()["tokens"]) for p in prompts]
     wl = Workload(wl_words.t_arrival, tuple(n_prompt), wl_words.n_gen)
     longest = max(p + g for p, g in zip(wl.n_prompt, wl.n_gen)) + 1
-    n_split = args.split or (32 if smol else max(1, ctx // (-(-longest // 256) * 256)))
+    n_split = split_given or max(1, ctx // (-(-longest // 256) * 256))
     console.print(f"{model.name}: {len(wl)} chats at {rate}/s into {ctx} cells; prompts median "
                   f"{statistics.median(n_prompt):g} tokens (max {max(n_prompt)}), answers median "
                   f"{statistics.median(wl.n_gen):g} (max {max(wl.n_gen)}); split {n_split}, unified {n_slots}")

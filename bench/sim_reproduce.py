@@ -38,15 +38,17 @@ from results_io import display_path, md_table, write_results
 COMPARED = [("tok_s", "tok/s"), ("ttft_p50_s", "TTFT p50 s"), ("ttft_p99_s", "TTFT p99 s"), ("e2e_p99_s", "end-to-end p99 s")]
 
 
-def cell_params(name: str, ctx: int) -> dict[str, Any] | None:
-    """The simulate() arguments of a mixed.py cell, by its name (None: not one the simulator models)."""
+def cell_params(name: str, ctx: int, own_cells: bool = False) -> dict[str, Any] | None:
+    """The simulate() arguments of a mixed.py cell, by its name (None: not one the simulator models);
+    `own_cells`: the run's unified pools walked each slot's own cells (--attn-own-cells on the CPU)."""
     if m := re.fullmatch(r"static split (\d+)x(\d+)", name):
         n, share = int(m.group(1)), int(m.group(2))
         return {"n_ctx": n * share, "n_parallel": n, "preempt": False, "kv_unified": False}
     if m := re.fullmatch(r"unified, (\d+) slots, no preempt", name):
-        return {"n_ctx": ctx, "n_parallel": int(m.group(1)), "preempt": False}
+        return {"n_ctx": ctx, "n_parallel": int(m.group(1)), "preempt": False, "attn_own_cells": own_cells}
     if m := re.fullmatch(r"auto, (\d+) slots(, width off)?", name):
-        return {"n_ctx": ctx, "n_parallel": int(m.group(1)), "sched": "width-loss=0" if m.group(2) else None}
+        return {"n_ctx": ctx, "n_parallel": int(m.group(1)), "sched": "width-loss=0" if m.group(2) else None,
+                "attn_own_cells": own_cells}
     return None
 
 
@@ -112,6 +114,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="a cell's saved /metrics (mixed.py --log-dir): the step's fixed and per-prompt-token parts "
                          "from the server's fit of the run's own steps, not from the calibration load")
     ap.add_argument("--name", default="sim_reproduce")
+    ap.add_argument("--own-cells", action="store_true",
+                    help="the run's unified pools walked each slot's own cells (--attn-own-cells: the CPU's flash "
+                         "attention from issue 56 on); default: they spanned the pool (the H200's, the CPU's before)")
     args = ap.parse_args(argv)
     console = Console()
     d = json.loads(args.result.read_text())
@@ -120,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"sim_reproduce.py: no workload beside the result: {wl_path} (bench/mixed.py writes NAME_workload.jsonl)")
     wl = Workload.from_jsonl(wl_path)
     ctx = int(d["workload"]["ctx"])
-    cells = {n: p for n in d["runs"] if (p := cell_params(n, ctx)) is not None}
+    cells = {n: p for n in d["runs"] if (p := cell_params(n, ctx, args.own_cells)) is not None}
     if not cells:
         raise SystemExit(f"sim_reproduce.py: {args.result} has no cell the simulator models (static split, auto, unified)")
     live = {n: live_figures(d["runs"][n]) for n in cells}

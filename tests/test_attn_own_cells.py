@@ -14,6 +14,7 @@ What is proved here:
 """
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 from dataclasses import dataclass
@@ -35,20 +36,33 @@ PROMPTS = ["Once upon a time, in a small village by the sea, there lived", "The 
            "One sunny day a little bird", "Tom had a red ball and", "The cat sat on the mat and looked at"]
 
 
-def build_folder() -> Path:
+def cache_value(text: str, key: str) -> str | None:
+    m = re.search(rf"^{key}:[A-Z]+=(.*)$", text, re.M)
+    return m.group(1) if m else None
+
+
+def build_folder() -> tuple[Path, str]:
     """This clone's build folder (pip install . builds there: pyproject's build-dir), configured from
-    this source tree; the kernel checks are targets of it that the wheel leaves out."""
-    if shutil.which("cmake") is None:
-        pytest.skip("cmake is not on PATH: the kernel checks build in this clone's build folder")
+    this source tree, and the cmake that configured it; the kernel checks are targets of it that the
+    wheel leaves out. A build whose cmake or ninja lived in pip's throwaway build environment cannot
+    build more targets: skipped, naming what is missing."""
     for cache in sorted((ROOT / "build").glob("*/CMakeCache.txt")):
-        if f"CMAKE_HOME_DIRECTORY:INTERNAL={ROOT}\n" in cache.read_text():
-            return cache.parent
+        text = cache.read_text()
+        if cache_value(text, "CMAKE_HOME_DIRECTORY") != str(ROOT):
+            continue
+        cmake = cache_value(text, "CMAKE_COMMAND") or shutil.which("cmake") or "cmake"
+        tool = cache_value(text, "CMAKE_MAKE_PROGRAM") or ""
+        for need in (cmake, tool):
+            if not Path(need).is_file():
+                pytest.skip(f"{cache.parent} was configured with {need}, which is gone (pip's build environment): "
+                            "install cmake and ninja on the machine and pip install . again")
+        return cache.parent, cmake
     pytest.skip(f"no build folder of this clone under {ROOT / 'build'} (pip install . from the clone makes one)")
 
 
 def built(target: str) -> Path:
-    b = build_folder()
-    p = subprocess.run(["cmake", "--build", str(b), "--target", target], capture_output=True, text=True, timeout=1800)
+    b, cmake = build_folder()
+    p = subprocess.run([cmake, "--build", str(b), "--target", target], capture_output=True, text=True, timeout=1800)
     assert p.returncode == 0, f"building {target} failed:\n{(p.stdout + p.stderr)[-4000:]}"
     return b / target
 

@@ -96,6 +96,8 @@ void register_sim(py::module_ & m) {
         .def_readwrite("n_batch",          &lp::sim_params::n_batch)
         .def_readwrite("preempt",          &lp::sim_params::preempt)
         .def_readwrite("kv_unified",       &lp::sim_params::kv_unified, "false: a static split (each slot's attention spans its own cells)")
+        .def_readwrite("attn_own_cells",   &lp::sim_params::attn_own_cells,
+                       "a unified pool's attention walks each slot's own cells (--attn-own-cells); false: it spans the pool's used cells")
         .def_readwrite("preempt_ram_mib", &lp::sim_params::preempt_ram_mib)
         .def_readwrite("host_kv_ram_mib", &lp::sim_params::host_kv_ram_mib)
         .def_readwrite("cache_ram_mib",   &lp::sim_params::cache_ram_mib, "--cache-ram: upstream's RAM prompt cache (0: none)")

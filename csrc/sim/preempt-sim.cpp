@@ -252,7 +252,7 @@ bool sim_server::step(double t_next) {
     }
 
     // the step's shape: a token at position q of its sequence reads q + 1 cells; its attention spans
-    // the pool's used cells in a unified pool (spanned_cells())
+    // the pool's used cells in a unified pool whose attention does not walk its own cells (spanned_cells())
     step_shape shape;
     shape.n_decode = n_gen_tok;
     shape.n_prompt = n_prompt_tok;
@@ -261,7 +261,7 @@ bool sim_server::step(double t_next) {
         const int64_t c = chunk[s.id];
         if (c > 0) {
             shape.n_attended += c * s.cells + c * (c + 1) / 2;
-            shape.n_spanned  += p.kv_unified ? c * n_used : c * s.cells + c * (c + 1) / 2;
+            shape.n_spanned  += p.kv_unified && !p.attn_own_cells ? c * n_used : c * s.cells + c * (c + 1) / 2;
         }
     }
     const double t_step_start = t;

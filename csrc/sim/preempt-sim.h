@@ -48,6 +48,9 @@ struct sim_params {
     bool    preempt = true;   // false: upstream's behaviour (a full pool fails every running request)
     bool    kv_unified = true;  // false: a static split (--no-kv-unified): each slot's attention spans its own
                                 // cells only (step_cost::span_cell_s; n_pool is the slots' shares together)
+    bool    attn_own_cells = true;  // a unified pool's attention walks each slot's own cells (--attn-own-cells, the
+                                    // CPU's flash attention), so it spans no more than a split's; false: the pool's
+                                    // used cells (-fa off, --no-attn-own-cells, a device whose kernel spans the pool)
     int64_t preempt_ram_mib = 8192;  // --preempt-ram (MiB): -1 no limit, 0 recompute only (ram_budget_from_mib())
     int64_t host_kv_ram_mib = -2;    // --host-kv-ram (MiB): the host budget parks share with the prompt cache (-2: not given)
     int64_t cache_ram_mib   = 0;     // --cache-ram (MiB): upstream's RAM prompt cache (0: none, as here by default; the server's is 8192)

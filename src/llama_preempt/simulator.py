@@ -319,7 +319,7 @@ class SimReport:
 def simulate(workload: Workload, *, n_ctx: int, n_parallel: int, n_batch: int = 512, preempt: bool = True,
              preempt_ram_mib: int = 8192, preempt_mode: str = "auto", preempt_disk_mib: int = 0,
              costs: Costs = Costs(), max_steps: int = 50_000_000, sched: Any = None, host_kv_ram_mib: int = -2,
-             cache_ram_mib: int | None = None, kv_unified: bool = True) -> SimReport:
+             cache_ram_mib: int | None = None, kv_unified: bool = True, attn_own_cells: bool = True) -> SimReport:
     """Run the workload through the simulated server; see the module docstring. `preempt_disk_mib`:
     a disk tier of that many MiB (-1: no limit; 0: none), priced with `costs`' disk rates. `sched`:
     the planner's scheduling knobs: llama-server's --preempt-sched text ("width-loss=0,...") or a
@@ -328,12 +328,16 @@ def simulate(workload: Workload, *, n_ctx: int, n_parallel: int, n_batch: int = 
     `cache_ram_mib`: upstream's RAM prompt cache (--cache-ram; -1 no limit, 0 none; None: the
     server's 8192 for a workload with chats, none otherwise, where no prompt shares a prefix).
     `kv_unified`: False for a static split (--no-kv-unified: `n_ctx` the slots' shares together,
-    each slot's attention spanning its own cells; with `preempt=False`)."""
+    each slot's attention spanning its own cells; with `preempt=False`).
+    `attn_own_cells`: a unified pool's attention walks each slot's own cells, as the server's flash
+    attention on the CPU does (--attn-own-cells, the default); False where it spans the pool's used
+    cells (-fa off, --no-attn-own-cells, a device whose kernel ignores the runs: CUDA's today)."""
     p = sim_params(n_ctx=n_ctx, n_parallel=n_parallel, n_batch=n_batch, preempt=preempt,
                    preempt_ram_mib=preempt_ram_mib, preempt_mode=preempt_mode, preempt_disk_mib=preempt_disk_mib,
                    costs=costs, max_steps=max_steps, sched=sched, host_kv_ram_mib=host_kv_ram_mib,
                    cache_ram_mib=default_cache_ram(workload, cache_ram_mib))
     p.kv_unified = kv_unified
+    p.attn_own_cells = attn_own_cells
     r = _core.simulate(list(workload.t_arrival), list(workload.n_prompt), list(workload.n_gen), p,
                        list(workload.conversation), list(workload.n_shared), list(workload.after))
     return sim_report(r, workload.t_arrival, n_ctx=n_ctx, n_parallel=n_parallel, preempt=preempt,
