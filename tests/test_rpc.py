@@ -109,6 +109,11 @@ def test_forced_swap_parks_over_rpc_copy_upstreams_bytes_and_give_the_unparked_o
     assert_parked_on_the_device(srv, m["n_preempt_swap_total"])
 
 
+# upstream's placement, which hands a decode batch's tokens consecutive cells and so interleaves the
+# decoding sequences cell by cell: the fragmented parks these tests are about (with flash attention,
+# --attn-own-cells keeps each sequence's cells in blocks of 16, and a park moves a few ranges)
+UPSTREAM_PLACEMENT = ["--no-attn-own-cells"]
+
 @pytest.mark.parametrize("verify", [True, False], ids=["verified", "in-flight"])
 @pytest.mark.parametrize("flash", ["on", "off"], ids=["fa-on", "fa-off"])
 def test_an_overloaded_pool_over_rpc_parks_fragmented_sequences_and_every_request_finishes(
@@ -121,7 +126,8 @@ def test_an_overloaded_pool_over_rpc_parks_fragmented_sequences_and_every_reques
     # server drops its stored graph on every free, and before patch 0007-rpc-graph-reuse-after-free the client still asked it
     # to rerun that graph: the server dropped the connection and llama-server aborted.
     srv = start_server(stories_model, n_ctx=512, n_parallel=4, env=VERIFY if verify else {},
-                       extra_args=on_rpc(start_rpc()) + ["-fa", flash, "--preempt-mode", "swap", *ALL_DECODE])
+                       extra_args=on_rpc(start_rpc()) + ["-fa", flash, "--preempt-mode", "swap", *ALL_DECODE,
+                                                         *UPSTREAM_PLACEMENT])
     complete_all(srv, [long_prompt(12, shift=i) for i in range(4)], 200)
     m = srv.metrics()
     assert m["n_preempt_total"] >= 1
@@ -166,7 +172,8 @@ def test_two_rpc_servers_with_a_layer_split_park_restore_and_upload_ahead_exactl
 def test_two_rpc_servers_under_overload_park_fragmented_sequences_and_every_request_finishes(
         start_server, start_rpc, stories_model: Path, verify: bool) -> None:
     srv = start_server(stories_model, n_ctx=512, n_parallel=4, env=VERIFY if verify else {},
-                       extra_args=on_rpc(start_rpc(), start_rpc()) + ["--preempt-mode", "swap", *ALL_DECODE])
+                       extra_args=on_rpc(start_rpc(), start_rpc()) + ["--preempt-mode", "swap", *ALL_DECODE,
+                                                                      *UPSTREAM_PLACEMENT])
     complete_all(srv, [long_prompt(12, shift=i) for i in range(4)], 200)
     m = srv.metrics()
     assert m["n_preempt_total"] >= 1
