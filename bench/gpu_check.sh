@@ -18,6 +18,8 @@
 #   mixed      bench/mixed.py on the 1B shape (480 chats at 200/s into 32,768 cells): the static
 #              split and the cells that separate the causes (GPU_CHECK_MIXED_CELLS), each cell's
 #              server log, /metrics and /slots kept
+#   owncells   issue 56: upstream's op test of flash attention's runs case on this device, and the
+#              op's cost with and without runs (test-backend-ops, built in the wheel's build folder)
 #   doctor     llama-preempt doctor on the 1B shape and on stories260K, flash attention on and off
 #   rpc        the doctor over a local ggml-rpc-server on this build (fa on and off), both logs
 #   suite      the GPU suite (LLAMA_PREEMPT_TEST_GPU_LAYERS=99) on the copy, swap, doctor and RPC tests
@@ -65,7 +67,7 @@ fi
 # ---- the phases (in the background, in their own process group) ----
 REPO=$2
 T0=$(date +%s); DEADLINE=$((T0 + ${GPU_CHECK_DEADLINE_S:-600}))
-PHASES=${GPU_CHECK_PHASES:-torch mixed doctor rpc suite bandwidth}
+PHASES=${GPU_CHECK_PHASES:-torch mixed owncells doctor rpc suite bandwidth}
 log() { echo "[$(( $(date +%s) - T0 ))s] $*" >> "$R/summary.txt"; }
 left() { echo $(( DEADLINE - $(date +%s) )); }
 phase() {  # phase NAME MAX_S CMD: CMD with at most MAX_S seconds (less if the deadline is nearer)
@@ -141,6 +143,13 @@ LD_DEBUG=bindings $PY -c 'import llama_preempt._core, torch' 2>&1 | grep 'bindin
 mkdir -p "$R/mixed"
 phase mixed 240 "LLAMA_ARG_N_GPU_LAYERS=$NGL $PY bench/mixed.py --model $M $MIXED --no-stock --seed 4 --name mixed_gpu \
     $CELLS --log-dir $R/mixed; mv bench/results/mixed_gpu.* bench/results/mixed_gpu_workload.jsonl $R/mixed/"
+
+# issue 56, the shared pool's attention on this device: upstream's op test of the runs case
+# (patches/0011; a device that ignores the runs must still give the CPU's values), then the op's cost
+# with and without runs (64 sequences decoding in 16,384 cells; a prompt beside 7 others)
+phase owncells 60 "B=\$(dirname \$(ls -d build/*/CMakeCache.txt | head -1)); cmake --build \$B --target test-backend-ops > $R/owncells_build.txt 2>&1 || { tail -20 $R/owncells_build.txt; exit 1; }
+\$B/test-backend-ops test -o FLASH_ATTN_EXT -p n_seq 2>&1 | tail -8
+\$B/test-backend-ops perf -o FLASH_ATTN_EXT -p n_seq -b CUDA0 2>&1 | grep -E 'FLASH|Backend'"
 
 # the doctor: the 1B shape (on a GPU) and stories260K, flash attention on and off
 phase doctor 90 "for fa in on off; do
