@@ -61,6 +61,10 @@ _ENGINE_WORDS = _in("preempt_note_error", "common_params_parse_ex", "server_prep
                     "ex_wrapper", "step_report", "preempt-events.h", "preempt_selftest(",
                     "preempt-engine-api.h")
 
+# the leading patches kept as they are by default: attn-own-cells (the 11th) changes lines beside
+# batch-invariant's, which a whole-series rewrite would move into one of the two topics
+KEEP = 10
+
 _OWN_CELLS = ("kv_runs", "attn_own_cells", "fa_kv_", "float * scratch", "scratch ? scratch", "tile_cells", "seq_block", "kv_own_cells", "llama-kv-cache.h\"", "llama-memory-hybrid.h")  # the words of the attn-own-cells topic
 
 # in order: each hunk goes to the first topic that takes it
@@ -202,8 +206,10 @@ def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--check", action="store_true", help="compare with patches/ and write nothing")
     ap.add_argument("--file", action="append", default=[], help="a file of the tree to add to the series")
-    ap.add_argument("--keep", type=int, default=0, metavar="N",
-                    help="keep the first N patches as they are and write the later topics on top of them")
+    ap.add_argument("--keep", type=int, default=KEEP, metavar="N",
+                    help="keep the first N patches as they are and write the later topics on top of them "
+                         f"(default {KEEP}: the patches before attn-own-cells, whose lines sit beside theirs; "
+                         "--keep 0 to rewrite a kept topic)")
     args = ap.parse_args(argv)
     series = build(sorted(set(touched_files()) | set(args.file)), args.keep)
     names = {f"{i + 1:04d}-{name}.patch": text for i, (name, text) in enumerate(series.items())}
