@@ -2,6 +2,7 @@
 #include "preempt-config.h"
 
 #include "common.h"
+#include "ggml-backend.h"
 #include "log.h"
 #include "preempt-flags.h"
 #include "preempt-params.h"
@@ -75,6 +76,45 @@ static bool parse_copy_corrupt(const std::string & v, copy_faults & f) {
 
 bool attn_own_cells_active(const common_params & params) {
     return params.attn_own_cells && params.flash_attn_type != LLAMA_FLASH_ATTN_TYPE_DISABLED;
+}
+
+// the devices other than the CPU that layers may run on ("" where every layer runs on the CPU: -ngl 0
+// or -dev none)
+std::string layer_devices(const common_params & params) {
+    if (params.n_gpu_layers == 0 || (!params.devices.empty() && params.devices.front() == nullptr)) {
+        return "";
+    }
+    std::string names;
+    for (size_t i = 0; i < ggml_backend_dev_count(); ++i) {
+        ggml_backend_dev_t dev = ggml_backend_dev_get(i);
+        const bool used = params.devices.empty() ||
+            std::find(params.devices.begin(), params.devices.end(), dev) != params.devices.end();
+        if (used && ggml_backend_dev_type(dev) != GGML_BACKEND_DEVICE_TYPE_CPU) {
+            names += (names.empty() ? "" : ", ") + std::string(ggml_backend_dev_name(dev));
+        }
+    }
+    return names;
+}
+
+// whether a token's attention reads every used cell of the pool, as the step cost prices it: in a
+// unified pool unless the runs of each sequence's own cells are walked, which the CPU's flash attention
+// does (--attn-own-cells); another device's kernel may still span the pool
+bool attention_spans_pool(const common_params & params) {
+    return params.kv_unified && !(attn_own_cells_active(params) && layer_devices(params).empty());
+}
+
+// --deterministic's batch-invariant kernels are the CPU's: say so where layers run on another device
+// (CUDA's kernels still choose their path by the batch, so answers there can follow it)
+void log_deterministic_devices(const common_params & params) {
+    if (!params.batch_invariant) {
+        return;
+    }
+    const std::string names = layer_devices(params);
+    if (!names.empty()) {
+        SRV_WRN("deterministic: the batch-invariant kernels are the CPU's; the layers on %s run that device's own kernels, "
+                "whose answers can still follow the batch (an RPC device is batch-invariant when its ggml-rpc-server runs the "
+                "CPU with GGML_CPU_BATCH_INVARIANT=1; -dev none keeps every layer on the CPU)\n", names.c_str());
+    }
 }
 
 preempt_config make_preempt_config(const common_params & params, bool has_memory) {

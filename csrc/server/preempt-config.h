@@ -72,6 +72,16 @@ preempt_config make_preempt_config(const common_params & params, bool has_memory
 // pool's highest used one
 bool attn_own_cells_active(const common_params & params);
 
+// the devices other than the CPU that layers may run on ("" where every layer runs on the CPU: -ngl 0
+// or -dev none)
+std::string layer_devices(const common_params & params);
+
+// whether a token's attention reads every used cell of the pool, as the step cost prices it
+bool attention_spans_pool(const common_params & params);
+
+// --deterministic's batch-invariant kernels are the CPU's: a warning where layers run on another device
+void log_deterministic_devices(const common_params & params);
+
 // the startup lines: on and how, or off and why, and every test knob that is set
 void log_preempt_config(const preempt_config & cfg, size_t n_slots, int32_t n_ctx);
 

@@ -34,57 +34,18 @@ preempt_server::preempt_server(server_port & port, server_metrics & metrics, con
 
 void preempt_server::init() {
     cfg = make_preempt_config(params_, llama_get_memory(ctx_tgt_) != nullptr);
-    batch.set_spans_pool(attention_spans_pool());
+    batch.set_spans_pool(attention_spans_pool(params_));
     batch.set_width_loss(cfg.sched.width_loss);
     parked.init();
     host = host_ram(cfg.host, prompt_cache_ ? &prompts : nullptr, return_free_pages);
     metrics_.preempt.n_pool_cells = n_ctx_;
     metrics_.preempt.host_budget_bytes = cfg.host.total == SIZE_MAX ? 0 : cfg.host.total;
     log_lost_devices();
-    log_deterministic_devices();
+    log_deterministic_devices(params_);
     log_preempt_config(cfg, (size_t) port_.n_slots(), n_ctx_);
     parked.open_disk(params_, ctx_tgt_);
     prompts.init(parked.swap().disk, parked.persist_key());
     drain.init();
-}
-
-// the devices other than the CPU that layers may run on ("" where every layer runs on the CPU: -ngl 0
-// or -dev none)
-std::string preempt_server::layer_devices() const {
-    if (params_.n_gpu_layers == 0 || (!params_.devices.empty() && params_.devices.front() == nullptr)) {
-        return "";
-    }
-    std::string names;
-    for (size_t i = 0; i < ggml_backend_dev_count(); ++i) {
-        ggml_backend_dev_t dev = ggml_backend_dev_get(i);
-        const bool used = params_.devices.empty() ||
-            std::find(params_.devices.begin(), params_.devices.end(), dev) != params_.devices.end();
-        if (used && ggml_backend_dev_type(dev) != GGML_BACKEND_DEVICE_TYPE_CPU) {
-            names += (names.empty() ? "" : ", ") + std::string(ggml_backend_dev_name(dev));
-        }
-    }
-    return names;
-}
-
-// whether a token's attention reads every used cell of the pool, as the step cost prices it: in a
-// unified pool unless the runs of each sequence's own cells are walked, which the CPU's flash attention
-// does (--attn-own-cells); another device's kernel may still span the pool
-bool preempt_server::attention_spans_pool() const {
-    return params_.kv_unified && !(attn_own_cells_active(params_) && layer_devices().empty());
-}
-
-// --deterministic's batch-invariant kernels are the CPU's: say so where layers run on another device
-// (CUDA's kernels still choose their path by the batch, so answers there can follow it)
-void preempt_server::log_deterministic_devices() const {
-    if (!params_.batch_invariant) {
-        return;
-    }
-    const std::string names = layer_devices();
-    if (!names.empty()) {
-        SRV_WRN("deterministic: the batch-invariant kernels are the CPU's; the layers on %s run that device's own kernels, "
-                "whose answers can still follow the batch (an RPC device is batch-invariant when its ggml-rpc-server runs the "
-                "CPU with GGML_CPU_BATCH_INVARIANT=1; -dev none keeps every layer on the CPU)\n", names.c_str());
-    }
 }
 
 // the policy's view of one slot at a token boundary: upstream's slot as the port translates it, and

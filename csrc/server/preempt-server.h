@@ -126,9 +126,6 @@ private:
     void planned(const plan & pl);
     void settle();
     bool end_families();
-    void log_deterministic_devices() const;
-    std::string layer_devices() const;
-    bool attention_spans_pool() const;
 
     server_port &                          port_;
     server_metrics &                       metrics_;
