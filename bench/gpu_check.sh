@@ -13,6 +13,9 @@
 #   build      pip install --no-build-isolation --no-deps --no-index of the sdist with the machine's
 #              Python, CUDA for one architecture (GPU_CHECK_ARCH, default 90-real: H100/H200); the
 #              Llama-3.2-1B-shaped model (random weights, f16) is generated beside it
+#   sharedpool issue 56: bench/shared_pool.py on the 1B shape, flash attention on: the static split of
+#              18 slots, unified and auto 64 slots attending their own cells (gathered per sequence on
+#              a GPU), and the same two over every cell (--no-attn-own-cells, the before)
 #   torch      llama_preempt._core imported beside PyTorch in both orders, the export list, and on a
 #              crash the backtrace and the cross-library symbol bindings
 #   mixed      bench/mixed.py on the 1B shape (480 chats at 200/s into 32,768 cells): the static
@@ -67,7 +70,7 @@ fi
 # ---- the phases (in the background, in their own process group) ----
 REPO=$2
 T0=$(date +%s); DEADLINE=$((T0 + ${GPU_CHECK_DEADLINE_S:-600}))
-PHASES=${GPU_CHECK_PHASES:-torch mixed owncells doctor rpc suite bandwidth}
+PHASES=${GPU_CHECK_PHASES:-sharedpool torch mixed owncells doctor rpc suite bandwidth}
 log() { echo "[$(( $(date +%s) - T0 ))s] $*" >> "$R/summary.txt"; }
 left() { echo $(( DEADLINE - $(date +%s) )); }
 phase() {  # phase NAME MAX_S CMD: CMD with at most MAX_S seconds (less if the deadline is nearer)
@@ -99,6 +102,7 @@ if [ "$CPU" = 1 ]; then
     [ -f "$STORIES" ] || STORIES=$M
     MIXED="--ctx 2048 --requests 64 --rate 100 --prompt-median 32 --gen-median 24 --parallel 8 --width-off 8 --threads 2"
     CELLS=${GPU_CHECK_MIXED_CELLS:---cell unified:8}
+    SHARED="--ctx 2048 --requests 64 --rate 100 --slots 8 --split 4 --threads 2"
     DOCTOR_C="-c 512"
 else
     PY=python3
@@ -119,6 +123,7 @@ else
     phase build 480 "cd $SRC && python3 -m pip install --no-build-isolation --no-deps --no-index -v ."
     wait $MODEL_PID; log "model: $(tail -1 "$R/model.txt")"
     MIXED="--ctx 32768 --requests 480 --rate 200 --prompt-median 64 --gen-median 48 --parallel 64 --width-off 64 --threads 8"
+    SHARED="--ctx 32768 --requests 480 --rate 200 --slots 64 --split 18 --threads 8"
     CELLS=${GPU_CHECK_MIXED_CELLS:---cell unified:64 --cell auto:32 --cell auto:64+bsample}
     DOCTOR_C="-c 4096"
 fi
@@ -126,6 +131,11 @@ command -v llama-server > /dev/null || { log "no llama-server: the build failed 
 llama-server --list-devices > "$R/devices.txt" 2>&1
 cd "$SRC"
 NGL=99
+
+# issue 56 on this device: many slots in one pool against the static split, own cells and every cell
+mkdir -p "$R/sharedpool"
+phase sharedpool 150 "LLAMA_ARG_N_GPU_LAYERS=$NGL $PY bench/shared_pool.py --model $M $SHARED --fa on --runs 1 --seed 4 \
+    --name shared_pool_gpu --log-dir $R/sharedpool; mv bench/results/shared_pool_gpu.* $R/sharedpool/"
 
 # importing _core beside PyTorch: both orders, the export list, and on a crash what binds across
 phase torch 40 "

@@ -11,9 +11,10 @@ cells' client) into one pool of --ctx cells, served these ways, the cells taking
   (nothing can fail; the rest wait for a slot), or --split N slots;
 - unified, N slots, --no-preempt (upstream's unified server with this build's attention);
 - auto, N slots: llama-preempt's defaults;
-- the same two with --no-attn-own-cells (flash attention on): attention over every cell up to the
-  pool's highest used one, as upstream's kernel does (the "before"; --no-dense leaves them out).
-  With -fa off there is no own-cells path, so its unified cells are the "before" too.
+- the same two with --no-attn-own-cells: attention over every cell up to the pool's highest used
+  one, as upstream's does (the "before"; --no-dense leaves them out). With flash attention the CPU
+  walks each request's runs of cells; with -fa off (and on a GPU) each request's cells are gathered
+  into a stream of their own.
 
 Each with flash attention on (-fa on) and off (-fa off) as --fa says. Per cell: tokens/s, TTFT and
 end-to-end latency (p50, p99), medians of the runs with their ranges, each against the split of the
@@ -44,7 +45,7 @@ def cell_specs(n_slots: int, n_split: int, fa: str, dense: bool) -> list[tuple[s
     out = [(f"split {n_split}, fa {fa}", {"n_parallel": n_split, "unified": False, "extra": fa_args}),
            (f"unified {n_slots}, fa {fa}", {"n_parallel": n_slots, "unified": True, "extra": fa_args, "preempt": False}),
            (f"auto {n_slots}, fa {fa}", {"n_parallel": n_slots, "unified": True, "extra": fa_args})]
-    if dense and fa == "on":  # -fa off has no own-cells path: its cells are the "every cell" ones already
+    if dense:
         off = [*fa_args, "--no-attn-own-cells"]
         out += [(f"unified {n_slots}, fa {fa}, every cell", {"n_parallel": n_slots, "unified": True, "extra": off,
                                                              "preempt": False}),

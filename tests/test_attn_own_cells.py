@@ -1,6 +1,8 @@
-"""Attention in a shared pool visits only each request's own cells (--attn-own-cells, on by default;
-patches/0011-attn-own-cells): flash attention is handed, once per batch, the runs of cells each row's
-sequence holds, and walks those instead of every cell up to the pool's highest used one.
+"""Attention in a shared pool visits only each request's own cells (--attn-own-cells, on by default):
+flash attention on the CPU is handed, once per batch, the runs of cells each row's sequence holds, and
+walks those instead of every cell up to the pool's highest used one (patches/0011-attn-own-cells);
+without flash attention, or with the KV on a GPU, libllama gathers each sequence's cells into a stream
+of its own (patches/0012-attn-own-cells-gather).
 
 What is proved here:
 - the CPU kernel, against the same attention over every cell and against the attention in double
@@ -10,19 +12,23 @@ What is proved here:
 - the server: under --deterministic, many requests sharing one pool, and a parked-and-resumed one,
   get exactly the tokens of the dense path (--no-attn-own-cells), on stories260K, the hybrid MTP
   model and SmolLM2 (the last two where present); without it, a request alone gets the dense path's
-  tokens; the flag, its environment twin, /props and -fa off's warning.
+  tokens; the flag, its environment twin and /props;
+- the gathered path (forced on the CPU by LLAMA_ATTN_OWN_CELLS_GATHER=1): under --deterministic the
+  dense path's tokens byte for byte, together, staggered and parked; with -fa off, the dense path's
+  tokens and log-probabilities to rounding.
 """
 from __future__ import annotations
 
 import re
 import shutil
 import subprocess
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from helpers import ON_THE_CPU, logged
+from helpers import ON_THE_CPU
 from llama_preempt import models
 from llama_preempt.exactness import Ask, first_difference, one_at_a_time, staggered, together
 from llama_preempt.server import LlamaServer
@@ -30,6 +36,9 @@ from llama_preempt.server import LlamaServer
 from conftest import ServerFactory
 
 ROOT = Path(__file__).resolve().parents[1]
+
+# libllama's switch to the gathered path where flash attention on the CPU would walk the runs
+GATHER = {"LLAMA_ATTN_OWN_CELLS_GATHER": "1"}
 
 PROMPTS = ["Once upon a time, in a small village by the sea, there lived", "The quick brown fox jumps over the lazy dog",
            "Tell me a story about a dragon who", "In the year 3000, humans had finally", "Lily and Ben went to the park",
@@ -127,10 +136,9 @@ def test_own_cells_is_on_by_default_and_the_flag_and_its_env_twin_turn_it_off(
     assert off.props()["llama_preempt"]["attn_own_cells"] is False
     env = start_server(stories_model, n_ctx=512, n_parallel=4, env={"LLAMA_ARG_ATTN_OWN_CELLS": "0"})
     assert env.props()["llama_preempt"]["attn_own_cells"] is False
+    # without flash attention each sequence's cells are gathered into a stream of their own
     fa_off = start_server(stories_model, n_ctx=512, n_parallel=4, extra_args=["-fa", "off"])
-    assert fa_off.props()["llama_preempt"]["attn_own_cells"] is False
-    logged(fa_off, "-fa off has no own-cells path")
-    assert "own-cells path" not in on.log_text()
+    assert fa_off.props()["llama_preempt"]["attn_own_cells"] is True
 
 
 def test_many_requests_in_one_pool_get_the_dense_paths_tokens_byte_for_byte(start_server: ServerFactory,
@@ -144,15 +152,80 @@ def test_many_requests_in_one_pool_get_the_dense_paths_tokens_byte_for_byte(star
             assert_same(r, g, f"{how}: {ask.prompt[:24]!r}")
 
 
+def test_gathered_cells_get_the_dense_paths_tokens_byte_for_byte(start_server: ServerFactory, model: Model) -> None:
+    # where no kernel walks the runs (-fa off, or the KV on a GPU), each sequence's cells are gathered
+    # into a stream of their own; forced here with flash attention on the CPU, so that under
+    # --deterministic the gathered path must give exactly what attention over every cell gives
+    dense = serve(start_server, model, "--no-attn-own-cells")
+    gathered = serve(start_server, model, env=GATHER)
+    work = asks(model)
+    for how, run in (("together", together), ("staggered", staggered)):
+        ref, got = run(dense, work), run(gathered, work)
+        for ask, r, g in zip(work, ref, got):
+            assert_same(r, g, f"gathered, {how}: {ask.prompt[:24]!r}")
+
+
+def test_gathered_cells_of_a_long_request_beside_short_ones_get_the_dense_paths_tokens(
+        start_server: ServerFactory, stories_model: Path) -> None:
+    # a prompt of several hundred tokens decoding beside seven short ones: padding every sequence to the
+    # longest would hold several times the cells there are, so those batches attend all their
+    # sequences' cells as one set (llama_kv_cache::build_gather); each row must still see only its own
+    m = Model(stories_model, (), 120)
+    work = [Ask(" ".join(PROMPTS * 5), m.n_predict), *asks(m)[1:]]
+    dense = serve(start_server, m, "--no-attn-own-cells")
+    gathered = serve(start_server, m, env=GATHER)
+    for ask, r, g in zip(work, together(dense, work), together(gathered, work)):
+        assert_same(r, g, f"gathered beside a long one: {ask.prompt[:24]!r}")
+
+
 @pytest.mark.parametrize("mode", ["swap", "recompute"])
-def test_a_parked_and_resumed_answer_is_the_dense_paths(start_server: ServerFactory, model: Model, mode: str) -> None:
+@pytest.mark.parametrize("how", ["runs", "gathered"])
+def test_a_parked_and_resumed_answer_is_the_dense_paths(start_server: ServerFactory, model: Model, mode: str,
+                                                        how: str) -> None:
     target = Ask(PROMPTS[0], model.n_predict)
     dense = serve(start_server, model, "--no-attn-own-cells")
     ref = one_at_a_time(dense, [target])[0]
-    parked = serve(start_server, model, "--preempt-mode", mode, env={"LLAMA_SERVER_PREEMPT_EVERY": "13"})
+    parked = serve(start_server, model, "--preempt-mode", mode,
+                   env={"LLAMA_SERVER_PREEMPT_EVERY": "13", **(GATHER if how == "gathered" else {})})
     got = together(parked, [target, *asks(model)[1:4]])[0]
     assert parked.metrics()["n_preempt_total"] > 0, "nothing was parked"
-    assert_same(ref, got, f"parked by {mode} every 13 tokens beside three others")
+    assert_same(ref, got, f"{how}: parked by {mode} every 13 tokens beside three others")
+
+
+def completion_logprobs(srv: LlamaServer, prompt: str, n_predict: int) -> list[tuple[int, float]]:
+    r = srv.post("/completion", {"prompt": prompt, "n_predict": n_predict, "temperature": 0, "n_probs": 1,
+                                 "cache_prompt": False}, timeout=600)
+    assert r.status_code == 200, r.text[:300]
+    return [(int(c["id"]), float(c["logprob"])) for c in r.json()["completion_probabilities"]]
+
+
+def test_without_flash_attention_requests_in_one_pool_attend_their_gathered_cells(
+        start_server: ServerFactory, stories_model: Path) -> None:
+    # -fa off multiplies and softmaxes the gathered cells where the dense path does every cell: the same
+    # attention up to rounding (the dense path rounds the queries and the probabilities to F16; the
+    # gathered cells are multiplied in F32). Eight requests at once, so that their cells interleave
+    n = 160
+    results: dict[str, list[list[tuple[int, float]]]] = {}
+    for name, extra in (("dense", ("--no-attn-own-cells",)), ("gathered", ())):
+        srv = serve(start_server, Model(stories_model, (), n), "-fa", "off", *extra, deterministic=False)
+        out: list[list[tuple[int, float]] | None] = [None] * len(PROMPTS)
+
+        def ask(i: int, srv: LlamaServer = srv, out: list = out) -> None:
+            out[i] = completion_logprobs(srv, PROMPTS[i], n)
+
+        threads = [threading.Thread(target=ask, args=(i,)) for i in range(len(PROMPTS))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert all(o is not None for o in out), f"{name}: a request failed"
+        results[name] = out  # type: ignore[assignment]
+    for prompt, ref, got in zip(PROMPTS, results["dense"], results["gathered"]):
+        same = first_difference([t for t, _ in ref], [t for t, _ in got])
+        same = len(ref) if same is None else same
+        assert same >= n // 2, f"{prompt[:24]!r}: the tokens part at {same} of {len(ref)}"
+        worst = max(abs(a - b) for (_, a), (_, b) in zip(ref[:same], got[:same]))
+        assert worst < 0.05, f"{prompt[:24]!r}: a token's log-probability differs by {worst:.3g} from the dense path's"
 
 
 def test_without_deterministic_a_request_alone_gets_the_dense_paths_tokens(start_server: ServerFactory,

@@ -62,8 +62,9 @@ _ENGINE_WORDS = _in("preempt_note_error", "common_params_parse_ex", "server_prep
                     "preempt-engine-api.h")
 
 # the leading patches kept as they are by default: attn-own-cells (the 11th) changes lines beside
-# batch-invariant's, which a whole-series rewrite would move into one of the two topics
-KEEP = 10
+# batch-invariant's, and attn-own-cells-gather (the 12th) lines of attn-own-cells, which a whole-series
+# rewrite would move into one of the two topics. An edit to a kept patch's own lines: --keep fewer
+KEEP = 11
 
 _OWN_CELLS = ("kv_runs", "attn_own_cells", "fa_kv_", "float * scratch", "scratch ? scratch", "tile_cells", "seq_block", "kv_own_cells", "llama-kv-cache.h\"", "llama-memory-hybrid.h")  # the words of the attn-own-cells topic
 
@@ -102,6 +103,10 @@ TOPICS = [
           "row's own cells (runs of cells built once per ubatch), so one pool costs what a static split does "
           "(could go upstream alone)",
           lambda f, t: f.startswith(("ggml/", "src/", "include/", "common/", "tests/")) and _in(*_OWN_CELLS)(t)),
+    Topic("attn-own-cells-gather", "libllama: where no kernel walks the runs (no flash attention, or the KV on a device "
+          "other than the CPU), attention gathers each sequence's cells into a stream of its own, so a row multiplies "
+          "only its own cells (could go upstream with attn-own-cells)",
+          lambda f, t: f.startswith(("ggml/", "src/", "include/", "common/", "tests/"))),
 ]
 
 
@@ -208,7 +213,7 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--file", action="append", default=[], help="a file of the tree to add to the series")
     ap.add_argument("--keep", type=int, default=KEEP, metavar="N",
                     help="keep the first N patches as they are and write the later topics on top of them "
-                         f"(default {KEEP}: the patches before attn-own-cells, whose lines sit beside theirs; "
+                         f"(default {KEEP}: the patches before attn-own-cells-gather, whose lines sit beside theirs; "
                          "--keep 0 to rewrite a kept topic)")
     args = ap.parse_args(argv)
     series = build(sorted(set(touched_files()) | set(args.file)), args.keep)

@@ -169,10 +169,11 @@ void preempt_add_args(common_params & params, const std::function<void(common_ar
     ).set_env("LLAMA_ARG_DETERMINISTIC").set_examples({LLAMA_EXAMPLE_SERVER}));
     add_opt(common_arg(
         {"--attn-own-cells"}, {"--no-attn-own-cells"},
-        "llama-preempt: flash attention visits only each request's own cells of the shared pool (runs of cells built "
-        "once per batch), not every cell up to the pool's highest used one, so many slots in one pool cost what the "
-        "static split costs; the same answers as visiting every cell (byte for byte under --deterministic); "
-        "--no-attn-own-cells visits the whole span, as upstream (default: enabled)",
+        "llama-preempt: attention visits only each request's own cells of the shared pool, not every cell up to the "
+        "pool's highest used one, so many slots in one pool cost what the static split costs: the CPU's flash attention "
+        "walks runs of cells built once per batch; without flash attention, or with the KV on a GPU, each request's "
+        "cells are gathered into a stream of their own. The same answers as visiting every cell (byte for byte under "
+        "--deterministic); --no-attn-own-cells visits the whole span, as upstream (default: enabled)",
         [](common_params & params, bool value) {
             params.attn_own_cells = value;
         }

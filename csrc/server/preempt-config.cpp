@@ -74,8 +74,10 @@ static bool parse_copy_corrupt(const std::string & v, copy_faults & f) {
     return true;
 }
 
+// flash attention on the CPU walks each sequence's runs of cells; without it, or on another device,
+// libllama gathers each sequence's cells into a stream of its own (patches/0011 and 0012)
 bool attn_own_cells_active(const common_params & params) {
-    return params.attn_own_cells && params.flash_attn_type != LLAMA_FLASH_ATTN_TYPE_DISABLED;
+    return params.attn_own_cells;
 }
 
 // the devices other than the CPU that layers may run on ("" where every layer runs on the CPU: -ngl 0
@@ -97,10 +99,9 @@ std::string layer_devices(const common_params & params) {
 }
 
 // whether a token's attention reads every used cell of the pool, as the step cost prices it: in a
-// unified pool unless the runs of each sequence's own cells are walked, which the CPU's flash attention
-// does (--attn-own-cells); another device's kernel may still span the pool
+// unified pool unless each sequence attends its own cells (--attn-own-cells)
 bool attention_spans_pool(const common_params & params) {
-    return params.kv_unified && !(attn_own_cells_active(params) && layer_devices(params).empty());
+    return params.kv_unified && !attn_own_cells_active(params);
 }
 
 // --deterministic's batch-invariant kernels are the CPU's: say so where layers run on another device

@@ -185,10 +185,6 @@ inline std::string prepare_server_params(common_params & params) {
                 "does without preemption)\n", params.n_parallel);
     }
     const std::string why = server_params_error(params);
-    if (why.empty() && params.attn_own_cells && !attn_own_cells_active(params) && params.n_parallel > 1) {
-        SRV_WRN("%s", "attention visits every cell up to the pool's highest used one: -fa off has no own-cells "
-                "path, so with many slots in one pool each token pays for the others' cells (drop -fa off)\n");
-    }
     if (why.empty() && params.batch_invariant) {
         SRV_INF("%s", "deterministic: batch-invariant kernels and flash attention on; a request's tokens do not "
                 "depend on what runs beside it or how it is parked (CPU kernels; no repacked weights)\n");
