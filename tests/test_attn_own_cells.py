@@ -167,13 +167,13 @@ def test_gathered_cells_get_the_dense_paths_tokens_byte_for_byte(start_server: S
 
 def test_gathered_cells_of_a_long_request_beside_short_ones_get_the_dense_paths_tokens(
         start_server: ServerFactory, stories_model: Path) -> None:
-    # a prompt of several hundred tokens decoding beside seven short ones: padding every sequence to the
-    # longest would hold several times the cells there are, so those batches attend all their
+    # a prompt of over a thousand tokens decoding beside 31 short ones: padding every sequence to the
+    # longest would gather more than eight pools' worth of cells, so those batches attend all their
     # sequences' cells as one set (llama_kv_cache::build_gather); each row must still see only its own
-    m = Model(stories_model, (), 120)
-    work = [Ask(" ".join(PROMPTS * 5), m.n_predict), *asks(m)[1:]]
-    dense = serve(start_server, m, "--no-attn-own-cells")
-    gathered = serve(start_server, m, env=GATHER)
+    m = Model(stories_model, (), 40)
+    work = [Ask(" ".join(PROMPTS * 13), m.n_predict), *[Ask(PROMPTS[i % 8], m.n_predict) for i in range(1, 32)]]
+    dense = serve(start_server, m, "--no-attn-own-cells", n_parallel=32)
+    gathered = serve(start_server, m, n_parallel=32, env=GATHER)
     for ask, r, g in zip(work, together(dense, work), together(gathered, work)):
         assert_same(r, g, f"gathered beside a long one: {ask.prompt[:24]!r}")
 

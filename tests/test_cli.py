@@ -188,6 +188,20 @@ def test_stats_takes_host_and_port_without_a_scheme(parked_server: Any) -> None:
     assert snap["url"] == parked_server.url and snap["requests_preempted"] == 1
 
 
+def test_stats_takes_the_server_as_url_option_as_well(parked_server: Any) -> None:
+    p = run_cli("stats", "--url", parked_server.url, "--once", "--json")
+    assert p.returncode == 0, p.stderr
+    assert json.loads(p.stdout)["url"] == parked_server.url
+    same = run_cli("stats", parked_server.url, "--url", parked_server.url, "--once", "--json")
+    assert same.returncode == 0, same.stderr
+
+
+def test_stats_given_no_server_or_two_says_what_to_give() -> None:
+    assert_one_line_error(run_cli("stats", "--once"), "which server?", "--url")
+    assert_one_line_error(run_cli("stats", "http://127.0.0.1:1", "--url", "http://127.0.0.1:2", "--once"),
+                          "given twice", "give one")
+
+
 @pytest.fixture
 def not_llama_server() -> Iterator[str]:
     """Something that answers HTTP on loopback but is not llama-server: 404 for every path."""

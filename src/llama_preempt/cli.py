@@ -151,6 +151,17 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 # --- stats ---
 
+def stats_url(positional: str | None, option: str | None) -> str:
+    """The server to watch, given as the positional URL or as --url (curl's way): one of them."""
+    if positional and option and positional != option:
+        raise CLIError(f"stats: the server is given twice, as {positional} and as --url {option}: give one")
+    url = positional or option
+    if not url:
+        raise CLIError("stats: which server? give its URL, e.g. llama-preempt stats http://127.0.0.1:8080 "
+                       "(or --url http://127.0.0.1:8080)")
+    return url
+
+
 def cmd_stats(args: argparse.Namespace) -> int:
     import requests
 
@@ -158,6 +169,7 @@ def cmd_stats(args: argparse.Namespace) -> int:
 
     if args.interval <= 0:
         raise CLIError(f"--interval must be positive, got {args.interval}")
+    args.url = stats_url(args.url, args.url_opt)
     session = requests.Session()
     snap = fetch(args.url, session)
     if args.once:
@@ -500,7 +512,8 @@ def build_parser() -> argparse.ArgumentParser:
     d.set_defaults(fn=cmd_demo)
 
     s = sub.add_parser("stats", help="a live view of a running server's slots and preemption")
-    s.add_argument("url", help="the server, e.g. http://127.0.0.1:8080")
+    s.add_argument("url", nargs="?", help="the server, e.g. http://127.0.0.1:8080 (or --url)")
+    s.add_argument("--url", dest="url_opt", metavar="URL", help="the server, as the positional URL")
     s.add_argument("--once", action="store_true", help="one snapshot, then exit")
     s.add_argument("--json", action="store_true", help="JSON (with --once one object, else one a line)")
     s.add_argument("--interval", type=float, default=1.0, help="seconds between refreshes (default 1)")
