@@ -106,7 +106,10 @@ TOPICS = [
     Topic("attn-own-cells-gather", "libllama: where no kernel walks the runs (no flash attention, or the KV on a device "
           "other than the CPU), attention gathers each sequence's cells into a stream of its own, so a row multiplies "
           "only its own cells (could go upstream with attn-own-cells)",
-          lambda f, t: f.startswith(("ggml/", "src/", "include/", "common/", "tests/"))),
+          lambda f, t: f.startswith(("ggml/", "src/", "include/", "tests/"))),
+    Topic("ids-probabilities", "server: a caller of the token ids (return_tokens) gets one probability per id: a stop "
+          "string's tokens keep theirs, and a token that ends inside a UTF-8 character gets its own",
+          lambda f, t: f == "tools/server/server-context.cpp" and _in("caller of the ids")(t)),
 ]
 
 
