@@ -80,7 +80,7 @@ def test_max_logprobs_raises_the_cap_and_minus_one_lifts_it(start_server, storie
 
 
 @pytest.mark.parametrize("value", ["-2", "many", "1.5"])
-@pytest.mark.parametrize("flag", ["--max-logprobs", "--max-queue"])
+@pytest.mark.parametrize("flag", ["--max-logprobs", "--max-queue", "--max-body-mib"])
 def test_a_bad_count_names_the_flag(stories_model: Path, flag: str, value: str) -> None:
     p = subprocess.run([str(server_binary()), "-m", str(stories_model), flag, value], capture_output=True, text=True,
                        timeout=60)

@@ -110,6 +110,9 @@ TOPICS = [
     Topic("ids-probabilities", "server: a caller of the token ids (return_tokens) gets one probability per id: a stop "
           "string's tokens keep theirs, and a token that ends inside a UTF-8 character gets its own",
           lambda f, t: f == "tools/server/server-context.cpp" and _in("caller of the ids")(t)),
+    Topic("body-limit", "server: the largest request body is a flag (--max-body-mib, 413 naming it), and a prompt "
+          "that cannot fit the context is refused before it is tokenized",
+          lambda f, t: f.startswith(("tools/server/", "common/"))),
 ]
 
 

@@ -95,6 +95,16 @@ void preempt_add_args(common_params & params, const std::function<void(common_ar
         }
     ).set_env("LLAMA_ARG_MAX_LOGPROBS").set_examples({LLAMA_EXAMPLE_SERVER}));
     add_opt(common_arg(
+        {"--max-body-mib"}, "N",
+        string_format("llama-preempt: the largest request body the server reads, in MiB: a larger one gets 413 in the "
+            "JSON error shape naming this limit, before any of it is parsed; a prompt that cannot fit the context is "
+            "refused (400) before it is tokenized, whatever the body's size (default: %d; cpp-httplib's own was 100)",
+            params.preempt_max_body_mib),
+        [](common_params & params, const std::string & value) {
+            params.preempt_max_body_mib = llama_preempt::parse_max_body_mib(value);
+        }
+    ).set_env("LLAMA_ARG_MAX_BODY_MIB").set_examples({LLAMA_EXAMPLE_SERVER}));
+    add_opt(common_arg(
         {"--cache-persist"},
         "llama-preempt: keep the prompt cache's disk tier across restarts: at a clean exit the cached prompts' files in "
         "--preempt-disk DIR stay, and the next server with the same model file and KV-relevant flags takes them back "

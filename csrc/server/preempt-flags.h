@@ -7,7 +7,9 @@
 #include "preempt-choice.h"  // preempt_mode (its types only: llama-common links preempt-args.cpp, no policy code)
 
 #include <algorithm>
+#include <cerrno>
 #include <climits>
+#include <cstdlib>
 #include <cstdint>
 #include <stdexcept>
 #include <string>
@@ -116,6 +118,18 @@ inline int32_t parse_max_logprobs(const std::string & value) {
 // --max-queue N: -1 (no limit) or a count of at least 0; throws std::invalid_argument
 inline int32_t parse_max_queue(const std::string & value) {
     return parse_from_minus_one(value, "--max-queue expects -1 (no limit) or a count of at least 0");
+}
+
+// --max-body-mib N: the largest request body, in MiB, from 1 to 1024 (cpp-httplib's own limit was a
+// fixed 100); throws std::invalid_argument
+inline int32_t parse_max_body_mib(const std::string & value) {
+    char * end = nullptr;
+    errno = 0;
+    const long mib = std::strtol(value.c_str(), &end, 10);
+    if (value.empty() || *end != '\0' || errno != 0 || mib < 1 || mib > 1024) {
+        throw std::invalid_argument("--max-body-mib expects a size in MiB from 1 to 1024, got '" + value + "'");
+    }
+    return (int32_t) mib;
 }
 
 // the most n_probs a request may ask for under --max-logprobs, and what the 400 says of it

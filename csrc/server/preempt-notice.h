@@ -96,8 +96,8 @@ inline std::string client_json_error(const std::string & what) {
 // a body over the HTTP server's limit (cpp-httplib answers 413 before any handler runs): the error
 // in upstream's JSON shape, with the limit in words
 inline std::string payload_too_large_error(size_t limit) {
-    return "the request body is larger than this server takes (" + std::to_string(limit >> 20) + " MiB): send a "
-           "shorter prompt, or split the work into several requests";
+    return "the request body is larger than this server takes (" + std::to_string(limit >> 20) + " MiB, its "
+           "--max-body-mib): send a shorter prompt, or split the work into several requests";
 }
 
 // POST /slots/{id}?action=...: the actions there are, ours and upstream's; "" for one of them, else

@@ -185,6 +185,10 @@ inline std::string prepare_server_params(common_params & params) {
                 "does without preemption)\n", params.n_parallel);
     }
     const std::string why = server_params_error(params);
+    if (why.empty()) {
+        SRV_INF("requests: bodies up to %d MiB (--max-body-mib; a larger one gets 413), prompts that cannot fit the "
+                "context refused before they are tokenized\n", params.preempt_max_body_mib);
+    }
     if (why.empty() && params.batch_invariant) {
         SRV_INF("%s", "deterministic: batch-invariant kernels and flash attention on; a request's tokens do not "
                 "depend on what runs beside it or how it is parked (CPU kernels; no repacked weights)\n");
@@ -217,6 +221,7 @@ inline json props_json(const common_params & params) {
                                      : json(llama_preempt::disk_limit_from(params.preempt_disk_mib_default, params.preempt_disk_mib)) },
         { "cache_persist",           params.preempt_cache_persist },
         { "max_logprobs",            params.preempt_max_logprobs < 0 ? json(nullptr) : json(params.preempt_max_logprobs) },
+        { "max_body_mib",            params.preempt_max_body_mib },
         { "deterministic",           params.batch_invariant },
         { "attn_own_cells",          attn_own_cells_active(params) },
         { "ui",                      ui_embedded() },            // built into this binary
