@@ -44,8 +44,11 @@ def test_a_prompt_that_cannot_fit_the_context_is_refused_before_it_is_tokenized(
                  b'{"prompt": [' + b",".join([b"1"] * 300) + b']}'):
         r = post_raw(srv, body)
         assert r.status_code == 400, r.text[:300]
-        msg = r.json()["error"]["message"]
-        assert "more than the context holds (256 tokens): refused before tokenizing it" in msg, msg
+        err = r.json()["error"]
+        assert "more than the context holds (256 tokens): refused before tokenizing it" in err["message"], err
+        # upstream's shape for a prompt over the context: its type, the slot's n_ctx and (here the
+        # lower bound of) the prompt's tokens, so clients that read them need no second case
+        assert err["type"] == "exceed_context_size_error" and err["n_ctx"] == 256 and err["n_prompt_tokens"] >= 256, err
     chat = requests.post(srv.url + "/v1/chat/completions", timeout=120,
                          json={"messages": [{"role": "user", "content": "Once upon a time " * 500_000}]})
     assert chat.status_code == 400 and "refused before tokenizing it" in chat.json()["error"]["message"]

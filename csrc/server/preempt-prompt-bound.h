@@ -32,42 +32,49 @@ inline size_t longest_token_bytes(const llama_vocab * vocab) {
     return known[vocab] = longest;
 }
 
-// "" when the prompt (a string, an array of strings or of token ids, or an array of those) may fit
-// n_ctx tokens, else the 400's message. Only prompts longer in bytes than n_ctx are looked at
+// what the early check found: at_least == 0 when the prompt (a string, an array of strings or of
+// token ids, or an array of those) may fit n_ctx tokens; else at least that many tokens and the
+// 400's message. Only prompts longer in bytes than n_ctx are looked at
+struct prompt_bound {
+    size_t      at_least = 0;
+    std::string why;
+};
+
 template <typename Json>
-std::string prompt_beyond_context(const Json & prompt, int n_ctx, const llama_vocab * vocab) {
+prompt_bound prompt_beyond_context(const Json & prompt, int n_ctx, const llama_vocab * vocab) {
     if (n_ctx <= 0) {
-        return "";
+        return {};
     }
-    auto check_one = [&](const Json & p) -> std::string {
+    auto check_one = [&](const Json & p) -> prompt_bound {
         size_t at_least = 0;
         size_t bytes    = 0;
         if (p.is_string()) {
             bytes = p.template get<std::string>().size();
             if (bytes <= (size_t) n_ctx) {
-                return "";
+                return {};
             }
             at_least = bytes / longest_token_bytes(vocab);
         } else if (p.is_array() && !p.empty() && p.front().is_number_integer()) {
             at_least = p.size();
         }
         if (at_least < (size_t) n_ctx) {
-            return "";
+            return {};
         }
-        return "the prompt is at least " + std::to_string(at_least) + " tokens" +
-               (bytes > 0 ? " (" + std::to_string(bytes) + " bytes, at most " + std::to_string(longest_token_bytes(vocab)) +
-                            " a token)" : "") +
-               ", more than the context holds (" + std::to_string(n_ctx) + " tokens): refused before tokenizing it; "
-               "send a shorter prompt";
+        return { at_least,
+                 "the prompt is at least " + std::to_string(at_least) + " tokens" +
+                 (bytes > 0 ? " (" + std::to_string(bytes) + " bytes, at most " + std::to_string(longest_token_bytes(vocab)) +
+                              " a token)" : "") +
+                 ", more than the context holds (" + std::to_string(n_ctx) + " tokens): refused before tokenizing it; "
+                 "send a shorter prompt" };
     };
     if (prompt.is_array() && !prompt.empty() && !prompt.front().is_number_integer()) {
         for (size_t i = 0; i < prompt.size(); ++i) {
-            const std::string why = check_one(prompt.at(i));
-            if (!why.empty()) {
-                return why;
+            prompt_bound found = check_one(prompt.at(i));
+            if (found.at_least > 0) {
+                return found;
             }
         }
-        return "";
+        return {};
     }
     return check_one(prompt);
 }
