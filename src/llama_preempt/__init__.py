@@ -18,7 +18,7 @@ __version__ = "0.1.0"
 
 # name -> the module that holds it
 _EXPORTS = {
-    "Engine": "engine", "Llama": "llama", "LlamaGrammar": "grammar",
+    "Engine": "engine", "Llama": "llama", "LlamaGrammar": "grammar", "LlamaState": "llama_state",
     "LLM": "vllm_api", "AsyncLLM": "vllm_api", "AsyncEngineArgs": "vllm_api", "EngineArgs": "vllm_api",
     "RequestOutput": "reports", "CompletionOutput": "outputs", "RequestOutputKind": "outputs", "Logprob": "outputs",
     "FieldTypeError": "checks", "FieldValueError": "checks", "Request": "engine", "RequestError": "engine", "RequestCancelled": "engine",
@@ -46,6 +46,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time the names load
     from .vllm_api import LLM, AsyncEngineArgs, AsyncLLM, EngineArgs
     from .grammar import LlamaGrammar
     from .llama import Llama
+    from .llama_state import LlamaState
     from .engine import (Engine, EngineArgumentError, EngineBusyError, EngineClosedError, EngineError, GenerateError,
                          ModelLoadError, Request, RequestCancelled, RequestError)
     from .reports import (Completion, EndEvent, FailEvent, ParkChoice, ParkEvent, ParkReason, ParkTier, PreemptMode,

@@ -16,6 +16,8 @@ from __future__ import annotations
 import inspect
 import os
 import shlex
+import shutil
+import tempfile
 from typing import Any, Callable
 
 from .checks import closest
@@ -137,10 +139,29 @@ class Llama(LlamaCalls):
         # left to llama.cpp's own choice, which is the CPU where no GPU is
         if n_gpu_layers:
             argv += ["-ngl", "all" if n_gpu_layers == -1 else str(n_gpu_layers)]
-        super().__init__(Engine(model_path=model_path, args=[*argv, *llama_flags(**llama)],
-                                seed=None if seed == _LLAMA_SEED_DEFAULT else seed, n_ctx=n_ctx, n_batch=n_batch,
-                                n_threads=n_threads, embedding=embedding, chat_format=chat_format, verbose=verbose,
-                                **kwargs))
+        # save_state()/load_state() copy a slot's state through the server's slot files: a directory
+        # of this Llama's own unless the caller named one
+        self._state_dir: str | None = None
+        if "--slot-save-path" not in argv:
+            self._state_dir = tempfile.mkdtemp(prefix="llama-preempt-state-")
+            argv += ["--slot-save-path", self._state_dir]
+        try:
+            super().__init__(Engine(model_path=model_path, args=[*argv, *llama_flags(**llama)],
+                                    seed=None if seed == _LLAMA_SEED_DEFAULT else seed, n_ctx=n_ctx, n_batch=n_batch,
+                                    n_threads=n_threads, embedding=embedding, chat_format=chat_format,
+                                    verbose=verbose, **kwargs))
+        except BaseException:
+            if self._state_dir is not None:
+                shutil.rmtree(self._state_dir, ignore_errors=True)
+            raise
+
+    def close(self, *, drain: float = 0.0) -> None:
+        """Close the Engine (see Engine.close) and remove the directory save_state() used."""
+        try:
+            super().close(drain=drain)
+        finally:
+            if self._state_dir is not None:
+                shutil.rmtree(self._state_dir, ignore_errors=True)
 
     @classmethod
     def from_pretrained(cls, repo_id: str, filename: str | None, additional_files: list[str] | None = None,

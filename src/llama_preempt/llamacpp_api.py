@@ -18,10 +18,12 @@ import random
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
+from . import llama_state
 from .checks import FieldValueError
 from .errors import RequestError
 from .facade import EngineFacade
 from .grammar import grammar_fields
+from .llama_state import LlamaState
 
 if TYPE_CHECKING:
     from .checks import RequestRules
@@ -183,15 +185,18 @@ class LlamaCalls(EngineFacade):
 
     # --- what this design cannot do, said where it is asked for ---
 
-    def save_state(self) -> Any:
-        raise NotImplementedError("save_state(): the Engine serves many requests in one KV pool, so there is no single "
-                                  "context to save; a slot's state is saved with request('POST', '/slots/0?action=save', "
-                                  "{'filename': ...}) (needs args=['--slot-save-path', DIR]), and a prompt seen before is "
-                                  "reused by the prompt cache without asking")
+    def save_state(self) -> LlamaState:
+        """llama_cpp.Llama.save_state: the state of the slot this program's last call used (its
+        tokens and their cells, byte for byte) and the seed its next call draws from, as a
+        picklable LlamaState (llama_state.py)."""
+        return llama_state.save_state(self.engine, self._seeds.seed)
 
-    def load_state(self, state: Any) -> None:
-        raise NotImplementedError("load_state(): see save_state(); restore a slot with "
-                                  "request('POST', '/slots/0?action=restore', {'filename': ...})")
+    def load_state(self, state: LlamaState) -> None:
+        """llama_cpp.Llama.load_state: `state`'s cells go back into an idle slot and its seed
+        becomes this program's, so the next call that starts with its tokens continues as if
+        nothing had been saved (the prompt's shared start is not computed again)."""
+        llama_state.load_state(self.engine, state)
+        self._seeds.seed = state.seed
 
     def set_cache(self, cache: Any) -> None:
         raise NotImplementedError("set_cache(): the server keeps its own prompt cache (--cache-ram MiB, and on disk "
