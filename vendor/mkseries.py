@@ -57,6 +57,8 @@ _CLIENT_WORDS = _in("preempt-notice.h", "notices", "keepalive", "preempt_slot_ac
                     "preempt_observe_final", "client_json_error", "version_line", "preempt-version.h",
                     "priority", "n_preempt\"", "preempted_ms", "checked_number", "chat_messages_error")
 _CLIENT_COMMON = _in("the client's mistake")  # common/ hunks that make a caller's error a 400
+_HTTP_LIMITS = _in("preempt-http-limits", "http_limit", "read_deadline", "keep_alive_s", "max_connections",
+                   "stall_timeout", "n_threads_max")  # the http-limits topic
 _TOOL_CHOICE = _in("tool_choice", "tool-choice", "json_tools", "json-tools", "need_json_format")  # the tool-choice topic
 _ENGINE_WORDS = _in("preempt_note_error", "common_params_parse_ex", "server_prepare_params",
                     "ex_wrapper", "step_report", "preempt-events.h", "preempt_selftest(",
@@ -113,11 +115,15 @@ TOPICS = [
           lambda f, t: f == "tools/server/server-context.cpp" and _in("caller of the ids")(t)),
     Topic("body-limit", "server: the largest request body is a flag (--max-body-mib, 413 naming it), and a prompt "
           "that cannot fit the context is refused before it is tokenized",
-          lambda f, t: f.startswith(("tools/server/", "common/")) and not _TOOL_CHOICE(t)),
+          lambda f, t: f.startswith(("tools/server/", "common/")) and not _TOOL_CHOICE(t) and not _HTTP_LIMITS(t)),
     Topic("tool-choice", "common and server: tool_choice in every form OpenAI defines (a named function is a required "
           "call among the tools narrowed to it; a bad one is a 400), and a required call where the template has no "
           "tool format gets generic JSON tool calls by grammar (could go upstream alone)",
-          lambda f, t: f.startswith(("tools/server/", "common/"))),
+          lambda f, t: f.startswith(("tools/server/", "common/")) and not _HTTP_LIMITS(t)),
+    Topic("http-limits", "cpp-httplib and server: every connection bounded: a request's headers and body within a "
+          "deadline, a cap on open connections refused at once, a write with no progress ends its response, the "
+          "pool spawns a thread whenever its idle ones cannot take every queued connection (could go upstream alone)",
+          lambda f, t: f.startswith(("vendor/cpp-httplib/", "tools/server/", "common/"))),
 ]
 
 

@@ -105,6 +105,47 @@ void preempt_add_args(common_params & params, const std::function<void(common_ar
         }
     ).set_env("LLAMA_ARG_MAX_BODY_MIB").set_examples({LLAMA_EXAMPLE_SERVER}));
     add_opt(common_arg(
+        {"--read-deadline"}, "N",
+        string_format("llama-preempt: a request's line, headers and body must all arrive within N seconds of its first "
+            "byte, however each read is paced: a connection that sends half a request (or dribbles its body) is closed "
+            "then instead of holding an HTTP thread for --timeout (default: %d; 0 - no deadline, upstream's behaviour)",
+            params.preempt_read_deadline_s),
+        [](common_params & params, const std::string & value) {
+            params.preempt_read_deadline_s = llama_preempt::parse_http_limit(value, "--read-deadline", 0,
+                                                                            "seconds from 0 (no deadline) to 1000000");
+        }
+    ).set_env("LLAMA_ARG_READ_DEADLINE").set_examples({LLAMA_EXAMPLE_SERVER}));
+    add_opt(common_arg(
+        {"--keep-alive-timeout"}, "N",
+        string_format("llama-preempt: an idle keep-alive connection is closed after N seconds without a request "
+            "(default: %d, cpp-httplib's)", params.preempt_keep_alive_s),
+        [](common_params & params, const std::string & value) {
+            params.preempt_keep_alive_s = llama_preempt::parse_http_limit(value, "--keep-alive-timeout", 1,
+                                                                         "seconds from 1 to 1000000");
+        }
+    ).set_env("LLAMA_ARG_KEEP_ALIVE_TIMEOUT").set_examples({LLAMA_EXAMPLE_SERVER}));
+    add_opt(common_arg(
+        {"--max-connections"}, "N",
+        string_format("llama-preempt: at most N HTTP connections open at once (each has a thread); one more is answered "
+            "503 at once and closed, taking no thread from the others (default: %d; 0 - no cap)",
+            params.preempt_max_connections),
+        [](common_params & params, const std::string & value) {
+            params.preempt_max_connections = llama_preempt::parse_http_limit(value, "--max-connections", 0,
+                                                                            "a count from 0 (no cap) to 1000000");
+        }
+    ).set_env("LLAMA_ARG_MAX_CONNECTIONS").set_examples({LLAMA_EXAMPLE_SERVER}));
+    add_opt(common_arg(
+        {"--stall-timeout"}, "N",
+        string_format("llama-preempt: a response whose client reads nothing for N seconds (its socket full) is ended: "
+            "its request is cancelled and its cells freed; a client that reads, however slowly, and a parked request's "
+            "stream (its keepalive notices are read) are never cut (default: %d; 0 - --timeout)",
+            params.preempt_stall_timeout_s),
+        [](common_params & params, const std::string & value) {
+            params.preempt_stall_timeout_s = llama_preempt::parse_http_limit(value, "--stall-timeout", 0,
+                                                                            "seconds from 0 (--timeout) to 1000000");
+        }
+    ).set_env("LLAMA_ARG_STALL_TIMEOUT").set_examples({LLAMA_EXAMPLE_SERVER}));
+    add_opt(common_arg(
         {"--cache-persist"},
         "llama-preempt: keep the prompt cache's disk tier across restarts: at a clean exit the cached prompts' files in "
         "--preempt-disk DIR stay, and the next server with the same model file and KV-relevant flags takes them back "

@@ -132,6 +132,18 @@ inline int32_t parse_max_body_mib(const std::string & value) {
     return (int32_t) mib;
 }
 
+// --read-deadline, --keep-alive-timeout, --stall-timeout N (seconds) and --max-connections N: a whole
+// number from `lo` to 1,000,000; throws std::invalid_argument naming the flag
+inline int32_t parse_http_limit(const std::string & value, const char * flag, long lo, const char * what) {
+    char * end = nullptr;
+    errno = 0;
+    const long v = std::strtol(value.c_str(), &end, 10);
+    if (value.empty() || *end != '\0' || errno != 0 || v < lo || v > 1000000) {
+        throw std::invalid_argument(std::string(flag) + " expects " + what + ", got '" + value + "'");
+    }
+    return (int32_t) v;
+}
+
 // the most n_probs a request may ask for under --max-logprobs, and what the 400 says of it
 inline int32_t max_logprobs(int32_t flag) {
     return flag < 0 ? INT32_MAX : flag;

@@ -1,10 +1,27 @@
 #include "preempt-metrics.h"
 
+#include <mutex>
 #include <sstream>
 
 namespace llama_preempt {
 
+// the one HTTP front end of the process (a server has one; the Engine none), set and read from
+// different threads
+static std::mutex g_http_limit_mtx;
+static std::function<http_limit_counts()> g_http_limit_source;
+
+void set_http_limit_source(std::function<http_limit_counts()> source) {
+    std::lock_guard<std::mutex> lock(g_http_limit_mtx);
+    g_http_limit_source = std::move(source);
+}
+
+http_limit_counts http_limits_now() {
+    std::lock_guard<std::mutex> lock(g_http_limit_mtx);
+    return g_http_limit_source ? g_http_limit_source() : http_limit_counts{};
+}
+
 std::vector<metric_item> metric_items(const preempt_counters & c, const preempt_gauges & g) {
+    const http_limit_counts h = http_limits_now();
     return {
         { "n_preempt_total",           "counter", "Number of times a slot was parked to make room in the KV pool",         c.n_preempt_total },
         { "n_preempt_swap_total",      "counter", "Number of parks that copied the slot's state to host RAM (SWAP)",        c.n_preempt_swap_total },
@@ -64,6 +81,10 @@ std::vector<metric_item> metric_items(const preempt_counters & c, const preempt_
         { "n_loop_steps_total",           "counter", "Steps of the server loop timed in preempt_loop_us_total", c.n_loop_steps_total },
         { "n_width_probes_total",         "counter", "Windows at full width the decode width rule ran to check itself against every slot decoding", (uint64_t) g.n_width_probes },
         { "n_width_fallbacks_total",      "counter", "Of those, windows after which the limited width had delivered less than (1 - width-loss) of full width's tokens a second: the width was left unlimited for a while", (uint64_t) g.n_width_fallbacks },
+        { "http_connections_open",        "gauge",   "HTTP connections open now (--max-connections admits at most that many)", h.open },
+        { "n_http_refused_total",         "counter", "HTTP connections answered 503 at once and closed: --max-connections were open", h.refused },
+        { "n_http_read_timeouts_total",   "counter", "Requests whose line, headers and body did not all arrive within --read-deadline of their first byte: the connection was closed", h.read_deadline },
+        { "n_http_stalled_total",         "counter", "Responses ended because their client read nothing for --stall-timeout (a stuck reader): the request was cancelled and its cells freed", h.write_stalled },
     };
 }
 

@@ -5,6 +5,7 @@
 #include "preempt-policy.h"
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -99,6 +100,17 @@ struct preempt_gauges {
     int64_t  n_width_probes       = 0;  // windows at full width the width rule ran to check itself (width_guard)
     int64_t  n_width_fallbacks    = 0;  //   of those, after which the limited width had lost more than width-loss
 };
+
+// What the HTTP front end's connection limits did (preempt-http-limits.h): the listeners register
+// where to read them at start; the in-process Engine has no listener, so they read 0 there.
+struct http_limit_counts {
+    uint64_t open          = 0;  // connections open now
+    uint64_t refused       = 0;  // refused at once: --max-connections were open
+    uint64_t read_deadline = 0;  // requests not in by --read-deadline: closed
+    uint64_t write_stalled = 0;  // responses ended: the client read nothing for --stall-timeout
+};
+void set_http_limit_source(std::function<http_limit_counts()> source);  // nullptr: none (at stop)
+http_limit_counts http_limits_now();
 
 // One series: the same name, type and value reach /metrics and the in-process Engine's stats().
 struct metric_item {

@@ -222,6 +222,10 @@ inline json props_json(const common_params & params) {
         { "cache_persist",           params.preempt_cache_persist },
         { "max_logprobs",            params.preempt_max_logprobs < 0 ? json(nullptr) : json(params.preempt_max_logprobs) },
         { "max_body_mib",            params.preempt_max_body_mib },
+        { "read_deadline_s",         params.preempt_read_deadline_s },
+        { "keep_alive_timeout_s",    params.preempt_keep_alive_s },
+        { "max_connections",         params.preempt_max_connections },
+        { "stall_timeout_s",         params.preempt_stall_timeout_s },
         { "deterministic",           params.batch_invariant },
         { "attn_own_cells",          attn_own_cells_active(params) },
         { "ui",                      ui_embedded() },            // built into this binary
