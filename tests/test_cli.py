@@ -396,8 +396,12 @@ def test_ctrl_c_ends_the_demo_cleanly(stories_model: Path, engine: str) -> None:
 
     # the preempting run parks a chat and holds it: the demo waits until it is interrupted
     env = {**os.environ, "COLUMNS": "160", "LLAMA_SERVER_PREEMPT_EVERY": "8", "LLAMA_SERVER_PREEMPT_HOLD_MS": "600000"}
+    # Ctrl-C as a terminal sends it: the child takes SIGINT's default action even where this test runs
+    # with it ignored (a shell starts a background job that way, and an ignored signal stays ignored
+    # across exec: the demo then never saw the interrupt)
     proc = subprocess.Popen(cli_command(*DEMO, "--model", str(stories_model), "--engine", engine),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         deadline = time.monotonic() + 60
         seen = ""

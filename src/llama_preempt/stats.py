@@ -165,6 +165,10 @@ class PreemptStats:
     n_width_probes_total: int = 0         # windows at full width the width rule ran to check itself
     n_width_fallbacks_total: int = 0      #   of those, after which the limited width had lost more than width-loss
     preempt_step_span_mcell_ns: int = 0   # the fitted step cost per million cells the attention spans
+    http_connections_open: int = 0        # HTTP connections open now (an Engine has no listener: 0)
+    n_http_refused_total: int = 0         # connections answered 503 at once: --max-connections were open
+    n_http_read_timeouts_total: int = 0   # requests not in by --read-deadline: closed
+    n_http_stalled_total: int = 0         # responses ended: the client read nothing for --stall-timeout
     slots: tuple[SlotStats, ...] = field(default_factory=tuple)
     parks_by_choice: Mapping[str, int] = field(default_factory=dict)  # preempt_parks_by_choice_total: label -> parks
     parks_by_tier: Mapping[str, int] = field(default_factory=dict)    # preempt_parks_by_tier_total: ram, disk, recompute
