@@ -58,6 +58,18 @@ inline void log_http_limits(const common_params & params, const http_threads & t
             params.preempt_keep_alive_s, write_timeout_s(params));
 }
 
+// each connection's send buffer, fixed (set on the listener, which its connections inherit): the
+// kernel would grow it to megabytes, so a client that stops reading was noticed only after megabytes
+// of its answer had been generated and queued; 256 KiB is a few thousand streamed tokens, and bounds
+// the kernel memory a thousand held connections take
+constexpr int http_send_buffer_bytes = 256 << 10;
+
+template <typename Socket>
+void bound_send_buffer(Socket sock) {
+    const int bytes = http_send_buffer_bytes;
+    setsockopt(sock, SOL_SOCKET, SO_SNDBUF, reinterpret_cast<const char *>(&bytes), sizeof(bytes));
+}
+
 // applied to each listener (Server: httplib::Server with patch http-limits)
 template <typename Server>
 void apply_http_limits(Server & srv, const common_params & params) {
