@@ -5,14 +5,15 @@ while half-open connections, slow bodies and stuck readers are held, before and 
     python bench/hostile.py --stock                # the same against the stock server too (bench/stock.py builds it)
     python bench/hostile.py --half-open 300 --quick
 
-Per server: an 8-token completion's latency on the idle server; then 64 well-behaved streams start
-(200 tokens each, read as they come), and against them `--half-open` connections that send the start
-of a request and then nothing, `--slow-body` connections that send their headers and then one body
-byte a second, and `--stuck` streamed requests (2,000 tokens, 20 alternatives each) whose client
-never reads. While they are held: /health's latency (p50, p99, failures within 5 s) and the 8-token
-completion's; at the end, how many half-open connections the server closed within the read deadline
-(plus 5 s), how long the stuck readers' slots took to come back, and whether all 64 streams
-completed in full. Written to bench/results/NAME.{json,md}.
+Per server (`-np` the streams + 8, 32,768 cells): an 8-token completion's latency on the idle
+server; then 64 clients stream 200-token answers one after another, read as they come, and /health
+and the 8-token completion are measured beside them for half of `--seconds`; then held against
+them: `--half-open` connections that send the start of a request and then nothing, `--slow-body`
+connections that send their headers and then one body byte a second, and `--stuck` streamed
+requests (2,000 tokens, 20 alternatives each) whose client never reads; /health (p50, p99,
+failures within 5 s) and the 8-token completion are measured again for `--seconds`. Also: when the
+server had closed every half-open connection, when it had ended every stuck reader (its
+n_http_stalled_total), and how many streams completed in full. Written to bench/results/NAME.{json,md}.
 """
 from __future__ import annotations
 
@@ -59,20 +60,25 @@ def health_s(url: str) -> float | None:
         return None
 
 
-def stream(url: str, n_predict: int, i: int, done: list[int]) -> None:
-    body = {"prompt": f"Once upon a time {i}", "n_predict": n_predict, "stream": True, "ignore_eos": True,
-            "temperature": 0}
-    n = 0
-    try:
-        with requests.post(url + "/completion", json=body, stream=True, timeout=600) as r:
-            for line in r.iter_lines():
-                if line.startswith(b"data: "):
-                    ev = json.loads(line[6:])
-                    if ev.get("stop"):
-                        n = ev.get("tokens_predicted", 0)
-    except requests.RequestException:
-        pass
-    done.append(n)
+def streams_until(url: str, n_predict: int, i: int, stop: threading.Event, done: list[tuple[int, int]]) -> None:
+    """Streamed requests one after another until `stop`, each read as it comes: (tokens asked,
+    tokens the final event reports) each time."""
+    k = 0
+    while not stop.is_set():
+        body = {"prompt": f"Once upon a time {i} {k}", "n_predict": n_predict, "stream": True, "ignore_eos": True,
+                "temperature": 0}
+        k += 1
+        n = 0
+        try:
+            with requests.post(url + "/completion", json=body, stream=True, timeout=600) as r:
+                for line in r.iter_lines():
+                    if line.startswith(b"data: "):
+                        ev = json.loads(line[6:])
+                        if ev.get("stop"):
+                            n = ev.get("tokens_predicted", 0)
+        except requests.RequestException:
+            pass
+        done.append((n_predict, n))
 
 
 def connect(host: str, port: int, first: bytes) -> socket.socket | None:
@@ -167,8 +173,10 @@ def run_cell(label: str, srv: LlamaServer, args: argparse.Namespace, console: Co
     for _ in range(3):
         completion_s(url)
     idle = [x for x in (completion_s(url) for _ in range(5)) if x is not None]
-    done: list[int] = []
-    streams = [threading.Thread(target=stream, args=(url, args.stream_tokens, i, done)) for i in range(args.streams)]
+    done: list[tuple[int, int]] = []
+    streaming = threading.Event()
+    streams = [threading.Thread(target=streams_until, args=(url, args.stream_tokens, i, streaming, done))
+               for i in range(args.streams)]
     for t in streams:
         t.start()
     time.sleep(0.5)
@@ -181,23 +189,33 @@ def run_cell(label: str, srv: LlamaServer, args: argparse.Namespace, console: Co
         t.start()
     stucks = [s for s in (stuck(host, port) for _ in range(args.stuck)) if s is not None]
     console.print(f"{label}: {len(halves)} half-open, {args.slow_body} slow bodies, {len(stucks)} stuck readers held")
+    # watched while /health is measured: when the server has closed every half-open connection, and
+    # when it has ended every stuck reader (its own series; the stock server has none)
+    seen: dict[str, float] = {}
+
+    def watch() -> None:
+        while not stop.is_set() and len(seen) < 2:
+            now = time.monotonic() - t_open
+            if "closed" not in seen and all(closed(s) for s in halves):
+                seen["closed"] = now
+            if "stuck" not in seen and stalled(url) >= len(stucks) > 0:
+                seen["stuck"] = now
+            time.sleep(0.25)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
     hostile = summary(*measure(url, args.seconds))
-    deadline = args.read_deadline + 5
-    while time.monotonic() < t_open + deadline and not all(closed(s) for s in halves):
-        time.sleep(0.2)
+    wait_end = time.monotonic() + args.stall_timeout + 60
+    while len(seen) < (2 if stucks else 1) and time.monotonic() < wait_end and stalled(url) >= 0:
+        time.sleep(0.25)
     n_closed = sum(closed(s) for s in halves)
-    t_closed = time.monotonic() - t_open
-    # the stuck readers ended: counted by the server (its own series; the stock server has none)
-    t_stuck = None
-    while time.monotonic() - t_open < args.stall_timeout + 120:
-        n = stalled(url)
-        if n < 0 or n >= len(stucks):
-            t_stuck = time.monotonic() - t_open if n >= 0 else None
-            break
-        time.sleep(0.2)
+    t_closed = seen.get("closed", time.monotonic() - t_open)
+    t_stuck = seen.get("stuck")
+    streaming.set()
     for t in streams:
         t.join(timeout=600)
     stop.set()
+    watcher.join(timeout=10)
     for t in slows:
         t.join(timeout=10)
     for s in halves + stucks:
@@ -207,7 +225,7 @@ def run_cell(label: str, srv: LlamaServer, args: argparse.Namespace, console: Co
         "streams_alone": calm, "hostile": hostile,
         "half_open": len(halves), "half_open_closed": n_closed, "half_open_closed_s": round(t_closed, 1),
         "stuck": len(stucks), "stuck_ended_s": round(t_stuck, 1) if t_stuck is not None else None,
-        "streams": args.streams, "streams_complete": sum(1 for n in done if n == args.stream_tokens),
+        "streams": len(done), "streams_complete": sum(1 for asked, n in done if n == asked),
     }
     console.print(f"{label}: {cell}")
     return cell
@@ -220,7 +238,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--slow-body", type=int, default=100)
     ap.add_argument("--stuck", type=int, default=10)
     ap.add_argument("--streams", type=int, default=64)
-    ap.add_argument("--stream-tokens", type=int, default=1000, help="tokens each well-behaved stream asks (default 1000)")
+    ap.add_argument("--stream-tokens", type=int, default=200, help="tokens each well-behaved stream asks, one after "
+                    "another (default 200)")
     ap.add_argument("--seconds", type=float, default=20, help="how long /health is measured under the load")
     ap.add_argument("--read-deadline", type=int, default=10, help="--read-deadline of the server (default 10)")
     ap.add_argument("--stall-timeout", type=int, default=10, help="--stall-timeout of the server (default 10)")
@@ -229,10 +248,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--name", default="hostile")
     args = ap.parse_args(argv)
     if args.quick:
-        args.half_open, args.slow_body, args.streams, args.seconds, args.stream_tokens = 300, 30, 16, 10, 500
+        args.half_open, args.slow_body, args.streams, args.seconds = 300, 30, 16, 10
     console = Console()
     model = stories_model(args.model)
-    base = dict(model=model, n_ctx=16384, n_parallel=16, kv_unified=True, threads=2, seed=1234)
+    # a slot for every stream and room for the requests measured beside them
+    base = dict(model=model, n_ctx=32768, n_parallel=args.streams + 8, kv_unified=True, threads=2, seed=1234)
     cells: list[tuple[str, ServerConfig, Path | None]] = [
         ("llama-preempt", ServerConfig(**base, extra_args=["--read-deadline", str(args.read_deadline),
                                                            "--stall-timeout", str(args.stall_timeout)]), None)]
@@ -254,7 +274,8 @@ def main(argv: list[str] | None = None) -> int:
                      f"{cell['half_open_closed']}/{cell['half_open']} in {cell['half_open_closed_s']} s",
                      cell["stuck_ended_s"], f"{cell['streams_complete']}/{cell['streams']}"])
     md = [f"# {args.name}", "", f"`python bench/hostile.py {' '.join(argv if argv is not None else sys.argv[1:])}`", "",
-          f"{model.name}, 16,384 cells, 16 slots, {args.streams} streams of {args.stream_tokens} tokens; held against it: "
+          f"{model.name}, 32,768 cells, {args.streams + 8} slots, {args.streams} clients streaming {args.stream_tokens}-token "
+          f"answers one after another (the streams column: how many completed in full); held against it: "
           f"{args.half_open} half-open connections, {args.slow_body} slow bodies (a byte a second), {args.stuck} stuck "
           f"readers; --read-deadline {args.read_deadline}, --stall-timeout {args.stall_timeout}.", ""]
     md += md_table(["server", "8-token idle s", "beside the streams s", "and the hostile s", "/health p50 / p99 ms, streams",

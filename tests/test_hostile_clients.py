@@ -134,6 +134,7 @@ def test_an_idle_keep_alive_connection_is_closed_after_its_timeout(start_server:
     t0 = time.monotonic()
     closed, _ = closed_within(s, 15)
     assert closed and 0.5 <= time.monotonic() - t0 < 10
+    wait_until(lambda: srv.metrics()["n_http_idle_closed_total"] >= 1, 10, "the idle close counted")
 
 
 def test_health_and_metrics_answer_while_every_request_thread_is_held(start_server: ServerFactory,

@@ -93,6 +93,7 @@ http_limit_counts http_limit_counts_of(const Servers & servers) {
         c.refused       += k.refused.load();
         c.read_deadline += k.read_deadline.load();
         c.write_stalled += k.write_stalled.load();
+        c.idle_closed   += k.idle_closed.load();
     }
     return c;
 }

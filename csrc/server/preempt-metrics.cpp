@@ -85,6 +85,7 @@ std::vector<metric_item> metric_items(const preempt_counters & c, const preempt_
         { "n_http_refused_total",         "counter", "HTTP connections answered 503 at once and closed: --max-connections were open", h.refused },
         { "n_http_read_timeouts_total",   "counter", "Requests whose line, headers and body did not all arrive within --read-deadline of their first byte: the connection was closed", h.read_deadline },
         { "n_http_stalled_total",         "counter", "Responses ended because their client read nothing for --stall-timeout (a stuck reader): the request was cancelled and its cells freed", h.write_stalled },
+        { "n_http_idle_closed_total",     "counter", "HTTP connections closed after --keep-alive-timeout without a request (idle keep-alive, or connected and silent)", h.idle_closed },
     };
 }
 

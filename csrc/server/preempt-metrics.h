@@ -108,6 +108,7 @@ struct http_limit_counts {
     uint64_t refused       = 0;  // refused at once: --max-connections were open
     uint64_t read_deadline = 0;  // requests not in by --read-deadline: closed
     uint64_t write_stalled = 0;  // responses ended: the client read nothing for --stall-timeout
+    uint64_t idle_closed   = 0;  // connections closed after --keep-alive-timeout without a request
 };
 void set_http_limit_source(std::function<http_limit_counts()> source);  // nullptr: none (at stop)
 http_limit_counts http_limits_now();

@@ -169,6 +169,7 @@ class PreemptStats:
     n_http_refused_total: int = 0         # connections answered 503 at once: --max-connections were open
     n_http_read_timeouts_total: int = 0   # requests not in by --read-deadline: closed
     n_http_stalled_total: int = 0         # responses ended: the client read nothing for --stall-timeout
+    n_http_idle_closed_total: int = 0     # connections closed after --keep-alive-timeout without a request
     slots: tuple[SlotStats, ...] = field(default_factory=tuple)
     parks_by_choice: Mapping[str, int] = field(default_factory=dict)  # preempt_parks_by_choice_total: label -> parks
     parks_by_tier: Mapping[str, int] = field(default_factory=dict)    # preempt_parks_by_tier_total: ram, disk, recompute
