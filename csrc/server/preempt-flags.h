@@ -7,7 +7,6 @@
 #include "preempt-choice.h"  // preempt_mode (its types only: llama-common links preempt-args.cpp, no policy code)
 
 #include <algorithm>
-#include <cerrno>
 #include <climits>
 #include <cstdlib>
 #include <cstdint>
@@ -62,13 +61,18 @@ inline std::string flag_error_text(const std::exception & e, const std::string &
     return e.what();
 }
 
-// a flag's whole number from -1 (no limit) up, else std::invalid_argument: `expects`, quoting the value
-inline int32_t parse_from_minus_one(const std::string & value, const std::string & expects) {
+// a flag's whole number from lo to hi, else std::invalid_argument: `expects`, quoting the value
+inline int32_t parse_in_range(const std::string & value, long long lo, long long hi, const std::string & expects) {
     long long n = 0;
-    if (!parse_whole(value, n) || n < -1 || n > INT32_MAX) {
+    if (!parse_whole(value, n) || n < lo || n > hi) {
         throw std::invalid_argument(expects + ", got '" + value + "'");
     }
     return (int32_t) n;
+}
+
+// a flag's whole number from -1 (no limit) up, else std::invalid_argument: `expects`, quoting the value
+inline int32_t parse_from_minus_one(const std::string & value, const std::string & expects) {
+    return parse_in_range(value, -1, INT32_MAX, expects);
 }
 
 // --preempt-ram N: -1 (no limit), 0 (always recompute) or a size in MiB; throws std::invalid_argument
@@ -123,25 +127,13 @@ inline int32_t parse_max_queue(const std::string & value) {
 // --max-body-mib N: the largest request body, in MiB, from 1 to 1024 (cpp-httplib's own limit was a
 // fixed 100); throws std::invalid_argument
 inline int32_t parse_max_body_mib(const std::string & value) {
-    char * end = nullptr;
-    errno = 0;
-    const long mib = std::strtol(value.c_str(), &end, 10);
-    if (value.empty() || *end != '\0' || errno != 0 || mib < 1 || mib > 1024) {
-        throw std::invalid_argument("--max-body-mib expects a size in MiB from 1 to 1024, got '" + value + "'");
-    }
-    return (int32_t) mib;
+    return parse_in_range(value, 1, 1024, "--max-body-mib expects a size in MiB from 1 to 1024");
 }
 
 // --read-deadline, --keep-alive-timeout, --stall-timeout N (seconds) and --max-connections N: a whole
 // number from `lo` to 1,000,000; throws std::invalid_argument naming the flag
 inline int32_t parse_http_limit(const std::string & value, const char * flag, long lo, const char * what) {
-    char * end = nullptr;
-    errno = 0;
-    const long v = std::strtol(value.c_str(), &end, 10);
-    if (value.empty() || *end != '\0' || errno != 0 || v < lo || v > 1000000) {
-        throw std::invalid_argument(std::string(flag) + " expects " + what + ", got '" + value + "'");
-    }
-    return (int32_t) v;
+    return parse_in_range(value, lo, 1000000, std::string(flag) + " expects " + what);
 }
 
 // the most n_probs a request may ask for under --max-logprobs, and what the 400 says of it
