@@ -11,11 +11,12 @@ server's slot files (`/slots/N?action=save|restore`) in a directory the Engine's
 (`--slot-save-path`), and is read back and deleted at once."""
 from __future__ import annotations
 
+import contextlib
 import os
 import struct
 import uuid
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Iterator
 
 import numpy as np
 
@@ -66,6 +67,18 @@ def save_dir_of(engine: "Engine") -> str:
                        "Engine with args=['--slot-save-path', DIR] (Llama() does so by itself)")
 
 
+@contextlib.contextmanager
+def _slot_file(directory: str) -> Iterator[tuple[str, str]]:
+    """A fresh slot-file name in the server's directory (name, path), removed afterwards."""
+    name = f"llama-state-{uuid.uuid4().hex}.bin"
+    path = os.path.join(directory, name)
+    try:
+        yield name, path
+    finally:
+        if os.path.exists(path):
+            os.unlink(path)
+
+
 def _context_slot(slots: list[dict[str, Any]]) -> dict[str, Any] | None:
     """The slot of the most recent request: task ids grow, so it holds the highest."""
     used = [s for s in slots if s.get("id_task") is not None]
@@ -80,15 +93,10 @@ def save_state(engine: "Engine", seed: int | None) -> LlamaState:
     slot = _context_slot(engine.slots())
     if slot is None:
         return LlamaState(np.zeros(0, dtype=np.intc), empty_scores, 0, b"", 0, seed, n_vocab)
-    name = f"llama-state-{uuid.uuid4().hex}.bin"
-    path = os.path.join(directory, name)
-    try:
+    with _slot_file(directory) as (name, path):
         engine.request("POST", f"/slots/{slot['id']}?action=save", {"filename": name})
         with open(path, "rb") as f:
             data = f.read()
-    finally:
-        if os.path.exists(path):
-            os.unlink(path)
     tokens = state_tokens(data)
     return LlamaState(np.asarray(tokens, dtype=np.intc), empty_scores, len(tokens), data, len(data), seed, n_vocab)
 
@@ -115,12 +123,7 @@ def load_state(engine: "Engine", state: LlamaState) -> None:
         raise RuntimeError("load_state(): every slot is busy; load the state when a request has finished")
     context = _context_slot(idle)
     target = context if context is not None else idle[0]
-    name = f"llama-state-{uuid.uuid4().hex}.bin"
-    path = os.path.join(directory, name)
-    try:
+    with _slot_file(directory) as (name, path):
         with open(path, "wb") as f:
             f.write(bytes(state.llama_state))
         engine.request("POST", f"/slots/{target['id']}?action=restore", {"filename": name})
-    finally:
-        if os.path.exists(path):
-            os.unlink(path)
