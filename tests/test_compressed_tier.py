@@ -3,6 +3,7 @@ q8_0, within the RAM budget, and restored unpacked (stories260K; issue 52's proo
 data: docs/contributing.md "Adding a tier")."""
 from __future__ import annotations
 
+import re
 import threading
 from pathlib import Path
 from typing import Any
@@ -10,7 +11,7 @@ from typing import Any
 import pytest
 
 from helpers import complete, logged, long_prompt, n_tokens, wait_for_slot, wait_until
-from llama_preempt import _core
+from llama_preempt import _core, statsview
 
 # f32 cells: 5 layers x 2 x 32 values x 4 bytes = 1,280 bytes per token, so ~900 tokens held make
 # a state a little over a 1 MiB RAM budget, which q8_0 packs to about a quarter
@@ -61,6 +62,17 @@ def test_a_state_over_the_ram_left_parks_packed_within_it_and_the_request_comple
     assert by["preempt_parks_by_choice_total"]["ram_full"] == 1  # RAM had no room; the packed copy did
     assert srv.metrics()["preempt_ram_bytes"] == 0
     logged(srv, "restored by swap")
+    # reported as itself: its log line names it and its quote beside the others', /metrics carries
+    # its measured rates and packed share (the one park moved them off their defaults), stats shows them
+    logged(srv, "parked by swap to ram_q8 (")
+    line = next(x for x in srv.log_text().splitlines() if "parked by swap to ram_q8" in x)
+    assert re.search(r"\(predicted ram [\d.]+ ms, ram_q8 [\d.]+ ms, recompute [\d.]+ ms\)", line), line
+    m = srv.metrics()
+    assert m["preempt_ram_q8_packed_percent"] < 53  # q8_0 of f32 cells: about 27 %, one sample in
+    assert m["preempt_ram_q8_pack_bytes_per_second"] > 0
+    view = statsview.to_json(statsview.fetch(srv.url), None)
+    assert view["ram_q8"]["packed_percent"] == m["preempt_ram_q8_packed_percent"]
+    assert view["tiers"]["parks"]["ram_q8"] == 1
 
 
 def test_where_the_plain_copy_fits_auto_keeps_it_unpacked_and_byte_exact(
@@ -88,6 +100,7 @@ def test_without_the_flag_there_is_no_compressed_tier(start_server, stories_mode
     t.join(60)
     assert got["tokens_predicted"] == 16
     assert srv.metrics().labeled["preempt_parks_by_tier_total"]["ram_q8"] == 0
+    assert statsview.to_json(statsview.fetch(srv.url), None)["ram_q8"] is None
 
 
 def test_a_bad_compress_value_is_a_cli_error_naming_the_flag(start_server, stories_model: Path) -> None:

@@ -141,7 +141,7 @@ def test_auto_recomputes_when_the_swap_is_predicted_dearer(start_server, stories
     by = srv.metrics().labeled["preempt_parks_by_choice_total"]
     assert by["recompute_cheaper"] == m["n_preempt_total"]
     assert by["swap_cheaper"] == 0
-    logged(srv, "recompute_cheaper (predicted swap")
+    logged(srv, "recompute_cheaper (predicted ram")
 
 
 def test_auto_swaps_when_the_swap_is_predicted_cheaper(start_server, stories_model: Path) -> None:

@@ -2,6 +2,7 @@
 // through RAM to --preempt-disk) or RECOMPUTE, priced per victim with the rates the server measures
 // from its own parks, restores, disk files and prompt batches (preempt-policy.h).
 #include "preempt-policy.h"
+#include "preempt-tier-model.h"
 
 #include <algorithm>
 #include <cstdint>
@@ -68,14 +69,8 @@ host_budget host_budget_from_mib(int64_t host_mib, int64_t park_mib, int64_t cac
 park_choice park_choice_of(park_tier where, choice_reason reason) {
     switch (reason) {
         case choice_reason::cheapest:
-            return where == park_tier::recompute ? park_choice::recompute_cheaper
-                 : where == park_tier::disk      ? park_choice::disk_cheaper
-                                                 : park_choice::swap_cheaper;  // RAM, plain or compressed
         case choice_reason::mode:
-            return where == park_tier::recompute ? park_choice::recompute_mode
-                 : where == park_tier::ram       ? park_choice::swap_mode
-                                                 : park_choice::ram_full;  // swap mode skips to disk only past a full RAM
-        case choice_reason::room:        return where == park_tier::ram ? park_choice::swap_mode : park_choice::ram_full;
+        case choice_reason::room:        return model_of(where).label(reason);
         case choice_reason::no_room:     return park_choice::over_budget;
         case choice_reason::no_state:    return park_choice::no_state;
         case choice_reason::move_failed: return park_choice::swap_failed;
@@ -95,54 +90,65 @@ const char * choice_reason_name(choice_reason r) {
     return "?";
 }
 
-// Each tier's quote for one victim, in milliseconds of the decode loop:
-//  - RAM: its state copied out and back (park + restore);
-//  - disk: the same two copies, plus the file's write when the host copy does not fit what is left
-//    of the RAM (then the loop waits for it; otherwise it is written in the background and the
-//    RAM is held only until then), plus the read back unless that read runs ahead of its turn
-//    (the victim waits behind another parked slot);
-//  - RECOMPUTE: its tokens re-prefilled.
-// RAM is worth more than its own quote when taking it leaves less than the state's own size: the
-// next victim of that size goes to disk and pays a read it cannot hide. So its rank adds that read,
-// and a victim whose read can be hidden gives the RAM up (disk_cheaper) when RAM is that short.
-std::vector<tier_offer> tier_offers(const park_options & o, const cost_rates & rates) {
-    const double copy_ms  = o.bytes > 0 ? 1e3 * o.bytes / rates.park_bps + 1e3 * o.bytes / rates.restore_bps : 0;
-    const double write_ms = 1e3 * o.bytes / rates.disk_write_bps;
-    const double read_ms  = 1e3 * o.bytes / rates.disk_read_bps;
-    const bool fits_ram  = o.bytes <= o.ram_left;
-    const bool fits_disk = o.disk_left > 0 && o.bytes <= o.disk_left;
+bool tier_rooms::any_copy_room() const {
+    for (const tier_model * m : tier_models()) {
+        if (m->copies() && of(m->where()) > 0) {
+            return true;
+        }
+    }
+    return false;
+}
 
-    tier_offer ram { park_tier::ram, true, fits_ram, copy_ms, copy_ms };
-    if (fits_ram && fits_disk && o.bytes > o.ram_left - o.bytes) {
-        ram.rank_ms += read_ms;
+bool tier_rooms::any_read_back_room() const {
+    for (const tier_model * m : tier_models()) {
+        if (m->reads_back() && of(m->where()) > 0) {
+            return true;
+        }
     }
-    tier_offer disk { park_tier::disk, true, fits_disk, 0, 0 };
-    if (fits_disk && o.bytes > 0) {
-        disk.ms = disk.rank_ms = copy_ms + (fits_ram ? 0 : write_ms) + (o.waits_behind ? 0 : read_ms);
+    return false;
+}
+
+// Each tier the executor has quotes the victim itself (preempt-tier-model.h). A tier that takes
+// host RAM is worth more than its own quote to the next victim when it leaves less than the state's
+// own size: that victim lands in a later tier and pays its read back, so each tier is told the read
+// of the first later tier that fits and reads back (spill_read_ms).
+std::vector<tier_offer> tier_offers(const park_options & o, const cost_rates & rates) {
+    std::vector<const tier_model *> present;
+    std::vector<quote_input> q;
+    for (const tier_model * m : tier_models()) {
+        if (o.rooms.has(m->where()) || !m->copies()) {
+            quote_input in;
+            in.bytes        = o.bytes;
+            in.n_tokens     = o.n_tokens;
+            in.waits_behind = o.waits_behind;
+            in.host_left    = o.rooms.host_left;
+            in.room         = m->copies() ? o.rooms.of(m->where()) : SIZE_MAX;
+            present.push_back(m);
+            q.push_back(in);
+        }
     }
-    const double recompute_ms = 1e3 * o.n_tokens / rates.prefill_tps;
-    const tier_offer recompute { park_tier::recompute, false, true, recompute_ms, recompute_ms };
-    if (!(o.offered & tier_bit(park_tier::ram_q8))) {
-        return { ram, disk, recompute };
+    for (size_t i = 0; i < present.size(); ++i) {
+        for (size_t j = i + 1; j < present.size(); ++j) {
+            if (present[j]->reads_back() && present[j]->fits(q[j], rates)) {
+                q[i].spill_read_ms = present[j]->read_back_ms(q[j], rates);
+                break;
+            }
+        }
     }
-    // RAM compressed to q8_0 (opt-in): the RAM park's copies plus packing and unpacking, for its
-    // packed share of the same RAM
-    const bool   fits_q8 = o.bytes > 0 && o.bytes * rates.pack_ratio <= o.ram_left;
-    const double q8_ms   = copy_ms + 1e3 * o.bytes / rates.pack_bps + 1e3 * o.bytes / rates.unpack_bps;
-    const tier_offer ram_q8 { park_tier::ram_q8, true, fits_q8, q8_ms, q8_ms };
-    return { ram, ram_q8, disk, recompute };
+    std::vector<tier_offer> offers;
+    for (size_t i = 0; i < present.size(); ++i) {
+        offers.push_back(present[i]->quote(q[i], rates));
+    }
+    return offers;
 }
 
 park_decision choose_park(preempt_mode mode, const park_options & o, const cost_rates & rates) {
-    const std::vector<tier_offer> offers = tier_offers(o, rates);
     park_decision d;
-    for (const tier_offer & t : offers) {
-        switch (t.where) {
-            case park_tier::ram:       d.swap_ms      = t.ms; break;
-            case park_tier::disk:      d.disk_ms      = t.ms; break;
-            case park_tier::ram_q8:    break;  // its quote is in the offers (tier_offers())
-            case park_tier::recompute: d.recompute_ms = t.ms; break;
-        }
+    d.offers = tier_offers(o, rates);
+    // the tier that keeps nothing (RECOMPUTE): what every copy is weighed against
+    const tier_offer * replay = nullptr;
+    for (const tier_offer & t : d.offers) {
+        replay = t.copies ? replay : &t;
     }
     auto take = [&](park_tier where, choice_reason reason) {
         d.tier   = where;
@@ -151,17 +157,17 @@ park_decision choose_park(preempt_mode mode, const park_options & o, const cost_
         return d;
     };
     if (mode == preempt_mode::recompute) {
-        return take(park_tier::recompute, choice_reason::mode);
+        return take(replay->where, choice_reason::mode);
     }
     if (o.bytes == 0) {
-        return take(park_tier::recompute, choice_reason::no_state);
+        return take(replay->where, choice_reason::no_state);
     }
     // the tiers that keep the state and have room for it: swap takes the first, auto the cheapest
     // in all (ties to the earlier)
     const tier_offer * best = nullptr;
     bool full_before = false;  // a tier before the chosen one had no room
     bool full_seen   = false;
-    for (const tier_offer & t : offers) {
+    for (const tier_offer & t : d.offers) {
         if (!t.copies) {
             continue;
         }
@@ -175,14 +181,14 @@ park_decision choose_park(preempt_mode mode, const park_options & o, const cost_
         }
     }
     if (!best) {
-        return take(park_tier::recompute, choice_reason::no_room);
+        return take(replay->where, choice_reason::no_room);
     }
     const choice_reason reason = full_before ? choice_reason::room
                                : mode == preempt_mode::swap ? choice_reason::mode : choice_reason::cheapest;
-    if (mode == preempt_mode::swap || best->ms < d.recompute_ms) {
+    if (mode == preempt_mode::swap || best->ms < replay->ms) {
         return take(best->where, reason);
     }
-    return take(park_tier::recompute, choice_reason::cheapest);
+    return take(replay->where, choice_reason::cheapest);
 }
 
 // the victim ranked as it will be once parked (one more park, parked last), by the planner's own

@@ -5,6 +5,7 @@
 #include "preempt-types.h"  // park_tier, cost_rates
 
 #include <algorithm>
+#include <climits>
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -52,30 +53,61 @@ park_choice park_choice_of(park_tier where, choice_reason reason);
 const char * choice_reason_name(choice_reason r);  // "cheapest", "mode", "room", "no_room", "no_state", "move_failed"
 
 
+// One tier as a victim's choice sees it: the data choose_park() filters and ranks, so a tier is a
+// row of tier_offers(), not a branch of the choice.
+struct tier_offer {
+    park_tier where   = park_tier::recompute;
+    bool      copies  = false;  // keeps the state; RECOMPUTE re-prefills the tokens instead
+    bool      fits    = false;  // the state fits its room now (RECOMPUTE: always)
+    double    ms      = 0;      // its quote: what parking the state there and bringing it back costs the loop
+    double    rank_ms = 0;      // what taking it costs in all: its quote, plus what the room it takes is worth to
+                                // the next victim (host RAM left short: that victim pays a read it cannot hide)
+};
+
+// A victim's decision: the offers it was made from, and the one taken.
 struct park_decision {
     park_tier     tier   = park_tier::recompute;  // where its state waits
     choice_reason reason = choice_reason::no_state;
     park_choice   why    = park_choice::no_state;  // park_choice_of(tier, reason)
-    double      swap_ms      = 0;  // predicted RAM park: park + restore
-    double      disk_ms      = 0;  // predicted disk park: park + write (unless in the background) + read (unless ahead) + restore; 0 without a disk
-    double      recompute_ms = 0;  // predicted: re-prefill of the tokens held
+    std::vector<tier_offer> offers;  // every tier's quote, in tier order
 
-    bool copies() const { return tier != park_tier::recompute; }  // the state is copied out (to RAM, or through RAM to disk)
+    bool copies() const { return tier != park_tier::recompute; }  // the state is copied out
+    // a tier's quote (0: not offered)
+    double quote_of(park_tier where) const {
+        for (const tier_offer & o : offers) {
+            if (o.where == where) {
+                return o.ms;
+            }
+        }
+        return 0;
+    }
 };
 
-// a tier as a bit of a set of tiers (park_options::offered)
+// a tier as a bit of a set of tiers (tier_rooms::present)
 constexpr unsigned tier_bit(park_tier t) { return 1u << (unsigned) t; }
-// the tiers every executor has (a disk tier without --preempt-disk has no room, and is never taken)
-constexpr unsigned CORE_TIERS = tier_bit(park_tier::recompute) | tier_bit(park_tier::ram) | tier_bit(park_tier::disk);
+
+// The tiers an executor has, and the room each has now (its kv_tier::room()). Every copy passes
+// through host RAM, so each tier's model also reads what parks may still hold of it (host_left).
+struct tier_rooms {
+    unsigned present   = tier_bit(park_tier::recompute);
+    size_t   room[N_PARK_TIERS] = {};
+    size_t   host_left = SIZE_MAX;
+
+    bool   has(park_tier t) const { return (present & tier_bit(t)) != 0; }
+    size_t of(park_tier t) const { return has(t) ? room[(int) t] : 0; }
+    void   set(park_tier t, size_t bytes) { present |= tier_bit(t); room[(int) t] = bytes; }
+    // some tier that copies has room: a park by choice can keep its state
+    bool any_copy_room() const;
+    // some tier whose read back can run ahead of a slot's turn has room
+    bool any_read_back_room() const;
+};
 
 // What one victim could be parked into.
 struct park_options {
-    size_t  bytes     = 0;  // state to copy (0: cannot be copied)
-    int64_t n_tokens  = 0;  // tokens a RECOMPUTE resume re-prefills
-    size_t  ram_left  = 0;  // bytes of --preempt-ram still free (in-flight disk writes hold theirs)
-    size_t  disk_left = 0;  // bytes the disk tier can still take (0: no disk tier)
-    bool    waits_behind = false;  // another parked slot comes back first: its file is read ahead of its turn
-    unsigned offered  = CORE_TIERS;  // the tiers the executor has (tier_bit()); an opt-in tier is offered only here
+    size_t     bytes        = 0;      // state to copy (0: cannot be copied)
+    int64_t    n_tokens     = 0;      // tokens a RECOMPUTE resume re-prefills
+    bool       waits_behind = false;  // another parked slot comes back first: its read back runs ahead of its turn
+    tier_rooms rooms;
 };
 
 // --preempt-ram 0 without a disk tier means RECOMPUTE whatever the mode: there is nowhere to swap to
@@ -106,19 +138,8 @@ bool read_cached_prompt(size_t bytes, size_t n_tokens, const cost_rates & rates)
 // the defaults (8192 and 8192) make one 8 GiB budget instead of two
 host_budget host_budget_from_mib(int64_t host_mib, int64_t park_mib, int64_t cache_mib);
 
-// One tier as a victim's choice sees it: the data choose_park() filters and ranks, so a tier is a
-// row of tier_offers(), not a branch of the choice.
-struct tier_offer {
-    park_tier where   = park_tier::recompute;
-    bool      copies  = false;  // keeps the state (RAM, disk); RECOMPUTE re-prefills the tokens instead
-    bool      fits    = false;  // the state fits its room now (RECOMPUTE: always)
-    double    ms      = 0;      // its quote: what parking the state there and bringing it back costs the loop
-    double    rank_ms = 0;      // what taking it costs in all: its quote, plus what the room it takes is worth to
-                                // the next victim (RAM left short: that victim pays a read it cannot hide)
-};
-
-// The tiers for one victim, in tier order (the order --preempt-mode swap prefers them in, and ties
-// go to): RAM, disk, then RECOMPUTE last. Each quote from the measured rates (preempt-choice.cpp).
+// The tiers the executor has for one victim, in tier order (the order --preempt-mode swap prefers
+// them in, and ties go to; RECOMPUTE last), each quoted by its own model (preempt-tier-model.h).
 std::vector<tier_offer> tier_offers(const park_options & o, const cost_rates & rates);
 
 // One victim: the tiers that copy filtered by room, the cheapest taken (auto) or the first

@@ -1,5 +1,6 @@
 // The whole decision for one victim, and its fallbacks (see preempt-decide.h).
 #include "preempt-decide.h"
+#include "preempt-tier-model.h"
 
 namespace llama_preempt {
 
@@ -11,21 +12,26 @@ park_order decide_park(const victim_state & v, const tier_state & t, bool waits_
     o.t_begin_us = v.t_begin_us;
 
     park_options opt;
-    opt.bytes     = has_swap_state(v.in) && t.mode != preempt_mode::recompute ? v.bytes : 0;
-    opt.n_tokens  = v.in.n_held;
-    opt.ram_left  = t.ram_left;
-    opt.disk_left = opt.bytes > 0 ? t.disk_left : 0;
-    opt.offered   = t.offered;
+    opt.bytes    = has_swap_state(v.in) && t.mode != preempt_mode::recompute ? v.bytes : 0;
+    opt.n_tokens = v.in.n_held;
+    opt.rooms    = t.rooms;
     // a slot parked through the API waits for its unpark: its read can always be had ahead
-    opt.waits_behind = opt.disk_left > 0 && (v.reason == park_reason::api || waits_behind);
+    opt.waits_behind = opt.bytes > 0 && t.rooms.any_read_back_room() && (v.reason == park_reason::api || waits_behind);
     o.how = choose_park(t.mode, opt, t.rates);
-    if (o.how.tier == park_tier::ram && t.force_disk && opt.bytes <= opt.disk_left) {
-        o.how.tier = park_tier::disk;  // the test seam keeps the reason (and label) RAM was chosen for
+    if (t.force_to >= 0 && o.how.copies() && o.how.tier != (park_tier) t.force_to) {
+        for (const tier_offer & f : o.how.offers) {
+            if (f.where == (park_tier) t.force_to && f.fits) {
+                o.how.tier = f.where;  // the test seam keeps the reason (and label) the first choice was made for
+            }
+        }
     }
     o.bytes = o.how.copies() ? opt.bytes : 0;
-    // to disk in the background when the host copy fits what is left of the RAM budget (it is held
-    // until written); else the loop waits for the write
-    o.background = o.how.tier == park_tier::disk && opt.bytes <= opt.ram_left;
+    // a tier that moves the state in the background from a host copy the budget holds until it lands
+    // (the disk tier, while that copy fits what parks may still hold); else the loop waits for it
+    quote_input q;
+    q.bytes     = opt.bytes;
+    q.host_left = t.rooms.host_left;
+    o.background = model_of(o.how.tier).background(q);
     o.shape = shape_park(v.in, o.how.copies(), t.n_batch);
     return o;
 }

@@ -18,13 +18,12 @@ namespace llama_preempt {
 
 // the tiers a victim's state may go to, as the executor sees them at the park
 struct tier_state {
-    preempt_mode mode       = preempt_mode::automatic;  // effective (effective_mode())
-    size_t       ram_left   = std::numeric_limits<size_t>::max();  // bytes parks may still hold in host RAM (the RAM tier's room)
-    size_t       disk_left  = 0;  // bytes the disk tier can still take (0: no disk tier)
-    cost_rates   rates;           // the measured prices
-    int32_t      n_batch    = 512;
-    unsigned     offered    = CORE_TIERS;  // the tiers the executor has (tier_bit()); RAM, disk and RECOMPUTE always
-    bool         force_disk = false;  // fault seam (LLAMA_SERVER_PREEMPT_DISK_ALWAYS): a RAM park goes to disk where it fits
+    preempt_mode mode    = preempt_mode::automatic;  // effective (effective_mode())
+    tier_rooms   rooms;    // the tiers the executor has, each one's room, and the host RAM parks may still hold
+    cost_rates   rates;    // the measured prices
+    int32_t      n_batch = 512;
+    int          force_to = -1;  // fault seam (a park_tier; -1: none): a park that copies goes to this tier where it
+                                 // fits, for the reason its first choice was made (LLAMA_SERVER_PREEMPT_DISK_ALWAYS)
 };
 
 // a victim at the moment of its park
@@ -50,8 +49,8 @@ struct park_order {
     park_tier tier() const { return how.tier; }
 };
 
-// RAM, disk or RECOMPUTE for one victim (choose_park() with the tiers' state), its write and its
-// shape. `waits_behind`: another parked slot comes back before it (waits_behind_parked()).
+// A tier for one victim (choose_park() with the tiers' state), whether its move runs in the
+// background, and its shape. `waits_behind`: another parked slot comes back before it (waits_behind_parked()).
 park_order decide_park(const victim_state & v, const tier_state & t, bool waits_behind);
 
 // what went wrong carrying out a decision

@@ -6,7 +6,7 @@ namespace llama_preempt {
 park_order park_victim(plan_executor & ex, int32_t id, park_reason reason) {
     const victim_state v = ex.victim(id, reason);  // first: the park's time starts here, as its state is sized
     const tier_state   t = ex.tiers();
-    park_order o = decide_park(v, t, t.disk_left > 0 && v.bytes > 0 && waits_behind_parked(ex.views(), id));
+    park_order o = decide_park(v, t, t.rooms.any_read_back_room() && v.bytes > 0 && waits_behind_parked(ex.views(), id));
     bool fallback = false;
     if (o.how.copies()) {
         const move_result r = ex.tier(o.tier()).copy_out(o);
@@ -35,17 +35,16 @@ void resume_parked(plan_executor & ex, int32_t id) {
     ex.record({ decision_kind::resume, id, from, park_reason::pool_full, park_choice::no_state, !r.ok() });
 }
 
-tier_state tier_state_of(const tier_set & tiers, preempt_mode mode, int32_t n_batch, bool force_disk) {
+tier_state tier_state_of(const tier_set & tiers, size_t host_left, preempt_mode mode, int32_t n_batch, int force_to) {
     tier_state t;
-    t.mode       = mode;
-    t.n_batch    = n_batch;
-    t.force_disk = force_disk;
-    t.ram_left   = tiers[park_tier::ram].room();
-    t.disk_left  = tiers[park_tier::disk].room();
+    t.mode     = mode;
+    t.n_batch  = n_batch;
+    t.force_to = force_to;
+    t.rooms.host_left = host_left;
     for (const kv_tier * k : tiers.by_where) {
         if (k != nullptr) {
             k->price(t.rates);
-            t.offered |= tier_bit(k->where());
+            t.rooms.set(k->where(), k->room());
         }
     }
     return t;
@@ -56,7 +55,7 @@ policy_step_result policy_step(plan_executor & ex) {
     policy_step_result r;
     plan_params pp = ex.params();
     const tier_state ts = ex.tiers();
-    pp.park_to_admit = ts.mode != preempt_mode::recompute && (ts.ram_left > 0 || ts.disk_left > 0);
+    pp.park_to_admit = ts.mode != preempt_mode::recompute && ts.rooms.any_copy_room();
     r.views = ex.views();
     r.pl    = plan_step(r.views, pp);
     ex.planned(r.pl);
@@ -93,7 +92,7 @@ void apply_plan(const plan & pl, plan_executor & ex) {
         if (p.tier != park_tier::recompute) {
             const ahead_kind how = ex.tier(p.tier).ahead();
             if (how == ahead_kind::upload ||
-                (how == ahead_kind::read_in && !p.in_ram && may_read_ahead(p.bytes, ex.tiers().ram_left))) {
+                (how == ahead_kind::read_in && !p.in_ram && may_read_ahead(p.bytes, ex.tiers().rooms.host_left))) {
                 ex.read_ahead(pl.restore_next);
             }
         }

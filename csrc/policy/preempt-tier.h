@@ -64,8 +64,9 @@ struct tier_set {
     bool has(park_tier t) const { return by_where[(int) t] != nullptr; }
 };
 
-// What the policy reads of the tiers to price a victim: each one's rates and room, with the
-// executor's mode, batch and test seam.
-tier_state tier_state_of(const tier_set & tiers, preempt_mode mode, int32_t n_batch, bool force_disk = false);
+// What the policy reads of the tiers to price a victim: each one's rates and room, what parks may
+// still hold of host RAM (`host_left`: every copy passes through it), with the executor's mode,
+// batch and test seam (`force_to`: a park_tier, -1 none).
+tier_state tier_state_of(const tier_set & tiers, size_t host_left, preempt_mode mode, int32_t n_batch, int force_to = -1);
 
 } // namespace llama_preempt

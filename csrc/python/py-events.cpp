@@ -93,6 +93,7 @@ void register_events(py::module_ & m) {
         .field("ms", &lp::park_event::ms)
         .field("priority", &lp::park_event::priority)
         .field("choice", &lp::park_event::choice)
+        .field("predicted_ms", &lp::park_event::predicted_ms)
         .field("swap_ms_predicted", &lp::park_event::swap_ms_predicted)
         .field("disk_ms_predicted", &lp::park_event::disk_ms_predicted)
         .field("recompute_ms_predicted", &lp::park_event::recompute_ms_predicted)

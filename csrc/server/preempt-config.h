@@ -19,7 +19,7 @@ namespace llama_preempt {
 
 // The test knobs (LLAMA_SERVER_PREEMPT_*), the one seam through which tests and benchmarks reach
 // in: read once by make_preempt_config(), never from the environment elsewhere. Each reaches a
-// decision only as an input the policy names (force_disk in tier_state, can_resume in slot_view,
+// decision only as an input the policy names (force_to in tier_state, can_resume in slot_view,
 // plan_params.park, cost_rates.fixed, forced_parks()); the rest are faults and delays injected
 // into the mechanics (a copy, a file), which the policy then sees fail like any other.
 struct test_knobs {
@@ -27,7 +27,7 @@ struct test_knobs {
     int32_t    every         = 0;      // LLAMA_SERVER_PREEMPT_EVERY=N: forced_parks() parks generating slots every N tokens
     bool       reactive      = false;  // LLAMA_SERVER_PREEMPT_REACTIVE: the planner never parks (plan_params.park), only the retry ladder does
     int64_t    min_parked_us = 0;      // LLAMA_SERVER_PREEMPT_HOLD_MS: a parked slot stays parked at least this long (slot_view.can_resume)
-    bool       disk_always   = false;  // LLAMA_SERVER_PREEMPT_DISK_ALWAYS: every SWAP park goes to disk where it fits (tier_state.force_disk)
+    bool       disk_always   = false;  // LLAMA_SERVER_PREEMPT_DISK_ALWAYS: every SWAP park goes to disk where it fits (tier_state.force_to)
     // LLAMA_SERVER_PREEMPT_RATES: the rates are fixed, as preempt_config.rates says (cost_rates.fixed)
     // faults and delays in the mechanics
     copy_route route = copy_route::bulk;  // LLAMA_SERVER_PREEMPT_COPY=graph|slice (tests, bench)

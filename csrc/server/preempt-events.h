@@ -40,6 +40,7 @@ struct park_event {
     double      ms       = 0;      // time the park took
     int32_t     priority = 0;      // the request's priority
     park_choice choice = park_choice::no_state;   // why SWAP or RECOMPUTE (park_choice_name())
+    double      predicted_ms           = 0;  // what the policy priced the tier it took at (park + restore, and its pack, file ...)
     double      swap_ms_predicted      = 0;  // what the policy priced a swap to RAM at (park + restore)
     double      disk_ms_predicted      = 0;  // a disk park (0: no disk tier)
     double      recompute_ms_predicted = 0;  // and a recompute (re-prefill of the tokens held)

@@ -151,19 +151,21 @@ void parked_slots::park_as(int32_t id, const park_order & o) {
     const double ms = (ps.t_parked_us - t0) / 1000.0;
     steps_.note_park(id, o.in.n_held, n_bytes, how, ms);
     metrics_.preempt.n_bytes_moved_total += n_bytes;
+    // every tier's quote, by name: what the choice weighed (a tier the server does not have is not offered)
+    std::string quotes;
+    for (const tier_offer & t : how.offers) {
+        quotes += string_format("%s%s %.2f ms", quotes.empty() ? "" : ", ", park_tier_name(t.where), t.ms);
+    }
     if (how.copies()) {
-        const char * to = how.tier != park_tier::disk ? ""
-                        : ps.swap.disk.in_ram() ? " to disk, written in the background" : " to disk, written";
-        // the disk's price only where there is a disk tier
-        const std::string disk = swap_.disk ? string_format(", disk %.2f ms", how.disk_ms) : "";
-        PSLT_INF(port_, id, "parked by swap%s (%.2f MiB, %d tokens held in %d cell ranges) in %.2f ms by %s, reason: %s, %s (predicted swap %.2f ms%s, recompute %.2f ms), n_preempt = %d\n",
-                to, n_bytes / 1048576.0, o.in.n_held, ps.swap.n_copy_ranges, ms, ps.swap.copied_by,
-                park_reason_name(o.reason), park_choice_name(how.why), how.swap_ms, disk.c_str(),
-                how.recompute_ms, ps.n_preempt);
+        const std::string to = how.tier == park_tier::ram ? ""
+                             : how.tier != park_tier::disk ? std::string(" to ") + park_tier_name(how.tier)
+                             : ps.swap.disk.in_ram() ? " to disk, written in the background" : " to disk, written";
+        PSLT_INF(port_, id, "parked by swap%s (%.2f MiB, %d tokens held in %d cell ranges) in %.2f ms by %s, reason: %s, %s (predicted %s), n_preempt = %d\n",
+                to.c_str(), n_bytes / 1048576.0, o.in.n_held, ps.swap.n_copy_ranges, ms, ps.swap.copied_by,
+                park_reason_name(o.reason), park_choice_name(how.why), quotes.c_str(), ps.n_preempt);
     } else {
-        PSLT_INF(port_, id, "parked by recompute (%d tokens held, %d to restore), reason: %s, %s (predicted swap %.2f ms, recompute %.2f ms), n_preempt = %d\n",
-                o.in.n_held, ps.n_restore, park_reason_name(o.reason), park_choice_name(how.why),
-                how.swap_ms, how.recompute_ms, ps.n_preempt);
+        PSLT_INF(port_, id, "parked by recompute (%d tokens held, %d to restore), reason: %s, %s (predicted %s), n_preempt = %d\n",
+                o.in.n_held, ps.n_restore, park_reason_name(o.reason), park_choice_name(how.why), quotes.c_str(), ps.n_preempt);
     }
 }
 

@@ -103,7 +103,7 @@ preempt_gauges preempt_server::gauges() const {
     g.pool_bytes = swap.pool ? swap.pool->bytes_kept() : 0;
     g.prompt_cache_bytes = prompt_cache_ ? prompt_cache_->size() : 0;
     g.prompt_cache_disk_bytes = prompts.disk_bytes();
-    g.rates = swap.rates;
+    g.rates = tier_state_now().rates;  // as every tier the server has prices itself (the compressed tier's own)
     if (swap.disk) {
         g.disk_bytes             = swap.disk->bytes_held();
         g.n_disk_writes_in_flight = swap.disk->n_writes_in_flight();
@@ -164,7 +164,8 @@ tier_set preempt_server::tier_set_now() const {
 
 // the tiers as the policy prices a victim: each one's room and measured rates (preempt-tiers.h)
 tier_state preempt_server::tier_state_now() const {
-    return tier_state_of(tier_set_now(), cfg.mode, (int32_t) llama_n_batch(ctx_tgt_), cfg.knobs.disk_always);
+    return tier_state_of(tier_set_now(), parked.ram_room(), cfg.mode, (int32_t) llama_n_batch(ctx_tgt_),
+                         cfg.knobs.disk_always ? (int) park_tier::disk : -1);
 }
 
 void preempt_server::fail(int32_t id) {

@@ -30,9 +30,10 @@ void step_recorder::note_park(int32_t id, int32_t n_held, size_t bytes, const pa
     e.ms       = ms;
     e.priority = f.priority;
     e.choice   = how.why;
-    e.swap_ms_predicted      = how.swap_ms;
-    e.disk_ms_predicted      = how.disk_ms;
-    e.recompute_ms_predicted = how.recompute_ms;
+    e.predicted_ms           = how.quote_of(how.tier);
+    e.swap_ms_predicted      = how.quote_of(park_tier::ram);
+    e.disk_ms_predicted      = how.quote_of(park_tier::disk);
+    e.recompute_ms_predicted = how.quote_of(park_tier::recompute);
     log_.parked.push_back(std::move(e));
 }
 

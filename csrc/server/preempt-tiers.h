@@ -54,6 +54,8 @@ struct disk_tier final : kv_tier {
     server_port &  port;
     disk_tier(parked_slots & parked, server_port & port) : parked(parked), port(port) {}
 
+    bool on() const { return parked.swap().disk != nullptr; }  // --preempt-disk
+
     park_tier where() const override { return park_tier::disk; }
     ahead_kind ahead() const override { return ahead_kind::read_in; }
     void price(cost_rates & r) const override {
@@ -196,8 +198,8 @@ struct recompute_tier final : kv_tier {
     void forget(int32_t) override {}
 };
 
-// The server's tiers, owned together; set() hands the policy those this server has (an opt-in
-// tier only under its flag). Adding a tier: its struct above, a member here, a line in set().
+// The server's tiers, owned together; set() hands the policy those this server has (the disk and
+// the compressed tier only under their flags). Adding a tier: its struct above, a member here, a line in set().
 struct server_tiers {
     recompute_tier recompute;
     ram_tier       ram;
@@ -209,7 +211,7 @@ struct server_tiers {
 
     tier_set set() {
         tier_set s;
-        for (kv_tier * t : std::initializer_list<kv_tier *>{ &recompute, &ram, &disk, q8.on() ? &q8 : nullptr }) {
+        for (kv_tier * t : std::initializer_list<kv_tier *>{ &recompute, &ram, disk.on() ? &disk : nullptr, q8.on() ? &q8 : nullptr }) {
             if (t != nullptr) {
                 s.by_where[(int) t->where()] = t;
             }

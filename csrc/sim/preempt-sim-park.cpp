@@ -68,7 +68,8 @@ tier_set sim_server::all_tiers() const {
 }
 
 tier_state sim_server::tiers() const {
-    return tier_state_of(all_tiers(), effective_mode(p.mode, ram_budget(), disk.budget), p.n_batch);
+    return tier_state_of(all_tiers(), ram_left(ram_budget(), (size_t) parked_bytes), effective_mode(p.mode, ram_budget(), disk.budget),
+                         p.n_batch);
 }
 
 kv_tier & sim_server::tier(park_tier where) {

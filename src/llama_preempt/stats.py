@@ -128,6 +128,9 @@ class PreemptStats:
     preempt_prefill_tokens_per_second: int = 0
     preempt_disk_write_bytes_per_second: int = 0  # the disk tier's measured rates (a disk park's price)
     preempt_disk_read_bytes_per_second: int = 0
+    preempt_ram_q8_pack_bytes_per_second: int = 0    # the compressed tier's measured rates (its price)
+    preempt_ram_q8_unpack_bytes_per_second: int = 0
+    preempt_ram_q8_packed_percent: int = 0           # its packed bytes per 100 bytes of state
     preempt_disk_bytes: int = 0           # bytes in the disk tier's files now
     preempt_disk_writes_in_flight: int = 0  # disk parks whose file is still being written
     n_disk_write_bytes_total: int = 0

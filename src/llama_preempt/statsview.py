@@ -32,6 +32,7 @@ class Snapshot:
     version: str | None = None
     active: bool | None = None     # preemption configured and able to work (/props), None: not said
     inactive_reason: str | None = None
+    compress: str | None = None    # --preempt-compress (/props): "q8_0" offers the compressed tier
 
 
 def fetch(url: str, session: requests.Session | None = None, timeout: float = 5.0) -> Snapshot:
@@ -71,7 +72,7 @@ def fetch(url: str, session: requests.Session | None = None, timeout: float = 5.
     stats = PreemptStats.from_series(values, list(sl.json()), snap.labeled)
     return Snapshot(base, time.monotonic(), stats, values, props.get("preempt_ram_mib"), props.get("preempt_disk"),
                     props.get("preempt_disk_mib"), props.get("version"), props.get("preempt_active"),
-                    props.get("preempt_inactive_reason"))
+                    props.get("preempt_inactive_reason"), props.get("preempt_compress"))
 
 
 def rates(prev: Snapshot | None, cur: Snapshot) -> dict[str, float] | None:
@@ -132,6 +133,11 @@ def to_json(snap: Snapshot, r: dict[str, float] | None) -> dict[str, Any]:
             "write_bytes_per_second": st.preempt_disk_write_bytes_per_second,
             "read_bytes_per_second": st.preempt_disk_read_bytes_per_second,
             "failures": dict(st.disk_failures)},
+        # the compressed tier (--preempt-compress q8_0): its measured rates and packed share, its price
+        "ram_q8": None if snap.compress != "q8_0" else {
+            "pack_bytes_per_second": st.preempt_ram_q8_pack_bytes_per_second,
+            "unpack_bytes_per_second": st.preempt_ram_q8_unpack_bytes_per_second,
+            "packed_percent": st.preempt_ram_q8_packed_percent},
         "tiers": {"parks": dict(st.parks_by_tier), "restores": dict(st.restores_by_tier)},
         "requests_processing": snap.series.get("requests_processing"),
         "choice": {"parks_by_choice": dict(st.parks_by_choice),
@@ -191,6 +197,10 @@ def render(snap: Snapshot, r: dict[str, float] | None) -> Group:
     counters.add_row("swap park / restore rate", f"{st.park_bytes_per_second / 1e9:.2f} / "
                      f"{st.restore_bytes_per_second / 1e9:.2f} GB/s", "")
     counters.add_row("prefill rate (recompute)", f"{st.prefill_tokens_per_second:.0f} tokens/s", "")
+    if snap.compress == "q8_0":
+        counters.add_row("ram_q8 pack / unpack rate, packed", f"{st.preempt_ram_q8_pack_bytes_per_second / 1e9:.2f} / "
+                         f"{st.preempt_ram_q8_unpack_bytes_per_second / 1e9:.2f} GB/s, "
+                         f"{st.preempt_ram_q8_packed_percent} % of the state", "")
     if snap.disk_dir is not None:
         disk_budget = "the disk's free space" if snap.disk_mib is None or snap.disk_mib < 0 else f"{snap.disk_mib} MiB"
         counters.add_row("disk held / budget", f"{_mib(st.preempt_disk_bytes)} / {disk_budget}"
