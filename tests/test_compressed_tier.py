@@ -124,3 +124,24 @@ def test_the_policy_offers_the_packed_copy_only_where_the_executor_has_it() -> N
     assert d.tier is _core.ParkTier.RAM_Q8 and d.reason == "room"
     d = _core.choose_park("swap", 2 * MIB, 100, 3 * MIB, rates, extra_tiers=[_core.ParkTier.RAM_Q8])
     assert d.tier is _core.ParkTier.RAM  # the plain copy fits: first in tier order
+
+
+def test_the_simulator_models_the_compressed_tier_with_the_servers_choice() -> None:
+    import llama_preempt  # noqa: PLC0415
+    from llama_preempt.simulator import Costs, Workload, WorkloadError  # noqa: PLC0415
+
+    # 300 tokens of SmolLM2 cells: a 6.6 MiB state, over a 5 MiB RAM budget unpacked, within it packed
+    wl = Workload((0.0,) * 4, (300, 300, 300, 300), (300, 300, 300, 300))
+    slow_prefill = Costs(prefill_token_ms=50.0)  # a recompute of 300 tokens: 15 s
+    plain = llama_preempt.simulate(wl, n_ctx=1024, n_parallel=4, preempt_ram_mib=5, costs=slow_prefill)
+    assert plain.parks_ram_q8 == 0 and plain.parks_recompute > 0
+    packed = llama_preempt.simulate(wl, n_ctx=1024, n_parallel=4, preempt_ram_mib=5, costs=slow_prefill,
+                                    preempt_compress="q8_0")
+    assert packed.completed == 4 and packed.parks_ram_q8 > 0 and packed.parks_recompute < plain.parks_recompute
+    assert packed.peak_parked_mib <= 5.0
+    assert packed.makespan_s < plain.makespan_s  # packing and unpacking cost less than a 15 s re-prefill
+    # the choice is the server's: each victim priced by the same tier models
+    first = _core.choose_park("auto", 300 * 23040, 300, 5 * MIB, _core.CostRates(), extra_tiers=["ram_q8"])
+    assert first.tier is _core.ParkTier.RAM_Q8 and first.reason == "room" and first.why == "ram_full"
+    with pytest.raises(WorkloadError, match="--preempt-compress expects none or q8_0"):
+        llama_preempt.simulate(wl, n_ctx=1024, n_parallel=4, preempt_compress="q4")

@@ -201,6 +201,9 @@ void register_events(py::module_ & m) {
     m.attr("DEFAULT_PREFILL_TPS") = lp::cost_rates::DEFAULT_PREFILL_TPS;
     m.attr("DEFAULT_DISK_WRITE_BPS") = lp::cost_rates::DEFAULT_DISK_WRITE_BPS;
     m.attr("DEFAULT_DISK_READ_BPS")  = lp::cost_rates::DEFAULT_DISK_READ_BPS;
+    m.attr("DEFAULT_PACK_BPS")       = lp::cost_rates::DEFAULT_PACK_BPS;
+    m.attr("DEFAULT_UNPACK_BPS")     = lp::cost_rates::DEFAULT_UNPACK_BPS;
+    m.attr("DEFAULT_PACK_RATIO")     = lp::cost_rates::DEFAULT_PACK_RATIO;
     m.def("metric_names", []() {
         std::vector<std::pair<std::string, std::string>> out;
         for (const auto & it : lp::metric_items(lp::preempt_counters{}, lp::preempt_gauges{})) {

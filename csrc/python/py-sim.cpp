@@ -112,6 +112,10 @@ void register_sim(py::module_ & m) {
         .def_readwrite("preempt_disk_mib", &lp::sim_params::preempt_disk_mib)
         .def_readwrite("disk_write_bps",   &lp::sim_params::disk_write_bps)
         .def_readwrite("disk_read_bps",    &lp::sim_params::disk_read_bps)
+        .def_readwrite("compress_q8",      &lp::sim_params::compress_q8)
+        .def_readwrite("pack_bps",         &lp::sim_params::pack_bps)
+        .def_readwrite("unpack_bps",       &lp::sim_params::unpack_bps)
+        .def_readwrite("pack_ratio",       &lp::sim_params::pack_ratio)
         .def_readwrite("max_steps",        &lp::sim_params::max_steps);
 
     py::class_<lp::sim_result>(m, "SimResult", "what a simulated run did")
@@ -119,6 +123,7 @@ void register_sim(py::module_ & m) {
         .def_readonly("n_park_swap",        &lp::sim_result::n_park_swap)
         .def_readonly("n_park_recompute",   &lp::sim_result::n_park_recompute)
         .def_readonly("n_park_disk",        &lp::sim_result::n_park_disk)
+        .def_readonly("n_park_ram_q8",      &lp::sim_result::n_park_ram_q8)
         .def_readonly("peak_disk_bytes",    &lp::sim_result::peak_disk_bytes)
         .def_property_readonly("parks_by_choice", [](const lp::sim_result & r) {
             std::map<std::string, int64_t> out;

@@ -64,7 +64,7 @@ size_t sim_server::ram_budget() const {
 
 tier_set sim_server::all_tiers() const {
     auto * self = const_cast<sim_server *>(this);  // the policy only prices and sizes them here
-    return tier_set{ { &self->rec_tier, &self->ram_tier, &self->disk_tier } };
+    return tier_set{ { &self->rec_tier, &self->ram_tier, &self->disk_tier, p.compress_q8 ? &self->q8_tier : nullptr } };
 }
 
 tier_state sim_server::tiers() const {
@@ -131,6 +131,7 @@ void sim_server::park(const park_order & o) {
     if (o.how.copies()) {
         s.tier = o.tier();
         res.n_park_disk += s.tier == park_tier::disk;
+        res.n_park_ram_q8 += s.tier == park_tier::ram_q8;
         res.n_park_swap++;
     } else {
         s.tier    = park_tier::recompute;

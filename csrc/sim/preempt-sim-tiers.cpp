@@ -122,6 +122,46 @@ void sim_disk_tier::forget(int32_t id) {
     s.disk.bytes -= slot.bytes;
 }
 
+// --- host RAM packed to q8_0 ---
+
+void sim_q8_tier::price(cost_rates & rates) const {
+    rates.park_bps    = s.p.swap_out_bps;
+    rates.restore_bps = s.p.swap_in_bps;
+    rates.pack_bps    = s.p.pack_bps;
+    rates.unpack_bps  = s.p.unpack_bps;
+    rates.pack_ratio  = s.p.pack_ratio;
+}
+
+size_t sim_q8_tier::room() const {
+    return ram_left(s.ram_budget(), (size_t) s.parked_bytes);  // the RAM tier's: its packed bytes count there
+}
+
+move_result sim_q8_tier::copy_out(const park_order & o) {
+    const size_t packed = (size_t) (o.bytes * s.p.pack_ratio);
+    const bool   ok     = s.host.reserve(s.prompts.held(), packed, host_use::park);
+    s.prompts.spill();
+    if (!ok) {
+        return { move_failure::copy_out };
+    }
+    auto & slot = s.slots[o.id];
+    slot.bytes = (double) o.bytes;
+    s.t += o.bytes / s.p.swap_out_bps + o.bytes / s.p.pack_bps;
+    s.hold_ram(slot, (double) packed);
+    return {};
+}
+
+move_result sim_q8_tier::copy_in(int32_t id) {
+    auto & slot = s.slots[id];
+    slot.t_restore0 = s.t;
+    s.t += slot.bytes / s.p.unpack_bps;  // unpacked into full buffers, then restored as a RAM park
+    restore_from_host(s, slot);
+    return {};
+}
+
+void sim_q8_tier::forget(int32_t id) {
+    s.free_ram(s.slots[id]);
+}
+
 // --- RECOMPUTE ---
 
 void sim_recompute_tier::price(cost_rates & rates) const {

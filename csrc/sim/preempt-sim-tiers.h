@@ -39,6 +39,20 @@ struct sim_disk_tier final : kv_tier {
     void        forget(int32_t id) override;
 };
 
+// a park in host RAM packed to q8_0 (--preempt-compress q8_0): the RAM park's copies plus packing
+// and unpacking at their rates, holding its packed share of what parks may hold; never uploaded ahead
+struct sim_q8_tier final : kv_tier {
+    sim_server & s;
+    explicit sim_q8_tier(sim_server & s) : s(s) {}
+
+    park_tier   where() const override { return park_tier::ram_q8; }
+    void        price(cost_rates & rates) const override;
+    size_t      room() const override;
+    move_result copy_out(const park_order & o) override;
+    move_result copy_in(int32_t id) override;
+    void        forget(int32_t id) override;
+};
+
 // RECOMPUTE: nothing is copied; its price is the prefill that replays what the slot held
 struct sim_recompute_tier final : kv_tier {
     sim_server & s;

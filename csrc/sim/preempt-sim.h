@@ -70,6 +70,12 @@ struct sim_params {
     double  disk_write_bps = cost_rates::DEFAULT_DISK_WRITE_BPS;
     double  disk_read_bps  = cost_rates::DEFAULT_DISK_READ_BPS;
 
+    // the compressed tier: --preempt-compress q8_0 (host RAM packed to q8_0) and its rates
+    bool    compress_q8 = false;
+    double  pack_bps    = cost_rates::DEFAULT_PACK_BPS;
+    double  unpack_bps  = cost_rates::DEFAULT_UNPACK_BPS;
+    double  pack_ratio  = cost_rates::DEFAULT_PACK_RATIO;  // packed bytes per byte of state
+
     int64_t max_steps = 50000000;     // a guard against a workload that cannot finish (per server)
 };
 
@@ -108,6 +114,7 @@ struct sim_result {
     int64_t n_park_swap          = 0;
     int64_t n_park_recompute     = 0;
     int64_t n_park_disk          = 0;  // of the swap parks, those to the disk tier
+    int64_t n_park_ram_q8        = 0;  // of the swap parks, those packed to q8_0 (the compressed tier)
     int64_t parks_by_choice[N_PARK_CHOICES] = {};  // as the server's preempt_parks_by_choice_total
     int64_t n_resume             = 0;
     int64_t n_recompute_tokens   = 0;
@@ -207,6 +214,7 @@ struct sim_server final : plan_executor {
     sim_recompute_tier rec_tier  { *this };
     sim_ram_tier       ram_tier  { *this };
     sim_disk_tier      disk_tier { *this };
+    sim_q8_tier        q8_tier   { *this };
 
     explicit sim_server(const sim_params & p);
     sim_server(const sim_server &) = delete;

@@ -50,6 +50,9 @@ class Costs:
     swap_in_gbps: float = 15.0     # restore copy, GB/s
     disk_write_gbps: float = _core.DEFAULT_DISK_WRITE_BPS / 1e9  # the disk tier's file writes, GB/s (the server's default price)
     disk_read_gbps: float = _core.DEFAULT_DISK_READ_BPS / 1e9    # and reads
+    pack_gbps: float = _core.DEFAULT_PACK_BPS / 1e9       # the compressed tier's packing to q8_0, GB/s of state
+    unpack_gbps: float = _core.DEFAULT_UNPACK_BPS / 1e9   # and unpacking
+    pack_ratio: float = _core.DEFAULT_PACK_RATIO          # packed bytes per byte of state
 
     def step_cost(self) -> Any:
         """The step's part as the policy's `_core.StepCost` (seconds)."""
@@ -65,6 +68,9 @@ class Costs:
         p.swap_in_bps = self.swap_in_gbps * 1e9
         p.disk_write_bps = self.disk_write_gbps * 1e9
         p.disk_read_bps = self.disk_read_gbps * 1e9
+        p.pack_bps = self.pack_gbps * 1e9
+        p.unpack_bps = self.unpack_gbps * 1e9
+        p.pack_ratio = self.pack_ratio
 
 
 def _parse_len(spec: str | int, what: str) -> tuple[int, int]:
@@ -283,6 +289,7 @@ class SimReport:
     hit_step_limit: bool = False
     preempt_disk_mib: int = 0      # the disk tier (0: none, -1: no limit)
     parks_disk: int = 0            # of parks_swap, those to the disk tier
+    parks_ram_q8: int = 0          # of parks_swap, those packed to q8_0 (preempt_compress="q8_0")
     peak_disk_mib: float = 0.0
     parks_by_choice: dict[str, int] = field(default_factory=dict)  # as /metrics' preempt_parks_by_choice_total
     e2e_p50_s: float = float("nan")   # arrival to last token, of the completed requests
@@ -319,7 +326,8 @@ class SimReport:
 def simulate(workload: Workload, *, n_ctx: int, n_parallel: int, n_batch: int = 512, preempt: bool = True,
              preempt_ram_mib: int = 8192, preempt_mode: str = "auto", preempt_disk_mib: int = 0,
              costs: Costs = Costs(), max_steps: int = 50_000_000, sched: Any = None, host_kv_ram_mib: int = -2,
-             cache_ram_mib: int | None = None, kv_unified: bool = True, attn_own_cells: bool = True) -> SimReport:
+             cache_ram_mib: int | None = None, kv_unified: bool = True, attn_own_cells: bool = True,
+             preempt_compress: str = "none") -> SimReport:
     """Run the workload through the simulated server; see the module docstring. `preempt_disk_mib`:
     a disk tier of that many MiB (-1: no limit; 0: none), priced with `costs`' disk rates. `sched`:
     the planner's scheduling knobs: llama-server's --preempt-sched text ("width-loss=0,...") or a
@@ -331,13 +339,18 @@ def simulate(workload: Workload, *, n_ctx: int, n_parallel: int, n_batch: int = 
     each slot's attention spanning its own cells; with `preempt=False`).
     `attn_own_cells`: a unified pool's attention walks each slot's own cells, as the server's flash
     attention on the CPU does (--attn-own-cells, the default); False where it spans the pool's used
-    cells (-fa off, --no-attn-own-cells, a device whose kernel ignores the runs: CUDA's today)."""
+    cells (-fa off, --no-attn-own-cells, a device whose kernel ignores the runs: CUDA's today).
+    `preempt_compress`: "q8_0" offers the compressed tier (--preempt-compress q8_0: host RAM packed to
+    q8_0, priced with `costs`' pack and unpack rates and packed share)."""
+    if preempt_compress not in ("none", "q8_0"):
+        raise WorkloadError(f"--preempt-compress expects none or q8_0, got '{preempt_compress}'")
     p = sim_params(n_ctx=n_ctx, n_parallel=n_parallel, n_batch=n_batch, preempt=preempt,
                    preempt_ram_mib=preempt_ram_mib, preempt_mode=preempt_mode, preempt_disk_mib=preempt_disk_mib,
                    costs=costs, max_steps=max_steps, sched=sched, host_kv_ram_mib=host_kv_ram_mib,
                    cache_ram_mib=default_cache_ram(workload, cache_ram_mib))
     p.kv_unified = kv_unified
     p.attn_own_cells = attn_own_cells
+    p.compress_q8 = preempt_compress == "q8_0"
     r = _core.simulate(list(workload.t_arrival), list(workload.n_prompt), list(workload.n_gen), p,
                        list(workload.conversation), list(workload.n_shared), list(workload.after))
     return sim_report(r, workload.t_arrival, n_ctx=n_ctx, n_parallel=n_parallel, preempt=preempt,
@@ -427,7 +440,7 @@ def sim_report(r: Any, arrivals: Sequence[float], *, n_ctx: int, n_parallel: int
         ttft_p50_s=_pct(ttft, 50), ttft_p99_s=_pct(ttft, 99), queue_p50_s=_pct(queue, 50), queue_p99_s=_pct(queue, 99),
         longest_park_s=max((q.t_parked_s for q in reqs), default=0.0),
         makespan_s=r.makespan_s, steps=r.n_steps, hit_step_limit=r.hit_step_limit,
-        preempt_disk_mib=preempt_disk_mib, parks_disk=r.n_park_disk, peak_disk_mib=r.peak_disk_bytes / 2**20,
+        preempt_disk_mib=preempt_disk_mib, parks_disk=r.n_park_disk, parks_ram_q8=r.n_park_ram_q8, peak_disk_mib=r.peak_disk_bytes / 2**20,
         parks_by_choice={k: v for k, v in r.parks_by_choice.items() if v},
         e2e_p50_s=_pct(e2e, 50), e2e_p99_s=_pct(e2e, 99), ttst_p50_s=_pct(ttst, 50), ttst_p99_s=_pct(ttst, 99),
         gap_max_s=max((q["max_gap_s"] for q in done), default=float("nan")),
