@@ -47,12 +47,12 @@ class KvDevice:
 
 def kv_device() -> KvDevice:
     if not GPU_LAYERS:
-        return KvDevice(("-dev", "none"), "CPU", "memcpy", 5)
+        return KvDevice(("-dev", "none"), "CPU", "memcpy", 6)
     listed = subprocess.run([str(server_binary()), "--list-devices"], capture_output=True, text=True, timeout=60).stdout
     gpus = [m for m in re.findall(r"^\s+([A-Za-z]+\d+): ", listed, re.M) if not m.startswith("RPC")]
     if not gpus:
         pytest.skip(f"LLAMA_PREEMPT_TEST_GPU_LAYERS={GPU_LAYERS} but this build lists no GPU device:\n{listed}")
-    return KvDevice(("-dev", gpus[0], "-ngl", GPU_LAYERS), gpus[0], "device graphs", 6)
+    return KvDevice(("-dev", gpus[0], "-ngl", GPU_LAYERS), gpus[0], "device graphs", 7)
 
 
 def doctor(model: Path, *args: str, env: dict[str, str] | None = None) -> DoctorReport:
@@ -81,6 +81,11 @@ def assert_swap_routes_right(rep: DoctorReport, devices: set[str], moved_by: str
     # recompute has no bytes to check; its answer is compared, a difference is allowed (batch shapes)
     rc = rep.route("recompute")
     assert rc.tried and rc.verified == -1 and not rc.answer_must_match and rc.ok
+    # the compressed tier's route: its copies checked against the unpacked bytes, its answer compared
+    # but allowed to differ (q8_0 is not byte-exact)
+    q8 = rep.route("ram_q8")
+    assert q8.tried and q8.ok and q8.verified == 1 and not q8.answer_must_match, rep.text
+    assert re.fullmatch(r"[\d.]+ MiB held as [\d.]+ MiB", q8.note) and q8.n_bytes > 0, q8.note
 
 
 @pytest.mark.parametrize("flash", ["on", "off"])
@@ -117,7 +122,7 @@ def test_llama_preempt_doctor_prints_the_table_and_exits_0_and_json_on_request(s
     assert j.returncode == 0, j.stderr[-2000:]
     d = json.loads(j.stdout)
     assert d["ok"] is True and [r["route"] for r in d["routes"]] == ["bulk", "graphs", "slices", "restore ahead", "disk",
-                                                                     "recompute"]
+                                                                     "ram_q8", "recompute"]
     # a model that does not load: a clear error, exit 2
     bad = run_cli("doctor", "-m", str(stories_model.parent / "no-such-model.gguf"))
     assert bad.returncode == 2 and "llama-preempt doctor: error:" in bad.stderr
@@ -196,8 +201,8 @@ def test_an_injected_corruption_is_reported_as_a_mismatch_naming_the_route(
     assert bad.mismatch.startswith(f"{where}: target context, tensor cache_"), bad.mismatch
     assert " (layer " in bad.mismatch and ", cell " in bad.mismatch and f", on {dev.name}" in bad.mismatch
     assert f"MISMATCH at {where}" in rep.text
-    # restore ahead and disk park through the bulk route's copier too
-    shared = ("disk", "restore ahead") if route == "bulk" else ()
+    # restore ahead, the disk park and the compressed one go through the bulk route's copier too
+    shared = ("disk", "restore ahead", "ram_q8") if route == "bulk" else ()
     others = [r for r in rep.routes if r.route != route and r.route not in shared]
     assert all(r.ok for r in others), rep.text
 

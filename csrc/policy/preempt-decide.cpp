@@ -57,13 +57,6 @@ park_tier restore_fallback(park_tier from, move_failure f) {
     return park_tier::recompute;  // the tokens kept beside the state are always enough to replay
 }
 
-disk_keep disk_hold(int32_t id, int32_t restore_next, size_t bytes, size_t ram_left_now) {
-    disk_keep k;
-    k.keep_copy = id == restore_next;
-    k.keep_read = id == restore_next || ram_left_now >= bytes;
-    return k;
-}
-
 bool may_read_ahead(size_t bytes, size_t ram_left_now) {
     return bytes <= ram_left_now;
 }

@@ -57,7 +57,7 @@ park_order decide_park(const victim_state & v, const tier_state & t, bool waits_
 enum class move_failure {
     none,
     copy_out,    // the state could not be copied to host RAM (no memory, a failed copy)
-    disk_write,  // its file could not be had
+    write,       // its store could not be written (a disk park's file could not be had)
     restore,     // the state could not be brought back (a lost file, no RAM to read it into)
 };
 
@@ -68,15 +68,6 @@ park_order park_fallback(const park_order & o, park_tier still_in, int32_t n_bat
 
 // A resume whose restore failed comes back by RECOMPUTE from the tokens kept beside the state.
 park_tier restore_fallback(park_tier from, move_failure f);
-
-// A parked slot whose state is on disk, at the start of a step: whether its host copy, once its
-// file is written, is kept (the next slot back: its file would be read at once), and whether a
-// read ahead of it is kept (still next back, or RAM is not short of another state its size).
-struct disk_keep {
-    bool keep_copy = false;
-    bool keep_read = true;
-};
-disk_keep disk_hold(int32_t id, int32_t restore_next, size_t bytes, size_t ram_left_now);
 
 // the next slot back has its file read ahead when its state fits what is left of the RAM budget
 bool may_read_ahead(size_t bytes, size_t ram_left_now);

@@ -93,7 +93,7 @@ void apply_plan(const plan & pl, plan_executor & ex) {
             const ahead_kind how = ex.tier(p.tier).ahead();
             if (how == ahead_kind::upload ||
                 (how == ahead_kind::read_in && !p.in_ram && may_read_ahead(p.bytes, ex.tiers().rooms.host_left))) {
-                ex.read_ahead(pl.restore_next);
+                ex.tier(p.tier).read_ahead(pl.restore_next);
             }
         }
     }

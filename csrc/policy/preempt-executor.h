@@ -62,7 +62,6 @@ struct plan_executor {
     virtual void hold(int32_t id) = 0;        // a prompt waits this step
     virtual void chunk(int32_t id, int32_t n) = 0;  // a prompt (or replay) adds at most n tokens this step
     virtual void pause(const std::vector<int32_t> & ids) = 0;  // these generating slots sit the step out, the rest decode
-    virtual void read_ahead(int32_t id) = 0;  // the next slot back: its file read (or its buffer uploaded) now
 
     virtual void record(const decision & d) { (void) d; }
     // the plan, before it is carried out (the server keeps what the step's hooks need from it)

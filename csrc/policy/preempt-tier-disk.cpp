@@ -1,4 +1,5 @@
 // The disk tier's model (--preempt-disk): through host RAM to a file, read back before its restore.
+#include "preempt-tier-disk.h"
 #include "preempt-tier-model.h"
 
 namespace llama_preempt {
@@ -32,6 +33,13 @@ struct disk_tier_model final : tier_model {
 const tier_model & disk_model() {
     static const disk_tier_model m;
     return m;
+}
+
+disk_keep disk_hold(int32_t id, int32_t restore_next, size_t bytes, size_t ram_left_now) {
+    disk_keep k;
+    k.keep_copy = id == restore_next;
+    k.keep_read = id == restore_next || ram_left_now >= bytes;
+    return k;
 }
 
 } // namespace llama_preempt

@@ -53,6 +53,8 @@ public:
     virtual move_result copy_in(int32_t id) = 0;
     // a parked slot's copied state goes, never to come back (its restore failed, its request ended)
     virtual void forget(int32_t id) = 0;
+    // restore ahead, as ahead() says: the next slot back's state brought up now, while others decode
+    virtual void read_ahead(int32_t id) { (void) id; }
 };
 
 // one executor's tiers, by where a state waits; a tier an executor does not have is null (the

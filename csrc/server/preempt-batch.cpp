@@ -27,7 +27,7 @@ void batch_hooks::measure() {
 
 // add the next chunk of a resuming slot's replay list to the batch
 bool batch_hooks::add_replay(int32_t id, int32_t n_batch) {
-    auto & ps = port_.preempt_of(id);
+    auto & ps = table_[id];
     bool add_ok = true;
 
     const int32_t n_prev = port_.batch_size();
@@ -62,7 +62,7 @@ bool batch_hooks::prompt_hook(int32_t id, int32_t & n_batch, bool & add_ok) {
     if ((size_t) id < hold_.size() && hold_[id]) {
         return true;  // a prompt waiting: behind parked ones, for room, or for its turn at the budget
     }
-    const bool replaying = port_.preempt_of(id).resuming && f.phase == upstream_phase::prompt;
+    const bool replaying = table_[id].resuming && f.phase == upstream_phase::prompt;
     if (replaying || f.phase == upstream_phase::started || f.phase == upstream_phase::prompt) {
         const int32_t n_max = port_.n_batch_max();
         const int32_t share = (size_t) id < chunk_.size() ? chunk_[id] : -1;
@@ -107,7 +107,7 @@ void batch_hooks::count_decoded(int32_t off, int32_t n_tokens) {
         if (t.id_slot < 0 || t.id_slot >= port_.n_slots()) {
             continue;
         }
-        auto & ps = port_.preempt_of(t.id_slot);
+        auto & ps = table_[t.id_slot];
         // the step's shape, for the step cost's fit: a token at position p reads p + 1 cells
         (t.is_prompt || t.is_replay || ps.n_redo_left > 0 ? step_now_.n_prompt : step_now_.n_decode)++;
         step_now_.n_attended += (int64_t) t.pos + 1;
@@ -145,7 +145,7 @@ bool batch_hooks::rewind(int32_t off) {
             continue;
         }
         const upstream_phase phase = port_.facts(id).phase;
-        auto & ps = port_.preempt_of(id);
+        auto & ps = table_[id];
         if ((phase == upstream_phase::prompt_done || phase == upstream_phase::prompt) && ps.resuming) {
             ps.n_replay_done -= n;
         }

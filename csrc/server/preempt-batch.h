@@ -24,8 +24,8 @@ namespace llama_preempt {
 
 class batch_hooks {
 public:
-    batch_hooks(server_port & port, server_metrics & metrics, step_recorder & steps)
-        : port_(port), metrics_(metrics), steps_(steps) {}
+    batch_hooks(batch_port & port, slot_table & table, server_metrics & metrics, step_recorder & steps)
+        : port_(port), table_(table), metrics_(metrics), steps_(steps) {}
 
     // whether a token's attention spans the pool's used cells (a unified pool whose attention does not
     // walk each sequence's own cells), once the parameters are final
@@ -113,14 +113,15 @@ public:
 
     // no progress chunks while a slot redoes work it had done: the client saw that progress already
     bool mute_progress(int32_t id) const {
-        const auto & ps = port_.preempt_of(id);
+        const auto & ps = table_[id];
         return ps.resuming || ps.n_redo_left > 0;
     }
 
 private:
     bool add_replay(int32_t id, int32_t n_batch);
 
-    server_port &    port_;
+    batch_port &     port_;
+    slot_table &     table_;
     server_metrics & metrics_;
     step_recorder &  steps_;
 

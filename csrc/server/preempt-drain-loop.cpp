@@ -12,7 +12,7 @@
 namespace llama_preempt {
 
 void server_drain::init() {
-    server_port & port = port_;
+    loop_port & port = port_;
     watch_.start([&port](bool changed) {
         if (port.loop_asleep()) {
             // asleep (--sleep-idle-seconds) means idle: nothing to drain, and a task would not
@@ -53,7 +53,7 @@ void server_drain::step() {
         // a slot parked through the API would wait for an unpark that may never come: it finishes
         // like the others
         for (int32_t id = 0; id < port_.n_slots(); ++id) {
-            port_.preempt_of(id).waits_for_unpark = false;
+            table_[id].waits_for_unpark = false;
         }
     }
     if (level < 2 && now < p_.deadline_us) {
@@ -84,7 +84,7 @@ void server_drain::hand_back() {
     p_.n_handed_back += port_.hand_back_waiting(why);
     for (int32_t id = 0; id < port_.n_slots(); ++id) {
         const slot_facts f = port_.facts(id);
-        const slot_preempt_state & ps = port_.preempt_of(id);
+        const slot_preempt_state & ps = table_[id];
         const bool not_begun = f.phase == upstream_phase::started ||
                                (f.phase == upstream_phase::parked && ps.from == parked_from::started);
         // its client has seen nothing: a stream that heard of a park has its 200 and its stream already;

@@ -14,7 +14,7 @@ namespace llama_preempt {
 
 class server_drain {
 public:
-    server_drain(server_port & port, int32_t timeout_s) : port_(port), timeout_s_(timeout_s) {}
+    server_drain(loop_port & port, slot_table & table, int32_t timeout_s) : port_(port), table_(table), timeout_s_(timeout_s) {}
 
     void init();           // in preempt_init(): arm the drain, and let a signal wake the loop
     void step();           // every busy step, before the plan: start the drain, end what is left when it runs out
@@ -34,7 +34,8 @@ private:
         int64_t t_grace_end_us = 0;  // with every slot idle: how long the handlers may take to write their last results
     };
 
-    server_port &  port_;
+    loop_port &    port_;
+    slot_table &   table_;
     int32_t        timeout_s_;
     drain_watcher  watch_;  // wakes the loop when a signal changes the drain (a signal handler may not lock)
     progress       p_;

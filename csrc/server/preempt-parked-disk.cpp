@@ -5,6 +5,7 @@
 #include "preempt-parked.h"
 
 #include "preempt-disk-io.h"   // disk_hasher
+#include "preempt-tier-disk.h"   // disk_hold()
 #include "preempt-version.h"   // version_line()
 
 #include "llama.h"
@@ -85,8 +86,8 @@ void parked_slots::count_disk_io(const disk_result & r) {
 // in the background (a state that does not fit is streamed instead: stream_to_disk()). Not ok:
 // nothing is on disk; the host copy is kept (kept_in_ram: a RAM park).
 disk_result parked_slots::disk_park(int32_t id, swap_result & out) {
-    prompts_.make_room(port_.preempt_of(id).swap.bytes(), swap_.disk->room());  // parks first on disk
-    const auto r = llama_preempt::disk_park(port_.preempt_of(id).swap, swap_, true, std::move(out.ref));
+    prompts_.make_room(table_[id].swap.bytes(), swap_.disk->room());  // parks first on disk
+    const auto r = llama_preempt::disk_park(table_[id].swap, swap_, true, std::move(out.ref));
     if (!r.ok()) {
         count_disk_failure(id, r, "writing its file",
                            r.outcome == disk_outcome::kept_in_ram ? "kept in host RAM" : "the slot recomputes instead");
@@ -104,7 +105,7 @@ void parked_slots::disk_step(int32_t keep) {
     // of the step) is short of another state of its size, unless it is still the next one back
     const size_t left = ram_left(host_.limits().parks(), ram_held());
     for (int32_t id = 0; id < port_.n_slots(); ++id) {
-        auto & st = port_.preempt_of(id).swap;
+        auto & st = table_[id].swap;
         if (port_.facts(id).phase != upstream_phase::parked || !st.disk.on()) {
             continue;
         }
@@ -125,8 +126,8 @@ void parked_slots::disk_step(int32_t keep) {
 // at the resume, before swap_in(): the state back in host RAM (cached prompts give way to its
 // bytes). False with `why`: the state is lost and the slot recomputes (the failure is counted here).
 bool parked_slots::disk_read_back(int32_t id, std::string & why) {
-    host_.reserve(prompts_.held(), port_.preempt_of(id).swap.disk.total(), host_use::transit);
-    const auto r = llama_preempt::disk_read_back(port_.preempt_of(id).swap, swap_);
+    host_.reserve(prompts_.held(), table_[id].swap.disk.total(), host_use::transit);
+    const auto r = llama_preempt::disk_read_back(table_[id].swap, swap_);
     if (r.verified != copy_check::none) {
         metrics_.preempt.n_swap_verify_total++;
         if (r.verified == copy_check::wrong) {
@@ -159,7 +160,7 @@ bool parked_slots::disk_read_back(int32_t id, std::string & why) {
 bool parked_slots::stream_to_disk(int32_t id) {
     const auto n_state = sized_id_ == id ? sized_ : size_state(seq(id));
     sized_id_ = -1;
-    auto & st = port_.preempt_of(id).swap;
+    auto & st = table_[id].swap;
     prompts_.make_room(n_state.total(), swap_.disk->room());  // parks first on disk
     const auto r = disk_park_streamed(st, seq(id), n_state, swap_);
     if (!r.ok()) {
@@ -176,7 +177,7 @@ bool parked_slots::stream_to_disk(int32_t id) {
 // the resume of a streamed park: its file straight back into the pool. Not ok: the state is lost,
 // the policy falls back on recompute.
 move_result parked_slots::restore_streamed(int32_t id, move_result m, size_t n_bytes) {
-    const auto r = disk_restore_streamed(port_.preempt_of(id).swap, seq(id), swap_, guard_.due(false));
+    const auto r = disk_restore_streamed(table_[id].swap, seq(id), swap_, guard_.due(false));
     if (r.verified != copy_check::none) {
         swap_result check;  // counted as any restore's check, by the devices its slices moved one at a time
         check.verified = r.verified;

@@ -11,7 +11,7 @@
 namespace llama_preempt {
 
 victim_state parked_slots::victim(int32_t id, park_reason reason) {
-        const auto & ps = port_.preempt_of(id);
+        const auto & ps = table_[id];
     const slot_facts f = port_.facts(id);
     victim_state v;
     v.id     = id;
@@ -39,7 +39,7 @@ victim_state parked_slots::victim(int32_t id, park_reason reason) {
 
 parked_state parked_slots::parked(int32_t id) const {
     parked_state p;
-    const auto & ps = port_.preempt_of(id);
+    const auto & ps = table_[id];
     if (port_.facts(id).phase == upstream_phase::parked && ps.tier() != park_tier::recompute) {
         const auto & st = ps.swap;
         p.tier   = ps.tier();
@@ -49,28 +49,29 @@ parked_state parked_slots::parked(int32_t id) const {
     return p;
 }
 
-void parked_slots::read_ahead(int32_t id) {
-    auto & st = port_.preempt_of(id).swap;
-    GGML_ASSERT(st.tier() == park_tier::ram || st.tier() == park_tier::disk);  // a tier whose ahead() says so (kv_tier::ahead())
+void parked_slots::upload_ahead(int32_t id) {
+    if (swap_.copier->can_prefetch()) {
+        restore_ahead(table_[id].swap, *swap_.copier);
+    }
+}
+
+void parked_slots::read_file_ahead(int32_t id) {
+    auto & st = table_[id].swap;
     if (st.disk.streamed) {
         return;  // larger than what parks may hold: it comes back straight from its file
     }
-    if (st.disk.on()) {
-        // its bytes come back into host RAM: cached prompts give way
-        reserve_transit(st.disk.total());
-        if (disk_read_ahead(st, swap_)) {
-            metrics_.preempt.n_disk_read_ahead_total++;
-            PSLT_DBG(port_, id, "disk park: reading %.2f MiB back ahead of its resume\n", st.disk.total() / 1048576.0);
-        }
-    } else if (swap_.copier->can_prefetch()) {
-        restore_ahead(st, *swap_.copier);
+    // its bytes come back into host RAM: cached prompts give way
+    reserve_transit(st.disk.total());
+    if (disk_read_ahead(st, swap_)) {
+        metrics_.preempt.n_disk_read_ahead_total++;
+        PSLT_DBG(port_, id, "disk park: reading %.2f MiB back ahead of its resume\n", st.disk.total() / 1048576.0);
     }
 }
 
 void parked_slots::step(int32_t keep) {
     const int64_t now = ggml_time_us();
     for (int32_t id = 0; id < port_.n_slots(); ++id) {
-        settle_copy_if_due(port_.preempt_of(id).swap, *swap_.copier, now);
+        settle_copy_if_due(table_[id].swap, *swap_.copier, now);
         take_verdict(id);
     }
     disk_step(keep);
@@ -82,7 +83,7 @@ bool parked_slots::copy_to_host(int32_t id, host_use use, swap_result & r) {
     // as victim() sized it right before, in this park (sized again only if it did not)
     const auto n_state = sized_id_ == id ? sized_ : size_state(seq(id));
     sized_id_ = -1;
-    auto & ps = port_.preempt_of(id);
+    auto & ps = table_[id];
     if (!host_.reserve(prompts_.held(), n_state.total(), use)) {
         PSLT_WRN(port_, id, "the host budget has no room for this park (%.1f MiB), recomputing instead\n", n_state.total() / 1048576.0);
         return false;
@@ -100,7 +101,7 @@ bool parked_slots::copy_to_host(int32_t id, host_use use, swap_result & r) {
 
 // the slot leaves the pool as the order says: its state copied out, or its tokens kept to replay
 void parked_slots::park_as(int32_t id, const park_order & o) {
-    auto & ps = port_.preempt_of(id);
+    auto & ps = table_[id];
     const auto & how = o.how;
     const size_t  n_bytes = how.copies() ? o.bytes : 0;
     const int64_t t0      = o.t_begin_us > 0 ? o.t_begin_us : ggml_time_us();
@@ -172,7 +173,7 @@ void parked_slots::park_as(int32_t id, const park_order & o) {
 // a checked park whose transfer has landed since (settle_copy()): its verdict, counted by the guard.
 // A wrong one stays parked until its resume, which refuses it (swap_in) and recomputes.
 void parked_slots::take_verdict(int32_t id) {
-    auto & st = port_.preempt_of(id).swap;
+    auto & st = table_[id].swap;
     if (!st.verdict_new) {
         return;
     }
@@ -230,7 +231,7 @@ void parked_slots::guard_count(int32_t id, bool park, const swap_result & r) {
 move_result parked_slots::restore_begin(int32_t id) {
     move_result m;
     m.t_begin_us = ggml_time_us();
-    settle_copy(port_.preempt_of(id).swap, *swap_.copier);
+    settle_copy(table_[id].swap, *swap_.copier);
     take_verdict(id);
     return m;
 }
@@ -239,7 +240,7 @@ move_result parked_slots::restore_begin(int32_t id) {
 // the state is lost, the policy falls back.
 move_result parked_slots::restore_from_host(int32_t id, move_result m, size_t n_bytes,
                                                                     const char * where) {
-    auto & ps = port_.preempt_of(id);
+    auto & ps = table_[id];
     const auto r = swap_in(ps.swap, seq(id), swap_, guard_.due(false));
     guard_count(id, false, r);
     if (!r.ok) {
@@ -255,7 +256,7 @@ move_result parked_slots::restore_failed(int32_t id, move_result m, size_t n_byt
                                                                  const char * where, const std::string & why) {
     metrics_.preempt.n_swap_restore_fail_total++;
     PSLT_WRN(port_, id, "restoring %.2f MiB by swap from %s failed (%s), falling back to recompute of %d tokens\n",
-            n_bytes / 1048576.0, where, why.c_str(), port_.preempt_of(id).swap_prompt.n_tokens());
+            n_bytes / 1048576.0, where, why.c_str(), table_[id].swap_prompt.n_tokens());
     m.failure = move_failure::restore;
     return m;
 }
@@ -263,7 +264,7 @@ move_result parked_slots::restore_failed(int32_t id, move_result m, size_t n_byt
 // resume: a restored slot continues from the same token; a recomputed one re-enters prompt
 // processing with the replay list (never STARTED once the stream began)
 void parked_slots::resume_as(int32_t id, park_tier from, const move_result & restore) {
-    auto & ps = port_.preempt_of(id);
+    auto & ps = table_[id];
     GGML_ASSERT(port_.facts(id).phase == upstream_phase::parked);
     GGML_ASSERT(port_.prompt_of(id).n_tokens() == 0);
 

@@ -36,16 +36,15 @@ namespace llama_preempt {
 
 class parked_slots {
 public:
-    parked_slots(server_port & port, server_metrics & metrics, preempt_config & cfg, host_ram & host,
+    parked_slots(park_port & port, slot_table & table, server_metrics & metrics, preempt_config & cfg, host_ram & host,
                  cached_prompts & prompts, step_recorder & steps)
-        : port_(port), metrics_(metrics), cfg_(cfg), host_(host), prompts_(prompts), steps_(steps) {}
+        : port_(port), table_(table), metrics_(metrics), cfg_(cfg), host_(host), prompts_(prompts), steps_(steps) {}
 
     parked_slots(const parked_slots &) = delete;
     parked_slots & operator=(const parked_slots &) = delete;
 
     // once, after the settings are read: each slot's state, the copier, its host memory, the rates, the guard
     void init() {
-        states_.resize(port_.n_slots());  // once: upstream's slots point into it (server_slot::preempt)
         swap_.copier = std::make_shared<seq_copier>(cfg_.knobs.route);
         swap_.copier->set_faults(cfg_.knobs.faults);
         guard_.n_first = cfg_.verify_first;
@@ -55,11 +54,9 @@ public:
     }
     void open_disk(const common_params & params, llama_context * ctx_tgt);  // the disk tier under --preempt-disk (preempt-parked-disk.cpp)
 
-    // a slot's preemption state: the table of them is this class's, one entry per slot for the
-    // server's life (the port's preempt_of() answers from it, and upstream's slot points to its entry
-    // for /slots and its reset)
-    slot_preempt_state & state(int32_t id) { return states_[id]; }
-    const slot_preempt_state & state(int32_t id) const { return states_[id]; }
+    // a slot's preemption state (the table preempt_server hands it; the tiers read it here)
+    slot_preempt_state & state(int32_t id) { return table_[id]; }
+    const slot_preempt_state & state(int32_t id) const { return table_[id]; }
 
     // the copies' state: the copier, its warm host memory, the measured rates, the disk tier
     swap_host & swap() { return swap_; }
@@ -74,7 +71,7 @@ public:
     size_t ram_held() const {
         size_t n = 0;
         for (int32_t id = 0; id < port_.n_slots(); ++id) {
-            n += port_.preempt_of(id).swap_bytes();
+            n += table_[id].swap_bytes();
         }
         return n;
     }
@@ -93,9 +90,11 @@ public:
     void park_as(int32_t id, const park_order & o);
     void resume_as(int32_t id, park_tier from, const move_result & restore);
 
-    // restore ahead, for the slot the plan brings back next: a disk park's file read into host RAM, a
-    // RAM park's buffer uploaded to the device (where the copier can), while others decode
-    void read_ahead(int32_t id);
+    // restore ahead, for the slot the plan brings back next, while others decode (the tiers'
+    // read_ahead()): a RAM park's buffer uploaded to the device (where the copier can), a disk
+    // park's file read into host RAM
+    void upload_ahead(int32_t id);
+    void read_file_ahead(int32_t id);
 
     // --- the tiers' copies (preempt-tiers.h) ---
 
@@ -108,7 +107,7 @@ public:
     bool stream_to_disk(int32_t id);
     move_result restore_streamed(int32_t id, move_result m, size_t n_bytes);
     void take_verdict(int32_t id);
-    void forget(int32_t id) { port_.preempt_of(id).swap.free(); }  // its file goes first; its tokens stay with the slot, to replay
+    void forget(int32_t id) { table_[id].swap.free(); }  // its file goes first; its tokens stay with the slot, to replay
 
     // once per step, before the plan: transfers started by the last step's parks have had a decode to
     // overlap with, and the guard's check of a park is decided once its transfer landed; then the
@@ -123,14 +122,14 @@ private:
     void count_disk_failure(int32_t id, const disk_result & r, const char * when, const char * outcome);
     void count_disk_io(const disk_result & r);
 
-    server_port &    port_;
+    park_port &      port_;
+    slot_table &     table_;
     server_metrics & metrics_;
     preempt_config & cfg_;
     host_ram &       host_;
     cached_prompts & prompts_;
     step_recorder &  steps_;
 
-    std::vector<slot_preempt_state> states_;  // by slot (sized once by init())
     swap_host    swap_;           // the copier, warm host memory and measured rates of every swap, the disk tier
     verify_guard guard_;          // which swap copies are checked byte for byte (--preempt-verify)
     std::string  persist_key_;    // --cache-persist: the kept directory's key, computed once by open_disk()

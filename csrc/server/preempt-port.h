@@ -1,10 +1,12 @@
-// llama-preempt: the one narrow port from our compiled server units to upstream's server.
+// llama-preempt: the narrow ports from our compiled server units to upstream's server, one per role.
 //
 // Upstream's server_slot, server_queue and server_response are defined inside
 // tools/server/server-context.cpp, so code of ours that touches them had to be pasted into that
-// file (the .inc parts). A unit behind this port is compiled on its own instead: it names slots by
-// index and asks the port for what it needs, and the port's one implementation (the adapter,
-// preempt-upstream.inc, where upstream's types are complete) answers with upstream's members. Each
+// file (the .inc parts). A unit behind a port is compiled on its own instead: it names slots by
+// index and asks its port for what it needs, and the ports' one implementation (the adapter,
+// preempt-upstream.inc, where upstream's types are complete) answers with upstream's members. Our
+// own state of each slot is never read back through a port: preempt_server owns it (slot_table,
+// preempt-slot.h) and hands it to the parts that need it. Each
 // operation here is one a unit needed, said in the words of what it is for, not of upstream's
 // fields. Everything is called on the server loop, except where an operation says otherwise.
 #pragma once
@@ -55,21 +57,20 @@ enum class end_error {
     context_exceeded,  // the context error upstream gives: the request cannot fit the pool
 };
 
-class server_port {
+// What every unit reads of the slots: each role below is one of these too.
+class slot_port {
 public:
-    virtual ~server_port() = default;
+    virtual ~slot_port() = default;
 
-    // --- the slots ---
     virtual int32_t n_slots() const = 0;
     virtual slot_facts facts(int32_t id) const = 0;
-    // the policy's view of one slot at a token boundary, translated from upstream's slot (its
-    // phase, cells, request, prompt left and draft bound); whether a parked one may resume now is
-    // the caller's to say (can_resume)
-    virtual slot_view view_of(int32_t id) const = 0;
-    virtual slot_preempt_state & preempt_of(int32_t id) = 0;  // our state of the slot (the parked slots' table, parked_slots::state())
     virtual int32_t task_of(int32_t id) const = 0;  // its request's task (-1: none), for the log
+};
 
-    // --- a slot leaving the pool and coming back (the parked slots) ---
+// A slot leaving the pool and coming back: what the parked slots (preempt-parked.h) and the tiers
+// over them need of upstream.
+class park_port : public virtual slot_port {
+public:
     virtual server_prompt & prompt_of(int32_t id) = 0;      // its tokens (equal to its cells) and checkpoints
     virtual llama_token sampled_of(int32_t id) const = 0;   // the token to decode next (sent to its client already)
     virtual seq_contexts contexts_of(int32_t id) const = 0; // where its sequence's state lives
@@ -81,8 +82,11 @@ public:
     virtual void count_parked(int32_t id, int64_t t_us, int32_t n_preempt) = 0;
     // a streamed request hears of its park and resume as an SSE comment (preempt-notice.h)
     virtual void notify(int32_t id, const char * kind) = 0;
+};
 
-    // --- the batch being built (the batch hooks) ---
+// The batch being built: what the batch hooks (preempt-batch.h) need of upstream.
+class batch_port : public virtual slot_port {
+public:
     struct batch_token {
         int32_t   id_slot   = -1;
         llama_pos pos       = 0;
@@ -105,12 +109,47 @@ public:
     // its last `n` tokens leave its prompt and cells: it is back at a token boundary (a generating
     // slot's draft dropped; a prompt slot processes its prompt again from there)
     virtual void take_back(int32_t id, int32_t n) = 0;
+    virtual server_prompt & prompt_of(int32_t id) = 0;  // its tokens (a replay's next ones are appended)
+};
 
+// The task queue, the results and the loop: what the drain (preempt-drain-loop.h) and the Engine's
+// step recorder (preempt-step-recorder.h) need of upstream.
+class loop_port : public virtual slot_port {
+public:
     // each slot's release, from now on: `f(id, id_task, n_generated, stop)`, called before upstream's
     // own reset callback (which flushes the slot's metrics)
     using release_fn = std::function<void(int32_t, int32_t, int64_t, end_stop)>;
     virtual void on_release(release_fn f) = 0;
     // its request ends with this error, and the slot is released (a parked slot's buffers go with its state)
+    virtual void end_request(int32_t id, const std::string & why, end_error kind) = 0;
+    // requests (not slot actions) that wait for a slot are answered with this error (a 503's) at
+    // once; how many
+    virtual int32_t hand_back_waiting(const std::string & why) = 0;
+    // a task is waiting to be taken (one may have arrived since this step began)
+    virtual bool task_waiting() = 0;
+    virtual size_t n_deferred() const = 0;    // requests deferred for a slot
+    virtual size_t n_results_waiting() = 0;   // handlers still waiting for results to write
+    // one iteration of upstream's loop (take the queued tasks, run update_slots() once); false
+    // once the loop has ended
+    virtual bool loop_step() = 0;
+    // any thread: the loop wakes for a step; the loop sleeps (--sleep-idle-seconds); the loop ends
+    virtual void wake_loop() = 0;
+    virtual bool loop_asleep() = 0;
+    virtual void end_loop() = 0;
+    // what the slots hold is kept in upstream's prompt cache (a drain's end, with --cache-persist)
+    virtual void keep_slot_prompts() = 0;
+};
+
+// The step itself: what preempt_server (preempt-server.h) needs of upstream beside the roles it
+// hands its parts.
+class step_port : public virtual slot_port {
+public:
+    // the policy's view of one slot at a token boundary, translated from upstream's slot (its
+    // phase, cells, request, prompt left and draft bound) and our table entry for it, `ps`;
+    // whether a parked one may resume now is the caller's to say (can_resume)
+    virtual slot_view view_of(int32_t id, const slot_preempt_state & ps) const = 0;
+    virtual server_prompt & prompt_of(int32_t id) = 0;
+    virtual void clear_prompt(int32_t id) = 0;
     virtual void end_request(int32_t id, const std::string & why, end_error kind) = 0;
     // an idle slot's prompt goes to upstream's prompt cache and its cells are freed (the planner's purge)
     virtual void purge(int32_t id) = 0;
@@ -126,26 +165,14 @@ public:
     virtual void context_shift() = 0;
     // the request handlers check whether their clients are still there
     virtual void wake_waiters() = 0;
+};
 
-    // --- the task queue and the results ---
-    // requests (not slot actions) that wait for a slot are answered with this error (a 503's) at
-    // once; how many
-    virtual int32_t hand_back_waiting(const std::string & why) = 0;
-    // a task is waiting to be taken (one may have arrived since this step began)
-    virtual bool task_waiting() = 0;
-    virtual size_t n_deferred() const = 0;    // requests deferred for a slot
-    virtual size_t n_results_waiting() = 0;   // handlers still waiting for results to write
-    // one iteration of upstream's loop (take the queued tasks, run update_slots() once); false
-    // once the loop has ended
-    virtual bool loop_step() = 0;
-    // any thread: the loop wakes for a step; the loop sleeps (--sleep-idle-seconds); the loop ends
-    virtual void wake_loop() = 0;
-    virtual bool loop_asleep() = 0;
-    virtual void end_loop() = 0;
-
-    // --- the prompt cache ---
-    // what the slots hold is kept in upstream's prompt cache (a drain's end, with --cache-persist)
-    virtual void keep_slot_prompts() = 0;
+// The roles the adapter (preempt-upstream.inc) plays, each handed to the part that needs it.
+struct server_ports {
+    step_port &  step;
+    park_port &  park;
+    batch_port & batch;
+    loop_port &  loop;
 };
 
 } // namespace llama_preempt

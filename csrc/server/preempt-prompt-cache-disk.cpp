@@ -197,7 +197,7 @@ prompt_read_choice cached_prompts::to_read(const server_tokens & tokens,
     for (const auto & st : cache_->states) {
         n_ram = std::max(n_ram, st.prompt.tokens.get_common_prefix(tokens));
     }
-    return choose_prompt_read(files, tokens.get_tokens(), n_ram, host_.limits().cache_room(parked_()), rates_,
+    return choose_prompt_read(files, tokens.get_tokens(), n_ram, host_.limits().cache_room(near_.parked_bytes()), rates_,
                                              stream_cells);
 }
 
@@ -235,7 +235,7 @@ void cached_prompts::read_ahead() {
 // before upstream searches its RAM cache for a request: a file that matches better comes back
 // into it, or one too large for it straight into the slot
 void cached_prompts::lookup(server_prompt & prompt, const server_tokens & tokens, const seq_contexts & sc) {
-    const auto choice = to_read(tokens, disk_->views(), prompt.tokens.get_common_prefix(tokens), room_cells_(sc.seq, 0));
+    const auto choice = to_read(tokens, disk_->views(), prompt.tokens.get_common_prefix(tokens), near_.room_cells(sc.seq, 0));
     const size_t n_common = choice.n_common;
     if (choice.stream()) {
         stream_back(choice.file, n_common, prompt, sc);
@@ -297,7 +297,7 @@ void cached_prompts::stream_back(int32_t i, size_t n_common, server_prompt & pro
     // the idle slots' prompts go to the cache now if its cells need their room (upstream clears
     // them right after the load); what that spills may make older files give way
     if (i >= 0) {
-        room_cells_(sc.seq, disk_->views()[i].n_tokens);
+        near_.room_cells(sc.seq, disk_->views()[i].n_tokens);
         i = disk_->find(file);
     }
     if (i < 0) {

@@ -37,13 +37,21 @@ struct slot_prompt {
     int64_t               t_last_used = -1;
 };
 
+// What the prompt cache asks of the server beside it, as one interface (preempt_server answers):
+// the host RAM parked slots hold now (the host budget gives cached prompts what parks leave), and
+// the pool's cells a prompt file streamed into a slot may take (step_port::room_cells()).
+class cache_neighbours {
+public:
+    virtual ~cache_neighbours() = default;
+    virtual size_t parked_bytes() const = 0;
+    virtual size_t room_cells(int32_t id, size_t need) = 0;
+};
+
 class cached_prompts final : public host_cache {
 public:
     cached_prompts(std::unique_ptr<server_prompt_cache> & cache, server_metrics & metrics, host_ram & host,
-                   cost_rates & rates, server_queue & queue, std::function<size_t()> parked,
-                   std::function<size_t(int32_t, size_t)> room_cells)
-        : cache_(cache), metrics_(metrics), host_(host), rates_(rates), queue_(queue), parked_(std::move(parked)),
-          room_cells_(std::move(room_cells)) {}
+                   cost_rates & rates, server_queue & queue, cache_neighbours & near)
+        : cache_(cache), metrics_(metrics), host_(host), rates_(rates), queue_(queue), near_(near) {}
 
     // --cache-persist: at a clean exit the prompts still in the RAM cache go to disk too, so the
     // next server finds them (upstream's cache, a member of server_context_impl, outlives this)
@@ -142,7 +150,7 @@ private:
 
 public:
     // what the host budget counts that lives in the slots and the prompt files
-    host_held held() const { return { parked_(), ahead_bytes() }; }
+    host_held held() const { return { near_.parked_bytes(), ahead_bytes() }; }
 
 private:
     std::unique_ptr<server_prompt_cache> &       cache_;    // upstream's (null: --cache-ram 0)
@@ -150,8 +158,7 @@ private:
     host_ram &                    host_;
     cost_rates &                  rates_;
     server_queue &                               queue_;
-    std::function<size_t()>                      parked_;   // the bytes parked slots hold in host RAM now
-    std::function<size_t(int32_t, size_t)>      room_cells_;  // the pool's cells a slot may have, its own included (preempt_room_cells)
+    cache_neighbours &                           near_;     // the parked slots' host RAM, the pool's room for a slot
     std::unique_ptr<prompt_disk>  disk_;     // null without a disk tier or a prompt cache
     bool persistent_ = false;
     bool said_skip_  = false;

@@ -2,6 +2,7 @@
 #include "preempt-selftest.h"
 
 #include "preempt-disk-park.h"
+#include "preempt-q8.h"
 
 #include "common.h"
 
@@ -31,6 +32,7 @@ struct route_case {
     bool         ahead     = false;
     bool         disk      = false;
     bool         recompute = false;
+    bool         q8        = false;  // held packed to q8_0 while parked (the compressed tier; not byte-exact)
 };
 
 // the pool, the sizes and the prompts every case shares
@@ -190,7 +192,7 @@ selftest_row run_case(const selftest_input & in, const bench_seq & bs, const rou
     selftest_row row;
     row.route = rc.name;
     row.tried = true;
-    row.answer_must_match = !rc.recompute;
+    row.answer_must_match = !rc.recompute && !rc.q8;
 
     swap_host host = *in.host;  // the server's pool, rates and knobs; a copier of this route's own
     host.copier = std::make_shared<seq_copier>(rc.route);
@@ -242,6 +244,18 @@ selftest_row run_case(const selftest_input & in, const bench_seq & bs, const rou
             row.verified = copy_check::wrong;
             return row;
         }
+        q8_form form;
+        if (rc.q8) {
+            // packed while the cells are still in place, as the compressed tier does; unpacked below,
+            // before the restore (whose copies are checked against the unpacked bytes)
+            std::string why;
+            const size_t full = st.bytes();
+            if (!compress_state(st, sc, host, form, why)) {
+                row.tried = false, row.why_not = "the state could not be packed to q8_0: " + why;
+                return row;
+            }
+            row.note = string_format("%.2f MiB held as %.2f MiB", full / 1048576.0, st.bytes() / 1048576.0);
+        }
         if (rc.disk) {
             const auto dr = disk_park(st, host, false, std::move(out.ref));
             if (!dr.ok()) {
@@ -259,6 +273,13 @@ selftest_row run_case(const selftest_input & in, const bench_seq & bs, const rou
             if (!dr.ok() || dr.verified == copy_check::wrong) {
                 row.verified = copy_check::wrong;
                 row.mismatch = dr.ok() ? "disk: the bytes read back differ from upstream's at the park" : "disk read back failed: " + dr.why;
+                return row;
+            }
+        }
+        if (rc.q8) {
+            std::string why;
+            if (!expand_state(st, form, host, why)) {
+                row.verified = copy_check::wrong, row.mismatch = "unpacking failed: " + why;
                 return row;
             }
         }
@@ -355,6 +376,7 @@ selftest_result run_selftest(const selftest_input & in) {
         { "slices",        copy_route::per_slice },
         { "restore ahead", copy_route::bulk, true },
         { "disk",          copy_route::bulk, false, true },
+        { "ram_q8",        copy_route::bulk, false, false, false, true },
         { "recompute",     copy_route::bulk, false, false, true },
     };
     for (const auto & rc : cases) {

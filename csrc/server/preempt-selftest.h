@@ -10,6 +10,7 @@
 //  - slices:        upstream's copy, one slice at a time (the route the guard falls back to)
 //  - restore ahead: the parked bytes uploaded to the device before the restore (devices only)
 //  - disk:          to a file and back (--preempt-disk, or a temporary directory)
+//  - ram_q8:        held packed to q8_0 and unpacked (the compressed tier; its answer may differ)
 //  - recompute:     the cells dropped and the tokens prefilled again
 // The sequence's cells are scattered among other sequences' and restored into other cells, as in
 // a busy pool. It prints one table (route, devices, how each device's tensors moved and why,
@@ -57,7 +58,7 @@ struct selftest_row {
     std::string mismatch;              // where, and on which copy
     bool        same_answer = false;
     int32_t     first_diff  = -1;      // the first generated token that differs from the unparked answer
-    bool        answer_must_match = true;  // false for recompute (it may differ on some models)
+    bool        answer_must_match = true;  // false for recompute and ram_q8 (they may differ on some models)
     bool        answer_explained  = false; // every copy exact, and the backend's answers follow the batch (the control)
     std::string note;
 

@@ -19,23 +19,22 @@
 
 namespace llama_preempt {
 
-preempt_server::preempt_server(server_port & port, server_metrics & metrics, const common_params & params,
+preempt_server::preempt_server(const server_ports & ports, server_metrics & metrics, const common_params & params,
                                const int32_t & n_ctx, llama_context * const & ctx_tgt,
                                std::unique_ptr<server_prompt_cache> & prompt_cache, server_queue & queue_tasks)
-    : steps(port),
-      parked(port, metrics, cfg, host, prompts, steps),
-      prompts(prompt_cache, metrics, host, parked.swap().rates, queue_tasks,
-              [this] { return parked.ram_held(); },
-              [this](int32_t id, size_t need) { return port_.room_cells(id, need); }),
-      drain(port, params.drain_timeout_s),
-      batch(port, metrics, steps),
-      tiers(parked, port),
-      port_(port), metrics_(metrics), params_(params), n_ctx_(n_ctx), ctx_tgt_(ctx_tgt), prompt_cache_(prompt_cache) {}
+    : steps(ports.loop, table),
+      parked(ports.park, table, metrics, cfg, host, prompts, steps),
+      prompts(prompt_cache, metrics, host, parked.swap().rates, queue_tasks, *this),
+      drain(ports.loop, table, params.drain_timeout_s),
+      batch(ports.batch, table, metrics, steps),
+      tiers(parked, ports.park),
+      port_(ports.step), metrics_(metrics), params_(params), n_ctx_(n_ctx), ctx_tgt_(ctx_tgt), prompt_cache_(prompt_cache) {}
 
 void preempt_server::init() {
     cfg = make_preempt_config(params_, llama_get_memory(ctx_tgt_) != nullptr);
     batch.set_spans_pool(attention_spans_pool(params_));
     batch.set_width_loss(cfg.sched.width_loss);
+    table.init(port_.n_slots());
     parked.init();
     host = host_ram(cfg.host, prompt_cache_ ? &prompts : nullptr, return_free_pages);
     metrics_.preempt.n_pool_cells = n_ctx_;
@@ -52,9 +51,9 @@ void preempt_server::init() {
 // whether a parked one may come back now (not in the step the last resort parked it, nor before
 // LLAMA_SERVER_PREEMPT_HOLD_MS)
 slot_view preempt_server::view(int32_t id) const {
-    slot_view v = port_.view_of(id);
+    slot_view v = port_.view_of(id, table[id]);
     if (v.phase == slot_phase::parked) {
-        const auto & ps = port_.preempt_of(id);
+        const auto & ps = table[id];
         v.can_resume = !batch.parked_last_resort() &&
                        (cfg.knobs.min_parked_us == 0 || ggml_time_us() - ps.t_parked_us >= cfg.knobs.min_parked_us);
     }
@@ -87,7 +86,7 @@ plan_params preempt_server::params() const {
 preempt_gauges preempt_server::gauges() const {
     preempt_gauges g;
     for (int32_t id = 0; id < port_.n_slots(); ++id) {
-        const auto & ps = port_.preempt_of(id);
+        const auto & ps = table[id];
         const auto   ph = port_.facts(id).phase;
         g.n_requests_preempted += ph == upstream_phase::parked ? 1 : 0;
         g.ram_bytes            += ps.swap_bytes();
@@ -147,7 +146,6 @@ struct preempt_server::executor final : plan_executor {
     void hold(int32_t id) override { s.batch.hold(id); }
     void chunk(int32_t id, int32_t n) override { s.batch.chunk(id, n); }
     void pause(const std::vector<int32_t> & ids) override { s.set_paused(ids); }
-    void read_ahead(int32_t id) override { s.parked.read_ahead(id); }
     void planned(const plan & pl) override { s.planned(pl); }
 };
 
@@ -170,7 +168,7 @@ tier_state preempt_server::tier_state_now() const {
 
 void preempt_server::fail(int32_t id) {
     PSLT_WRN(port_, id, "parked request needs %d cells, more than the whole pool (%d): ending it\n",
-             port_.preempt_of(id).n_restore, n_ctx_);
+             table[id].n_restore, n_ctx_);
     metrics_.preempt.n_fail_total++;
     port_.end_request(id, "Context size has been exceeded.", end_error::context_exceeded);
 }
@@ -180,7 +178,7 @@ void preempt_server::fail(int32_t id) {
 void preempt_server::set_paused(const std::vector<int32_t> & ids) {
     const int64_t now = ggml_time_us();
     for (int32_t id = 0; id < port_.n_slots(); ++id) {
-        auto & ps = port_.preempt_of(id);
+        auto & ps = table[id];
         const bool p = port_.facts(id).phase == upstream_phase::generating && contains_id(ids, id);
         if (p && !ps.paused) {
             ps.t_paused_us = now;
@@ -196,7 +194,7 @@ void preempt_server::set_paused(const std::vector<int32_t> & ids) {
 // a resumed slot that is generating again has finished its replay
 void preempt_server::end_replays() {
     for (int32_t id = 0; id < port_.n_slots(); ++id) {
-        auto & ps = port_.preempt_of(id);
+        auto & ps = table[id];
         if (ps.resuming && port_.facts(id).phase == upstream_phase::generating) {
             ps.resuming      = false;
             ps.n_replay_done = 0;
@@ -262,14 +260,14 @@ void preempt_server::settle() {
     // test knob: park every generating slot every N generated tokens
     if (cfg.knobs.every > 0) {
         for (int32_t id : forced_parks(views(), cfg.knobs.every)) {
-            port_.preempt_of(id).n_gen_forced = (int32_t) port_.facts(id).n_gen;
+            table[id].n_gen_forced = (int32_t) port_.facts(id).n_gen;
             park(id, park_reason::forced);
         }
     }
 
     // a request's wait for admission starts when it reaches its slot (the planner ages it)
     for (int32_t id = 0; id < port_.n_slots(); ++id) {
-        auto & ps = port_.preempt_of(id);
+        auto & ps = table[id];
         if (port_.facts(id).has_task && ps.t_arrival_us < 0) {
             ps.t_arrival_us = ggml_time_us();
         }
@@ -338,7 +336,7 @@ slot_action_answer preempt_server::slot_action(int32_t id_slot, bool do_park) {
         a.error = "preemption is off on this server (" + cfg.off_why + "): slots cannot be parked";
         return a;
     }
-    auto & ps = port_.preempt_of(id_slot);
+    auto & ps = table[id_slot];
     const upstream_phase phase = port_.facts(id_slot).phase;
     a.out = { { "id_slot", id_slot }, { "action", do_park ? "park" : "unpark" } };
 

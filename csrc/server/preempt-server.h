@@ -57,13 +57,14 @@ struct slot_action_answer {
     json        out;
 };
 
-class preempt_server {
+class preempt_server final : private cache_neighbours {
 public:
-    // upstream's members it is handed, and why: the port (the slots, the batch, the loop), the
+    // upstream's members it is handed, and why: the ports (the step's own, and the roles it hands
+    // its parts: the parked slots', the batch's, the loop's), the
     // metrics (what /metrics shows), the flags, the pool's cells, the target context (a sequence's
     // state, the batch size), the prompt cache (a purged slot's prompt, the host budget's cap) and
     // the task queue (a prompt file read ahead for a waiting request)
-    preempt_server(server_port & port, server_metrics & metrics, const common_params & params, const int32_t & n_ctx,
+    preempt_server(const server_ports & ports, server_metrics & metrics, const common_params & params, const int32_t & n_ctx,
                    llama_context * const & ctx_tgt, std::unique_ptr<server_prompt_cache> & prompt_cache, server_queue & queue_tasks);
 
     preempt_server(const preempt_server &) = delete;
@@ -78,7 +79,7 @@ public:
     // The bottom of the KV-full retry ladder: the decode failed at n_batch 1 (see the definition)
     bool last_resort(int32_t off);
     // in pre_decode(), where the generating slots join the batch: a paused one sits the step out
-    bool decode_paused(int32_t id) const { return cfg.on && port_.preempt_of(id).paused; }
+    bool decode_paused(int32_t id) const { return cfg.on && table[id].paused; }
     // in send_final_response(): how many times the finished request was parked
     void observe_final(int32_t n_preempt);
     // POST /slots/{id}?action=park|unpark, on the main loop at a token boundary
@@ -101,6 +102,7 @@ public:
     engine_stats stats() const;
 
     // the parts, which the hooks and the Engine reach
+    slot_table      table;     // our state of each slot (upstream's slot points to its entry)
     preempt_config  cfg;       // the flags and test knobs, read once
     host_ram        host;      // the one host budget (--host-kv-ram): every host RAM reservation
     step_recorder   steps;     // what each step did, while a host drives the loop
@@ -111,6 +113,10 @@ public:
     server_tiers    tiers;     // the tiers a state waits in, as the policy prices them and the executor moves through them
 
 private:
+    // what the prompt cache asks of the server beside it (cache_neighbours)
+    size_t parked_bytes() const override { return parked.ram_held(); }
+    size_t room_cells(int32_t id, size_t need) override { return port_.room_cells(id, need); }
+
     struct executor;
     friend struct executor;
 
@@ -127,7 +133,7 @@ private:
     void settle();
     bool end_families();
 
-    server_port &                          port_;
+    step_port &                            port_;
     server_metrics &                       metrics_;
     const common_params &                  params_;
     const int32_t &                        n_ctx_;

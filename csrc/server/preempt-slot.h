@@ -21,6 +21,7 @@
 #include <memory>
 #include <new>
 #include <stdexcept>
+#include <vector>
 
 namespace llama_preempt {
 
@@ -149,6 +150,21 @@ struct slot_preempt_state {
     int32_t n_replay_left() const {
         return resuming ? (int32_t) replay.size() - n_replay_done : 0;
     }
+};
+
+// Our state of every slot, one entry per slot for the server's life: preempt_server owns it and
+// hands it to the parts that read or change it (the parked slots, the batch hooks, the drain, the
+// step recorder); upstream's slot points to its entry for /slots and its reset. Never read back
+// through a port.
+class slot_table {
+public:
+    void init(int32_t n) { states_.resize(n); }  // once: upstream's slots point into it (server_slot::preempt)
+    int32_t size() const { return (int32_t) states_.size(); }
+    slot_preempt_state & operator[](int32_t id) { return states_[id]; }
+    const slot_preempt_state & operator[](int32_t id) const { return states_[id]; }
+
+private:
+    std::vector<slot_preempt_state> states_;
 };
 
 // thrown by the bottom of the KV-full retry ladder after it parked a victim: update_slots() ends

@@ -26,7 +26,7 @@ void step_recorder::note_park(int32_t id, int32_t n_held, size_t bytes, const pa
     e.tier     = how.tier;
     e.n_tokens = n_held;
     e.bytes    = bytes;
-    e.reason   = port_.preempt_of(id).reason;
+    e.reason   = table_[id].reason;
     e.ms       = ms;
     e.priority = f.priority;
     e.choice   = how.why;

@@ -17,7 +17,7 @@ namespace llama_preempt {
 
 class step_recorder {
 public:
-    explicit step_recorder(server_port & port) : port_(port) {}
+    step_recorder(loop_port & port, const slot_table & table) : port_(port), table_(table) {}
 
     void begin();         // once, before the first step: record from now on
     step_report step();   // one iteration of upstream's loop, and what happened in it
@@ -39,7 +39,8 @@ public:
     }
 
 private:
-    server_port & port_;
+    loop_port &        port_;
+    const slot_table & table_;
     step_log      log_;  // what this step did, while a host drives the loop
 };
 

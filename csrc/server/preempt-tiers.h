@@ -2,7 +2,7 @@
 // policy prices them (their measured rates and their room) and as the executor moves a state
 // through them. Small adapters over the parked slots (preempt-parked.h): the swap store's copies to
 // host RAM and back, and the disk tier's files; a state lives in the slot's preemption state
-// (port.preempt_of(id).swap), and what a tier holds is counted from there. preempt_server owns one
+// (parked.state(id).swap), and what a tier holds is counted from there. preempt_server owns one
 // of each (server_tiers) and hands them to the policy as a tier_set.
 #pragma once
 
@@ -23,11 +23,12 @@ namespace llama_preempt {
 // a park in host RAM: the park and restore copies' rates, within what parks may hold of the host budget
 struct ram_tier final : kv_tier {
     parked_slots & parked;
-    server_port &  port;
-    ram_tier(parked_slots & parked, server_port & port) : parked(parked), port(port) {}
+    park_port &  port;
+    ram_tier(parked_slots & parked, park_port & port) : parked(parked), port(port) {}
 
     park_tier where() const override { return park_tier::ram; }
     ahead_kind ahead() const override { return ahead_kind::upload; }  // where the copier can (read_ahead())
+    void read_ahead(int32_t id) override { parked.upload_ahead(id); }
     void price(cost_rates & r) const override {
         r.park_bps    = parked.swap().rates.park_bps;
         r.restore_bps = parked.swap().rates.restore_bps;
@@ -41,7 +42,7 @@ struct ram_tier final : kv_tier {
         return {};
     }
     move_result copy_in(int32_t id) override {
-        const size_t n_bytes = port.preempt_of(id).swap.state_bytes();
+        const size_t n_bytes = parked.state(id).swap.state_bytes();
         return parked.restore_from_host(id, parked.restore_begin(id), n_bytes, "host RAM");
     }
     void forget(int32_t id) override { parked.forget(id); }
@@ -51,13 +52,14 @@ struct ram_tier final : kv_tier {
 // file's write and read rates, and the disk's room (prompt files give way to parks)
 struct disk_tier final : kv_tier {
     parked_slots & parked;
-    server_port &  port;
-    disk_tier(parked_slots & parked, server_port & port) : parked(parked), port(port) {}
+    park_port &  port;
+    disk_tier(parked_slots & parked, park_port & port) : parked(parked), port(port) {}
 
     bool on() const { return parked.swap().disk != nullptr; }  // --preempt-disk
 
     park_tier where() const override { return park_tier::disk; }
     ahead_kind ahead() const override { return ahead_kind::read_in; }
+    void read_ahead(int32_t id) override { parked.read_file_ahead(id); }
     void price(cost_rates & r) const override {
         r.disk_write_bps = parked.swap().rates.disk_write_bps;
         r.disk_read_bps  = parked.swap().rates.disk_read_bps;
@@ -69,7 +71,7 @@ struct disk_tier final : kv_tier {
     move_result copy_out(const park_order & o) override {
         if (!o.background) {
             return parked.stream_to_disk(o.id) ? move_result {}
-                                               : move_result { move_failure::disk_write };
+                                               : move_result { move_failure::write };
         }
         swap_result r;
         if (!parked.copy_to_host(o.id, host_use::transit, r)) {
@@ -77,7 +79,7 @@ struct disk_tier final : kv_tier {
         }
         const auto dr = parked.disk_park(o.id, r);
         if (!dr.ok()) {
-            return { move_failure::disk_write,
+            return { move_failure::write,
                      dr.outcome == disk_outcome::kept_in_ram ? park_tier::ram
                                                                             : park_tier::recompute };
         }
@@ -86,9 +88,9 @@ struct disk_tier final : kv_tier {
     // its file back into host RAM (or its host copy, still held), then restored as a RAM park; a
     // streamed one straight from its file into the pool
     move_result copy_in(int32_t id) override {
-        const size_t n_bytes = port.preempt_of(id).swap.state_bytes();
+        const size_t n_bytes = parked.state(id).swap.state_bytes();
         auto m = parked.restore_begin(id);
-        if (port.preempt_of(id).swap.disk.streamed) {
+        if (parked.state(id).swap.disk.streamed) {
             return parked.restore_streamed(id, m, n_bytes);
         }
         std::string why;
@@ -107,10 +109,10 @@ struct disk_tier final : kv_tier {
 // place, and is unpacked into full buffers before its restore; never uploaded ahead.
 struct q8_tier final : kv_tier {
     parked_slots & parked;
-    server_port &  port;
+    park_port &  port;
     cost_rates     measured;  // its own pack and unpack rates and packed share
     std::vector<q8_form> forms;  // by slot: how the state it holds was packed (the handle of what it holds)
-    q8_tier(parked_slots & parked, server_port & port) : parked(parked), port(port) {}
+    q8_tier(parked_slots & parked, park_port & port) : parked(parked), port(port) {}
 
     bool on() const { return parked.config().compress_q8; }
 
@@ -129,7 +131,7 @@ struct q8_tier final : kv_tier {
         if (!parked.copy_to_host(o.id, host_use::transit, r)) {
             return { move_failure::copy_out };
         }
-        auto & st = port.preempt_of(o.id).swap;
+        auto & st = parked.state(o.id).swap;
         const size_t  full = st.bytes();
         settle_copy(st, *parked.swap().copier);  // on a device: its transfer lands first, outside the pack's time
         const int64_t t0   = ggml_time_us();
@@ -157,7 +159,7 @@ struct q8_tier final : kv_tier {
     }
     move_result copy_in(int32_t id) override {
         auto m = parked.restore_begin(id);
-        auto & st = port.preempt_of(id).swap;
+        auto & st = parked.state(id).swap;
         const size_t n_bytes = st.state_bytes();
         const q8_form form   = std::move(forms[id]);
         const size_t  full   = form.full_bytes();
@@ -206,7 +208,7 @@ struct server_tiers {
     disk_tier      disk;
     q8_tier        q8;
 
-    server_tiers(parked_slots & parked, server_port & port)
+    server_tiers(parked_slots & parked, park_port & port)
         : recompute(parked), ram(parked, port), disk(parked, port), q8(parked, port) {}
 
     tier_set set() {

@@ -5,6 +5,7 @@
 #include "preempt-sim.h"
 
 #include "preempt-policy.h"
+#include "preempt-tier-disk.h"
 
 #include <algorithm>
 #include <cstdint>
@@ -182,15 +183,7 @@ void sim_server::settle_disk() {
     }
 }
 
-void sim_server::read_ahead(int32_t id) {
-    auto & s = slots[id];
-    if (s.tier != park_tier::disk || s.streamed) {
-        return;  // a RAM park: an upload ahead costs the simulated step nothing; a streamed one comes back straight from its file
-    }
-    s.t_io_done = disk.io(t, s.bytes / p.disk_read_bps);
-    s.reading   = true;
-    hold_ram(s, s.bytes);
-}
+
 
 void sim_server::resume(int32_t id, park_tier from, const move_result & restore) {
     (void) restore;  // a simulated copy never fails; the slot keeps when its restore began

@@ -115,6 +115,16 @@ move_result sim_disk_tier::copy_in(int32_t id) {
     return {};
 }
 
+void sim_disk_tier::read_ahead(int32_t id) {
+    auto & slot = s.slots[id];
+    if (slot.streamed) {
+        return;  // it comes back straight from its file
+    }
+    slot.t_io_done = s.disk.io(s.t, slot.bytes / s.p.disk_read_bps);
+    slot.reading   = true;
+    s.hold_ram(slot, slot.bytes);
+}
+
 void sim_disk_tier::forget(int32_t id) {
     auto & slot = s.slots[id];
     slot.streamed = false;

@@ -16,7 +16,7 @@ struct sim_ram_tier final : kv_tier {
     explicit sim_ram_tier(sim_server & s) : s(s) {}
 
     park_tier   where() const override { return park_tier::ram; }
-    ahead_kind  ahead() const override { return ahead_kind::upload; }
+    ahead_kind  ahead() const override { return ahead_kind::upload; }  // an upload ahead costs the simulated step nothing
     void        price(cost_rates & rates) const override;
     size_t      room() const override;
     move_result copy_out(const park_order & o) override;
@@ -32,6 +32,7 @@ struct sim_disk_tier final : kv_tier {
 
     park_tier   where() const override { return park_tier::disk; }
     ahead_kind  ahead() const override { return ahead_kind::read_in; }
+    void        read_ahead(int32_t id) override;  // the next one back has its file read while others decode
     void        price(cost_rates & rates) const override;
     size_t      room() const override;  // 0: no disk tier
     move_result copy_out(const park_order & o) override;

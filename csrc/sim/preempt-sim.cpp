@@ -144,70 +144,63 @@ int32_t sim_server::cells_used() const {
     return n;
 }
 
-bool sim_server::step(double t_next) {
-    admit();
-
-    bool any = false;
-    for (const auto & s : slots) {
-        any |= s.phase != slot_phase::idle;
-    }
-    if (!any) {
-        if (t_next == SIM_NEVER) {
-            return false;  // all done
-        }
-        t = std::max(t, t_next);  // idle until the next arrival
-        return true;
-    }
-
+// the plan for this step (the server's policy_step()), and the decode width it chose
+void sim_server::plan_here() {
     held.assign(slots.size(), 0);
     paused.assign(slots.size(), 0);
     caps.assign(slots.size(), -1);
-    if (p.preempt) {
-        const plan pl = policy_step(*this).pl;
-        restore_next    = pl.restore_next;
-        prompt_budget   = pl.n_prompt_budget;
-        if (pl.n_decode_width > 0) {
-            res.n_width_steps++;
-            res.sum_decode_width += pl.n_decode_width;
-            res.max_decode_width = std::max(res.max_decode_width, pl.n_decode_width);
+    if (!p.preempt) {
+        return;
+    }
+    const plan pl = policy_step(*this).pl;
+    restore_next    = pl.restore_next;
+    prompt_budget   = pl.n_prompt_budget;
+    if (pl.n_decode_width > 0) {
+        res.n_width_steps++;
+        res.sum_decode_width += pl.n_decode_width;
+        res.max_decode_width = std::max(res.max_decode_width, pl.n_decode_width);
+    }
+}
+
+// the batch: one token per generating slot, then prompt and replay chunks in slot order, each up
+// to its share of the step (the plan's chunks, which the server's prompt hook keeps the same way)
+void sim_server::fill_batch(sim_batch & b) {
+    std::fill(b.chunk.begin(), b.chunk.end(), 0);
+    b.n_gen = 0;
+    b.n_prompt = 0;
+    for (auto & s : slots) {
+        if (s.phase == slot_phase::generating && !paused[s.id]) {
+            b.chunk[s.id] = 1;
+            b.n_gen++;
         }
     }
+    for (auto & s : slots) {
+        const int32_t taken = b.n_gen + b.n_prompt;
+        // a share from the plan, else (resumed in this step) the prompt budget beside the generated tokens
+        const int32_t limit = caps[s.id] >= 0 ? std::min(p.n_batch, taken + caps[s.id])
+                            : b.n_gen > 0 && prompt_budget > 0 ? std::min(p.n_batch, b.n_gen + prompt_budget)
+                            : p.n_batch;
+        if (s.phase != slot_phase::prompt || held[s.id] || taken >= limit) {
+            continue;
+        }
+        if (s.is_new && !s.started) {
+            start_prompt(s);  // the prompt starts: the cells it shares with the slot's cached prompt stay
+        }
+        const int32_t left = s.replay_left > 0 ? s.replay_left : reqs[s.req].n_prompt - s.prompt_done;
+        b.chunk[s.id] = std::min(left, limit - taken);
+        b.n_prompt += b.chunk[s.id];
+    }
+}
 
-    // the batch: one token per generating slot, then prompt and replay chunks in slot order
-    std::vector<int32_t> chunk(slots.size(), 0);
-    int32_t n_gen_tok = 0;
-    int32_t n_prompt_tok = 0;
+// The batch as the decode gets it: when it does not fit the pool, upstream's retry ladder (idle
+// caches cleared, smaller prompt chunks, the last resort). False: the decode failed for good and
+// every request in a slot ended with the context error.
+bool sim_server::fit_batch(sim_batch & b) {
     while (true) {
-        std::fill(chunk.begin(), chunk.end(), 0);
-        n_gen_tok = 0;
-        n_prompt_tok = 0;
-        for (auto & s : slots) {
-            if (s.phase == slot_phase::generating && !paused[s.id]) {
-                chunk[s.id] = 1;
-                n_gen_tok++;
-            }
-        }
-        // prompts and replays in slot order, each up to its share of the step (the plan's chunks,
-        // which the server's prompt hook keeps the same way)
-        for (auto & s : slots) {
-            const int32_t taken = n_gen_tok + n_prompt_tok;
-            // a share from the plan, else (resumed in this step) the prompt budget beside the generated tokens
-            const int32_t limit = caps[s.id] >= 0 ? std::min(p.n_batch, taken + caps[s.id])
-                                : n_gen_tok > 0 && prompt_budget > 0 ? std::min(p.n_batch, n_gen_tok + prompt_budget)
-                                : p.n_batch;
-            if (s.phase != slot_phase::prompt || held[s.id] || taken >= limit) {
-                continue;
-            }
-            if (s.is_new && !s.started) {
-                start_prompt(s);  // the prompt starts: the cells it shares with the slot's cached prompt stay
-            }
-            const int32_t left = s.replay_left > 0 ? s.replay_left : reqs[s.req].n_prompt - s.prompt_done;
-            chunk[s.id] = std::min(left, limit - taken);
-            n_prompt_tok += chunk[s.id];
-        }
+        fill_batch(b);
         int32_t used = cells_used();
-        if (used + n_gen_tok + n_prompt_tok <= p.n_pool) {
-            break;
+        if (used + b.n_gen + b.n_prompt <= p.n_pool) {
+            return true;
         }
         // upstream clears idle caches on a failed decode (to the RAM cache first), then halves the batch
         for (auto & s : slots) {
@@ -216,20 +209,20 @@ bool sim_server::step(double t_next) {
             }
         }
         used = cells_used();
-        if (used + n_gen_tok + n_prompt_tok <= p.n_pool) {
-            break;
+        if (used + b.n_gen + b.n_prompt <= p.n_pool) {
+            return true;
         }
-        if (used + n_gen_tok <= p.n_pool && n_prompt_tok > 0) {
+        if (used + b.n_gen <= p.n_pool && b.n_prompt > 0) {
             // smaller prompt chunks fit: take what fits, slot by slot
-            int32_t room = p.n_pool - used - n_gen_tok;
+            int32_t room = p.n_pool - used - b.n_gen;
             for (auto & s : slots) {
-                if (chunk[s.id] > 0 && s.phase == slot_phase::prompt) {
-                    chunk[s.id] = std::min(chunk[s.id], room);
-                    room -= chunk[s.id];
+                if (b.chunk[s.id] > 0 && s.phase == slot_phase::prompt) {
+                    b.chunk[s.id] = std::min(b.chunk[s.id], room);
+                    room -= b.chunk[s.id];
                 }
             }
-            n_prompt_tok = p.n_pool - used - n_gen_tok - room;
-            break;
+            b.n_prompt = p.n_pool - used - b.n_gen - room;
+            return true;
         }
         if (!last_resort()) {
             for (auto & s : slots) {
@@ -237,34 +230,26 @@ bool sim_server::step(double t_next) {
                     finish(s, sim_outcome::failed);  // "Context size has been exceeded."
                 }
             }
-            return true;
+            return false;
         }
     }
+}
 
-    if (n_gen_tok + n_prompt_tok == 0) {
-        // nothing can run now (only held requests): wait for the next arrival or give up
-        if (t_next != SIM_NEVER) {
-            t = std::max(t, t_next);
-            return true;
-        }
-        res.hit_step_limit = true;
-        return false;
-    }
-
-    // the step's shape: a token at position q of its sequence reads q + 1 cells; its attention spans
-    // the pool's used cells in a unified pool whose attention does not walk its own cells (spanned_cells())
+// the step's time on the clock: a token at position q of its sequence reads q + 1 cells; its
+// attention spans the pool's used cells in a unified pool whose attention does not walk its own
+// cells (spanned_cells()); the fit and the width guard see it as the server's do
+void sim_server::charge(const sim_batch & b) {
     step_shape shape;
-    shape.n_decode = n_gen_tok;
-    shape.n_prompt = n_prompt_tok;
-    const int64_t n_used = cells_used() + n_gen_tok + n_prompt_tok;
+    shape.n_decode = b.n_gen;
+    shape.n_prompt = b.n_prompt;
+    const int64_t n_used = cells_used() + b.n_gen + b.n_prompt;
     for (const auto & s : slots) {
-        const int64_t c = chunk[s.id];
+        const int64_t c = b.chunk[s.id];
         if (c > 0) {
             shape.n_attended += c * s.cells + c * (c + 1) / 2;
             shape.n_spanned  += p.kv_unified && !p.attn_own_cells ? c * n_used : c * s.cells + c * (c + 1) / 2;
         }
     }
-    const double t_step_start = t;
     const double dt = p.cost.seconds(shape);
     t += dt;
     res.n_steps++;
@@ -274,11 +259,14 @@ bool sim_server::step(double t_next) {
         for (const auto & s : slots) {
             limited |= paused[s.id] != 0;
         }
-        guard.observe(n_gen_tok, dt, limited, p.sched.width_loss);
+        guard.observe(b.n_gen, dt, limited, p.sched.width_loss);
     }
+}
 
+// each slot after the step: its tokens sampled, its replay or prompt moved on, its request done
+void sim_server::advance_slots(const sim_batch & b, double t_step_start) {
     for (auto & s : slots) {
-        const int32_t c = chunk[s.id];
+        const int32_t c = b.chunk[s.id];
         if (c == 0 || s.req < 0) {
             continue;
         }
@@ -319,9 +307,38 @@ bool sim_server::step(double t_next) {
             finish(s, sim_outcome::completed);
         }
     }
+}
+
+bool sim_server::step(double t_next) {
+    admit();
+    const bool any = std::any_of(slots.begin(), slots.end(), [](const sim_slot & s) { return s.phase != slot_phase::idle; });
+    if (!any) {
+        if (t_next == SIM_NEVER) {
+            return false;  // all done
+        }
+        t = std::max(t, t_next);  // idle until the next arrival
+        return true;
+    }
+    plan_here();
+    sim_batch b;
+    b.chunk.assign(slots.size(), 0);
+    if (!fit_batch(b)) {
+        return true;
+    }
+    if (b.n_gen + b.n_prompt == 0) {
+        // nothing can run now (only held requests): wait for the next arrival or give up
+        if (t_next != SIM_NEVER) {
+            t = std::max(t, t_next);
+            return true;
+        }
+        res.hit_step_limit = true;
+        return false;
+    }
+    const double t_step_start = t;
+    charge(b);
+    advance_slots(b, t_step_start);
     res.peak_cells = std::max(res.peak_cells, cells_used());
     return true;
 }
-
 
 } // namespace llama_preempt

@@ -238,7 +238,17 @@ struct sim_server final : plan_executor {
     // one update_slots(); t_next: the next arrival (SIM_NEVER: none). false: nothing will move again
     bool step(double t_next);
 
-    // the pieces of a step
+    // the pieces of a step: its plan, its batch fitted to the pool, its time, the slots after it
+    struct sim_batch {
+        std::vector<int32_t> chunk;  // by slot: tokens it adds this step
+        int32_t n_gen    = 0;
+        int32_t n_prompt = 0;
+    };
+    void plan_here();
+    void fill_batch(sim_batch & b);
+    bool fit_batch(sim_batch & b);
+    void charge(const sim_batch & b);
+    void advance_slots(const sim_batch & b, double t_step_start);
     bool is_running(const sim_slot & s) const;
     slot_view view(const sim_slot & s) const;
     void finish(sim_slot & s, sim_outcome outcome);
@@ -273,7 +283,6 @@ struct sim_server final : plan_executor {
     void         hold(int32_t id) override;
     void         chunk(int32_t id, int32_t n) override;
     void         pause(const std::vector<int32_t> & ids) override;
-    void         read_ahead(int32_t id) override;  // the next one back has its file read while others decode
     void         record(const decision & d) override;
 };
 
