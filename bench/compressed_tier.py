@@ -66,8 +66,8 @@ def parked_run(srv: LlamaServer, prompt: str, n_predict: int) -> dict[str, Any]:
     t.join(300)
     log = srv.log_text()
     return {"answer": got, "tier": slot["preempt_tier"], "held_bytes": slot["preempt_ram_bytes"],
-            "state_mib": ms_in(log, r"parked by swap \(([\d.]+) MiB"),
-            "park_ms": ms_in(log, r"parked by swap \([^)]*\) in ([\d.]+) ms"),
+            "state_mib": ms_in(log, r"parked by swap(?: to ram_q8)? \(([\d.]+) MiB"),
+            "park_ms": ms_in(log, r"parked by swap(?: to ram_q8)? \([^)]*\) in ([\d.]+) ms"),
             "pack_ms": ms_in(log, r"packed to q8_0: [\d.]+ MiB of state held in [\d.]+ MiB in ([\d.]+) ms"),
             "restore_ms": ms_in(log, r"restored by swap \([^)]*\) in ([\d.]+) ms")}
 
