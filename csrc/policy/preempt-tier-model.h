@@ -2,7 +2,8 @@
 // bytes, the tokens it holds), the tier's own room and the measured rates, a model says whether the
 // state fits, what parking it there and bringing it back would cost the loop, and what taking it
 // holds back. tier_offers() (preempt-choice.cpp) maps over the models of the tiers an executor has,
-// in tier order; nothing else in the policy names a tier. The server's executors
+// in tier order; nothing else in the policy names a tier that keeps a state (RECOMPUTE, where
+// nothing is kept, is every fallback's). The server's executors
 // (server/preempt-tiers.h) and the simulator's (sim/preempt-sim-tiers.cpp) move the state; these
 // models price it, for both alike.
 //
