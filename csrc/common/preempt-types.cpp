@@ -17,8 +17,15 @@ static void observe_bps(bool fixed, double & bps, int64_t & n, size_t bytes, int
 
 void cost_rates::observe_park(size_t bytes, int64_t t_us)       { observe_bps(fixed, park_bps, n_park_samples, bytes, t_us); }
 void cost_rates::observe_restore(size_t bytes, int64_t t_us)    { observe_bps(fixed, restore_bps, n_restore_samples, bytes, t_us); }
-void cost_rates::observe_disk_write(size_t bytes, int64_t t_us) { observe_bps(fixed, disk_write_bps, n_disk_write_samples, bytes, t_us); }
-void cost_rates::observe_disk_read(size_t bytes, int64_t t_us)  { observe_bps(fixed, disk_read_bps, n_disk_read_samples, bytes, t_us); }
+void cost_rates::observe_out(park_tier t, size_t bytes, int64_t t_us) { observe_bps(fixed, own(t).out_bps, own(t).n_out_samples, bytes, t_us); }
+void cost_rates::observe_in(park_tier t, size_t bytes, int64_t t_us)  { observe_bps(fixed, own(t).in_bps, own(t).n_in_samples, bytes, t_us); }
+
+// the tiers' own moves until the first measurement: the disk tier's file written and read, the
+// compressed tier's packing and unpacking and its packed share
+cost_rates::cost_rates() {
+    own(park_tier::disk)   = { DEFAULT_DISK_WRITE_BPS, DEFAULT_DISK_READ_BPS, 1, 0, 0 };
+    own(park_tier::ram_q8) = { DEFAULT_PACK_BPS, DEFAULT_UNPACK_BPS, DEFAULT_PACK_RATIO, 0, 0 };
+}
 
 void cost_rates::observe_prefill(int64_t n_tokens, int64_t t_us) {
     if (!fixed && n_tokens >= MIN_PREFILL_TOKENS && t_us > 0) {

@@ -20,8 +20,20 @@ inline const char * park_tier_name(park_tier t) {
     return i >= 0 && i < N_PARK_TIERS ? names[i] : "?";
 }
 
+// One tier's own moves beyond the host copies every copying tier makes, as measured: its state out
+// to where it waits and back in (a disk park's file written and read; a compressed park packed and
+// unpacked), and the bytes it holds per byte of state. Each tier's model reads its own
+// (cost_rates::own()); a tier with no moves of its own keeps the zeros.
+struct tier_rate {
+    double  out_bps       = 0;
+    double  in_bps        = 0;
+    double  held_ratio    = 1;
+    int64_t n_out_samples = 0;
+    int64_t n_in_samples  = 0;
+};
+
 // The rates the choice is made with: exponential moving averages of what the server's own parks,
-// restores, disk files and prompt batches took, with defaults until the first measurement.
+// restores, tiers' moves and prompt batches took, with defaults until the first measurement.
 // Samples too small to time (fixed overhead only) are left out.
 struct cost_rates {
     static constexpr double DEFAULT_PARK_BPS       = 2e9;   // bytes/s, a park (device to host)
@@ -36,26 +48,27 @@ struct cost_rates {
     static constexpr size_t MIN_COPY_BYTES         = 64 * 1024;
     static constexpr int64_t MIN_PREFILL_TOKENS    = 32;
 
+    // the host copies every copying tier makes, and RECOMPUTE's prefill
     double park_bps       = DEFAULT_PARK_BPS;
     double restore_bps    = DEFAULT_RESTORE_BPS;
     double prefill_tps    = DEFAULT_PREFILL_TPS;
-    double disk_write_bps = DEFAULT_DISK_WRITE_BPS;
-    double disk_read_bps  = DEFAULT_DISK_READ_BPS;
-    double pack_bps       = DEFAULT_PACK_BPS;     // the compressed tier's, measured by it (server/preempt-tiers.h)
-    double unpack_bps     = DEFAULT_UNPACK_BPS;
-    double pack_ratio     = DEFAULT_PACK_RATIO;
+    tier_rate tiers[N_PARK_TIERS];  // by park_tier: each tier's own moves (defaults beside the names above)
     int64_t n_park_samples       = 0;
     int64_t n_restore_samples    = 0;
     int64_t n_prefill_samples    = 0;
-    int64_t n_disk_write_samples = 0;
-    int64_t n_disk_read_samples  = 0;
     bool    fixed = false;  // set by a test knob: samples no longer move the rates
+
+    cost_rates();
+
+    tier_rate &       own(park_tier t)       { return tiers[(int) t]; }
+    const tier_rate & own(park_tier t) const { return tiers[(int) t]; }
 
     void observe_park(size_t bytes, int64_t t_us);
     void observe_restore(size_t bytes, int64_t t_us);
     void observe_prefill(int64_t n_tokens, int64_t t_us);
-    void observe_disk_write(size_t bytes, int64_t t_us);
-    void observe_disk_read(size_t bytes, int64_t t_us);
+    // a tier's own move of `bytes` out to where it waits, or back in
+    void observe_out(park_tier t, size_t bytes, int64_t t_us);
+    void observe_in(park_tier t, size_t bytes, int64_t t_us);
 };
 
 // one cached prompt's file on the disk tier, as the choices see it (oldest first in a list)

@@ -52,12 +52,6 @@ size_t ram_left(size_t ram_budget, size_t held) {
     return ram_budget - std::min(held, ram_budget);
 }
 
-bool read_cached_prompt(size_t bytes, size_t n_tokens, const cost_rates & rates) {
-    const double read_s    = bytes / rates.disk_read_bps + bytes / rates.restore_bps;
-    const double prefill_s = n_tokens / rates.prefill_tps;
-    return read_s < prefill_s;
-}
-
 host_budget host_budget_from_mib(int64_t host_mib, int64_t park_mib, int64_t cache_mib) {
     host_budget b;
     b.park_cap  = ram_budget_from_mib(park_mib);

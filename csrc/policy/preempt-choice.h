@@ -130,9 +130,6 @@ struct host_budget {
     // what cached prompts may hold with `parked` bytes held by parked states (and `extra` about to be)
     size_t cache_room(size_t parked, size_t extra = 0) const { return std::min(cache_cap, ram_left(total, parked + extra)); }
 };
-// A cached prompt on disk against its prefill: read it back when its bytes over the measured disk
-// read and restore rates cost less than prefilling the `n_tokens` it saves at the measured rate
-bool read_cached_prompt(size_t bytes, size_t n_tokens, const cost_rates & rates);
 
 // from the flags in MiB (-1 no limit): `host_mib` -2 (not given) is the larger of the two caps, so
 // the defaults (8192 and 8192) make one 8 GiB budget instead of two

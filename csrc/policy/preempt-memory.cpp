@@ -1,5 +1,6 @@
 // The memory half's choices (preempt-memory.h): pure functions over snapshots.
 #include "preempt-memory.h"
+#include "preempt-tier-disk.h"  // read_cached_prompt()
 
 #include <algorithm>
 

@@ -15,12 +15,12 @@ struct disk_tier_model final : tier_model {
     tier_offer quote(const quote_input & q, const cost_rates & r) const override {
         tier_offer o { where(), true, fits(q, r), 0, 0 };
         if (o.fits && q.bytes > 0) {
-            const double write_ms = 1e3 * q.bytes / r.disk_write_bps;
+            const double write_ms = 1e3 * q.bytes / r.own(where()).out_bps;
             o.ms = o.rank_ms = host_copy_ms(q, r) + (background(q) ? 0 : write_ms) + (q.waits_behind ? 0 : read_back_ms(q, r));
         }
         return o;
     }
-    double read_back_ms(const quote_input & q, const cost_rates & r) const override { return 1e3 * q.bytes / r.disk_read_bps; }
+    double read_back_ms(const quote_input & q, const cost_rates & r) const override { return 1e3 * q.bytes / r.own(where()).in_bps; }
     bool background(const quote_input & q) const override { return q.bytes <= q.host_left; }
     // swap mode reaches it only past a full RAM
     park_choice label(choice_reason reason) const override {
@@ -33,6 +33,12 @@ struct disk_tier_model final : tier_model {
 const tier_model & disk_model() {
     static const disk_tier_model m;
     return m;
+}
+
+bool read_cached_prompt(size_t bytes, size_t n_tokens, const cost_rates & rates) {
+    const double read_s    = bytes / rates.own(park_tier::disk).in_bps + bytes / rates.restore_bps;
+    const double prefill_s = n_tokens / rates.prefill_tps;
+    return read_s < prefill_s;
 }
 
 disk_keep disk_hold(int32_t id, int32_t restore_next, size_t bytes, size_t ram_left_now) {

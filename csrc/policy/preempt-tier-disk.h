@@ -1,6 +1,9 @@
 // The disk tier's own policy beside its model (preempt-tier-disk.cpp): what a parked slot on disk
-// keeps in host RAM from one step to the next. The server's disk tier and the simulator's ask it.
+// keeps in host RAM from one step to the next, and whether a cached prompt's file is read back. The
+// server's disk tier and prompt cache, and the simulator's, ask it.
 #pragma once
+
+#include "preempt-types.h"  // cost_rates
 
 #include <cstddef>
 #include <cstdint>
@@ -15,5 +18,9 @@ struct disk_keep {
     bool keep_read = true;
 };
 disk_keep disk_hold(int32_t id, int32_t restore_next, size_t bytes, size_t ram_left_now);
+
+// A cached prompt on disk against its prefill: read it back when its bytes over the measured disk
+// read and restore rates cost less than prefilling the `n_tokens` it saves at the measured rate
+bool read_cached_prompt(size_t bytes, size_t n_tokens, const cost_rates & rates);
 
 } // namespace llama_preempt

@@ -9,10 +9,11 @@ namespace {
 struct ram_q8_tier_model final : tier_model {
     park_tier where() const override { return park_tier::ram_q8; }
     bool fits(const quote_input & q, const cost_rates & r) const override {
-        return q.bytes > 0 && q.bytes * r.pack_ratio <= q.room;
+        return q.bytes > 0 && q.bytes * r.own(where()).held_ratio <= q.room;
     }
     tier_offer quote(const quote_input & q, const cost_rates & r) const override {
-        const double ms = host_copy_ms(q, r) + 1e3 * q.bytes / r.pack_bps + 1e3 * q.bytes / r.unpack_bps;
+        const tier_rate & own = r.own(where());
+        const double ms = host_copy_ms(q, r) + 1e3 * q.bytes / own.out_bps + 1e3 * q.bytes / own.in_bps;
         return { where(), true, fits(q, r), ms, ms };
     }
     // swap mode reaches it only past a full RAM

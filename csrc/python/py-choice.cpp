@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <chrono>
 #include <memory>
+#include <functional>
 #include <stdexcept>
 
 #include "py-enums.h"
@@ -36,6 +37,14 @@ lp::park_options park_options_of(size_t bytes, int64_t n_tokens, size_t ram_left
     return o;
 }
 
+// a tier's own rate as a Python attribute of CostRates, read and written
+std::function<double(const lp::cost_rates &)> own_get(lp::park_tier t, double lp::tier_rate::* field) {
+    return [t, field](const lp::cost_rates & r) { return r.own(t).*field; };
+}
+std::function<void(lp::cost_rates &, double)> own_set(lp::park_tier t, double lp::tier_rate::* field) {
+    return [t, field](lp::cost_rates & r, double v) { r.own(t).*field = v; };
+}
+
 // the offers a choice is made from, as dicts: tier, copies, fits, ms, rank_ms
 py::list offers_list(const std::vector<lp::tier_offer> & offers) {
     py::list out;
@@ -60,21 +69,24 @@ void register_choice(py::module_ & m) {
         .def_readwrite("park_bps",       &lp::cost_rates::park_bps)
         .def_readwrite("restore_bps",    &lp::cost_rates::restore_bps)
         .def_readwrite("prefill_tps",    &lp::cost_rates::prefill_tps)
-        .def_readwrite("disk_write_bps", &lp::cost_rates::disk_write_bps)
-        .def_readwrite("disk_read_bps",  &lp::cost_rates::disk_read_bps)
-        .def_readwrite("pack_bps",       &lp::cost_rates::pack_bps)
-        .def_readwrite("unpack_bps",     &lp::cost_rates::unpack_bps)
-        .def_readwrite("pack_ratio",     &lp::cost_rates::pack_ratio)
+        // each tier's own rates (cost_rates::own()), under the names of what they measure
+        .def_property("disk_write_bps", own_get(lp::park_tier::disk, &lp::tier_rate::out_bps), own_set(lp::park_tier::disk, &lp::tier_rate::out_bps))
+        .def_property("disk_read_bps",  own_get(lp::park_tier::disk, &lp::tier_rate::in_bps),  own_set(lp::park_tier::disk, &lp::tier_rate::in_bps))
+        .def_property("pack_bps",       own_get(lp::park_tier::ram_q8, &lp::tier_rate::out_bps), own_set(lp::park_tier::ram_q8, &lp::tier_rate::out_bps))
+        .def_property("unpack_bps",     own_get(lp::park_tier::ram_q8, &lp::tier_rate::in_bps),  own_set(lp::park_tier::ram_q8, &lp::tier_rate::in_bps))
+        .def_property("pack_ratio",     own_get(lp::park_tier::ram_q8, &lp::tier_rate::held_ratio), own_set(lp::park_tier::ram_q8, &lp::tier_rate::held_ratio))
         .def_readonly("n_park_samples",       &lp::cost_rates::n_park_samples)
         .def_readonly("n_restore_samples",    &lp::cost_rates::n_restore_samples)
         .def_readonly("n_prefill_samples",    &lp::cost_rates::n_prefill_samples)
-        .def_readonly("n_disk_write_samples", &lp::cost_rates::n_disk_write_samples)
-        .def_readonly("n_disk_read_samples",  &lp::cost_rates::n_disk_read_samples)
+        .def_property_readonly("n_disk_write_samples", [](const lp::cost_rates & r) { return r.own(lp::park_tier::disk).n_out_samples; })
+        .def_property_readonly("n_disk_read_samples",  [](const lp::cost_rates & r) { return r.own(lp::park_tier::disk).n_in_samples; })
         .def("observe_park",       &lp::cost_rates::observe_park,       py::arg("bytes"), py::arg("t_us"))
         .def("observe_restore",    &lp::cost_rates::observe_restore,    py::arg("bytes"), py::arg("t_us"))
         .def("observe_prefill",    &lp::cost_rates::observe_prefill,    py::arg("n_tokens"), py::arg("t_us"))
-        .def("observe_disk_write", &lp::cost_rates::observe_disk_write, py::arg("bytes"), py::arg("t_us"))
-        .def("observe_disk_read",  &lp::cost_rates::observe_disk_read,  py::arg("bytes"), py::arg("t_us"));
+        .def("observe_disk_write", [](lp::cost_rates & r, size_t bytes, int64_t t_us) { r.observe_out(lp::park_tier::disk, bytes, t_us); },
+             py::arg("bytes"), py::arg("t_us"))
+        .def("observe_disk_read",  [](lp::cost_rates & r, size_t bytes, int64_t t_us) { r.observe_in(lp::park_tier::disk, bytes, t_us); },
+             py::arg("bytes"), py::arg("t_us"));
 
     py::class_<lp::park_decision>(m, "ParkDecision", "RAM, disk or RECOMPUTE for one victim, and why")
         .def_property_readonly("swap", [](const lp::park_decision & d) { return d.copies(); })  // copied out, to RAM or disk

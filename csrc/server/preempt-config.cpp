@@ -182,8 +182,8 @@ preempt_config make_preempt_config(const common_params & params, bool has_memory
             cfg.rates.restore_bps = restore * 1e9;
             cfg.rates.prefill_tps = prefill;
             if (n == 5) {
-                cfg.rates.disk_write_bps = disk_write * 1e9;
-                cfg.rates.disk_read_bps  = disk_read * 1e9;
+                cfg.rates.own(park_tier::disk).out_bps = disk_write * 1e9;
+                cfg.rates.own(park_tier::disk).in_bps  = disk_read * 1e9;
             }
             cfg.rates.fixed = true;
         } else {

@@ -82,7 +82,7 @@ void cached_prompts::count_read(size_t n_bytes, int64_t t_us) {
     metrics_.preempt.n_prompt_cache_disk_hits_total++;
     metrics_.preempt.n_disk_read_bytes_total += n_bytes;
     metrics_.preempt.n_disk_read_us_total    += (uint64_t) t_us;
-    rates_.observe_disk_read(n_bytes, t_us);
+    rates_.observe_in(park_tier::disk, n_bytes, t_us);  // the disk tier's files, its rates
 }
 
 // upstream drops a cached prompt for room: its state (and its checkpoints) go to a file instead

@@ -61,8 +61,7 @@ struct disk_tier final : kv_tier {
     ahead_kind ahead() const override { return ahead_kind::read_in; }
     void read_ahead(int32_t id) override { parked.read_file_ahead(id); }
     void price(cost_rates & r) const override {
-        r.disk_write_bps = parked.swap().rates.disk_write_bps;
-        r.disk_read_bps  = parked.swap().rates.disk_read_bps;
+        r.own(where()) = parked.swap().rates.own(where());
     }
     size_t room() const override { return parked.disk_room(); }
     // through host RAM to its file, written in the background from the host copy while that fits
@@ -110,7 +109,7 @@ struct disk_tier final : kv_tier {
 struct q8_tier final : kv_tier {
     parked_slots & parked;
     park_port &  port;
-    cost_rates     measured;  // its own pack and unpack rates and packed share
+    tier_rate      measured = cost_rates{}.own(park_tier::ram_q8);  // its own pack and unpack rates and packed share
     std::vector<q8_form> forms;  // by slot: how the state it holds was packed (the handle of what it holds)
     q8_tier(parked_slots & parked, park_port & port) : parked(parked), port(port) {}
 
@@ -120,9 +119,7 @@ struct q8_tier final : kv_tier {
     void price(cost_rates & r) const override {
         r.park_bps    = parked.swap().rates.park_bps;
         r.restore_bps = parked.swap().rates.restore_bps;
-        r.pack_bps    = measured.pack_bps;
-        r.unpack_bps  = measured.unpack_bps;
-        r.pack_ratio  = measured.pack_ratio;
+        r.own(where()) = measured;
     }
     size_t room() const override { return parked.ram_room(); }
     move_result copy_out(const park_order & o) override {
@@ -143,8 +140,8 @@ struct q8_tier final : kv_tier {
             const int64_t t_us = ggml_time_us() - t0;
             PSLT_INF(port, o.id, "packed to q8_0: %.2f MiB of state held in %.2f MiB in %.2f ms\n", full / 1048576.0,
                      st.bytes() / 1048576.0, t_us / 1000.0);
-            observe(measured.pack_bps, full, t_us);
-            measured.pack_ratio += cost_rates::ALPHA * ((double) st.bytes() / full - measured.pack_ratio);
+            observe(measured.out_bps, full, t_us);
+            measured.held_ratio += cost_rates::ALPHA * ((double) st.bytes() / full - measured.held_ratio);
             return {};
         }
         if (packed) {
@@ -169,7 +166,7 @@ struct q8_tier final : kv_tier {
         if (!expand_state(st, form, parked.swap(), why)) {
             return parked.restore_failed(id, m, n_bytes, "compressed host RAM", why);
         }
-        observe(measured.unpack_bps, full, ggml_time_us() - t0);
+        observe(measured.in_bps, full, ggml_time_us() - t0);
         return parked.restore_from_host(id, m, full, "compressed host RAM");
     }
     void forget(int32_t id) override {

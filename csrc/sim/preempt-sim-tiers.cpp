@@ -58,8 +58,8 @@ void sim_ram_tier::forget(int32_t id) {
 // --- disk ---
 
 void sim_disk_tier::price(cost_rates & rates) const {
-    rates.disk_write_bps = s.p.disk_write_bps;
-    rates.disk_read_bps  = s.p.disk_read_bps;
+    rates.own(where()).out_bps = s.p.disk_write_bps;
+    rates.own(where()).in_bps  = s.p.disk_read_bps;
 }
 
 size_t sim_disk_tier::room() const {
@@ -137,9 +137,7 @@ void sim_disk_tier::forget(int32_t id) {
 void sim_q8_tier::price(cost_rates & rates) const {
     rates.park_bps    = s.p.swap_out_bps;
     rates.restore_bps = s.p.swap_in_bps;
-    rates.pack_bps    = s.p.pack_bps;
-    rates.unpack_bps  = s.p.unpack_bps;
-    rates.pack_ratio  = s.p.pack_ratio;
+    rates.own(where()) = { s.p.pack_bps, s.p.unpack_bps, s.p.pack_ratio, 0, 0 };
 }
 
 size_t sim_q8_tier::room() const {

@@ -40,7 +40,7 @@ static void note_write(swap_state & st, swap_host & host, disk_result & r) {
     r.outcome = disk_outcome::written;
     r.bytes = st.disk.total();
     r.t_us  = st.disk.file->t_us;
-    host.rates.observe_disk_write(r.bytes, r.t_us);
+    host.rates.observe_out(park_tier::disk, r.bytes, r.t_us);
 }
 
 // the host copy goes back to the pool (the RAM budget gets it back): the state is only on disk now
@@ -206,7 +206,7 @@ disk_result disk_restore_streamed(swap_state & st, const seq_contexts & sc, swap
         return r;
     }
     r.outcome = disk_outcome::read;
-    host.rates.observe_disk_read(r.bytes, r.t_us);
+    host.rates.observe_in(park_tier::disk, r.bytes, r.t_us);
     d.store->remove(d.file);
     d.file.reset();
     d.stage = disk_stage::read_back;
@@ -270,7 +270,7 @@ disk_result disk_read_back(swap_state & st, swap_host & host) {
     }
     r.bytes = d.total();
     r.t_us  = d.file->t_us;
-    host.rates.observe_disk_read(r.bytes, r.t_us);
+    host.rates.observe_in(park_tier::disk, r.bytes, r.t_us);
     d.store->remove(d.file);  // the disk budget gets it back now; the state is in RAM again
     d.file.reset();
     d.stage = disk_stage::read_back;
