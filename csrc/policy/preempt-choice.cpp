@@ -121,12 +121,12 @@ std::vector<tier_offer> tier_offers(const park_options & o, const cost_rates & r
             q.push_back(in);
         }
     }
-    for (size_t i = 0; i < present.size(); ++i) {
-        for (size_t j = i + 1; j < present.size(); ++j) {
-            if (present[j]->reads_back() && present[j]->fits(q[j], rates)) {
-                q[i].spill_read_ms = present[j]->read_back_ms(q[j], rates);
-                break;
-            }
+    // from the last tier back: each is told the read of the first tier after it that fits and reads back
+    double spill_read_ms = 0;
+    for (size_t i = present.size(); i-- > 0;) {
+        q[i].spill_read_ms = spill_read_ms;
+        if (present[i]->reads_back() && present[i]->fits(q[i], rates)) {
+            spill_read_ms = present[i]->read_back_ms(q[i], rates);
         }
     }
     std::vector<tier_offer> offers;

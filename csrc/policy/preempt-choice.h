@@ -62,6 +62,8 @@ struct tier_offer {
     double    ms      = 0;      // its quote: what parking the state there and bringing it back costs the loop
     double    rank_ms = 0;      // what taking it costs in all: its quote, plus what the room it takes is worth to
                                 // the next victim (host RAM left short: that victim pays a read it cannot hide)
+    bool      background = false;  // its move runs in the background from a host copy the budget holds until it
+                                   // lands (a disk park's write while that copy fits); else the loop waits for it
 };
 
 // A victim's decision: the offers it was made from, and the one taken.
@@ -72,14 +74,19 @@ struct park_decision {
     std::vector<tier_offer> offers;  // every tier's quote, in tier order
 
     bool copies() const { return tier != park_tier::recompute; }  // the state is copied out
-    // a tier's quote (0: not offered)
-    double quote_of(park_tier where) const {
+    // a tier's offer (null: not offered)
+    const tier_offer * offer(park_tier where) const {
         for (const tier_offer & o : offers) {
             if (o.where == where) {
-                return o.ms;
+                return &o;
             }
         }
-        return 0;
+        return nullptr;
+    }
+    // a tier's quote (0: not offered)
+    double quote_of(park_tier where) const {
+        const tier_offer * o = offer(where);
+        return o ? o->ms : 0;
     }
 };
 

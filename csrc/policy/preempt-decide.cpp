@@ -1,6 +1,5 @@
 // The whole decision for one victim, and its fallbacks (see preempt-decide.h).
 #include "preempt-decide.h"
-#include "preempt-tier-model.h"
 
 namespace llama_preempt {
 
@@ -18,20 +17,12 @@ park_order decide_park(const victim_state & v, const tier_state & t, bool waits_
     // a slot parked through the API waits for its unpark: its read can always be had ahead
     opt.waits_behind = opt.bytes > 0 && t.rooms.any_read_back_room() && (v.reason == park_reason::api || waits_behind);
     o.how = choose_park(t.mode, opt, t.rates);
-    if (t.force_to >= 0 && o.how.copies() && o.how.tier != (park_tier) t.force_to) {
-        for (const tier_offer & f : o.how.offers) {
-            if (f.where == (park_tier) t.force_to && f.fits) {
-                o.how.tier = f.where;  // the test seam keeps the reason (and label) the first choice was made for
-            }
-        }
+    const tier_offer * forced = t.force_to >= 0 ? o.how.offer((park_tier) t.force_to) : nullptr;
+    if (forced && forced->fits && o.how.copies()) {
+        o.how.tier = forced->where;  // the test seam keeps the reason (and label) the first choice was made for
     }
     o.bytes = o.how.copies() ? opt.bytes : 0;
-    // a tier that moves the state in the background from a host copy the budget holds until it lands
-    // (the disk tier, while that copy fits what parks may still hold); else the loop waits for it
-    quote_input q;
-    q.bytes     = opt.bytes;
-    q.host_left = t.rooms.host_left;
-    o.background = model_of(o.how.tier).background(q);
+    o.background = o.how.offer(o.how.tier)->background;  // the tier taken is always among the offers
     o.shape = shape_park(v.in, o.how.copies(), t.n_batch);
     return o;
 }

@@ -41,13 +41,22 @@ tier_state tier_state_of(const tier_set & tiers, size_t host_left, preempt_mode 
     t.n_batch  = n_batch;
     t.force_to = force_to;
     t.rooms.host_left = host_left;
+    t.rates    = rates_of(tiers);
     for (const kv_tier * k : tiers.by_where) {
         if (k != nullptr) {
-            k->price(t.rates);
             t.rooms.set(k->where(), k->room());
         }
     }
     return t;
+}
+
+cost_rates rates_of(const tier_set & tiers, cost_rates base) {
+    for (const kv_tier * k : tiers.by_where) {
+        if (k != nullptr) {
+            k->price(base);
+        }
+    }
+    return base;
 }
 
 policy_step_result policy_step(plan_executor & ex) {

@@ -14,14 +14,15 @@ struct disk_tier_model final : tier_model {
     // back unless it runs ahead of the slot's turn (the victim waits behind another parked slot)
     tier_offer quote(const quote_input & q, const cost_rates & r) const override {
         tier_offer o { where(), true, fits(q, r), 0, 0 };
+        o.background = q.bytes <= q.host_left;
         if (o.fits && q.bytes > 0) {
             const double write_ms = 1e3 * q.bytes / r.own(where()).out_bps;
-            o.ms = o.rank_ms = host_copy_ms(q, r) + (background(q) ? 0 : write_ms) + (q.waits_behind ? 0 : read_back_ms(q, r));
+            o.ms = o.rank_ms = host_copy_ms(q, r) + (o.background ? 0 : write_ms) + (q.waits_behind ? 0 : read_back_ms(q, r));
         }
         return o;
     }
+    bool reads_back() const override { return true; }
     double read_back_ms(const quote_input & q, const cost_rates & r) const override { return 1e3 * q.bytes / r.own(where()).in_bps; }
-    bool background(const quote_input & q) const override { return q.bytes <= q.host_left; }
     // swap mode reaches it only past a full RAM
     park_choice label(choice_reason reason) const override {
         return reason == choice_reason::cheapest ? park_choice::disk_cheaper : park_choice::ram_full;

@@ -40,13 +40,12 @@ public:
     virtual bool copies() const { return true; }
     // the state fits its room now
     virtual bool fits(const quote_input & q, const cost_rates & r) const = 0;
-    // its quote and its rank (the quote, plus what the room it takes is worth to the next victim)
+    // its offer: whether it fits, its quote and its rank (the quote, plus what the room it takes is
+    // worth to the next victim), and whether its move runs in the background
     virtual tier_offer quote(const quote_input & q, const cost_rates & r) const = 0;
-    // a read back before the restore, which can run ahead of the slot's turn (0: none)
+    // its state is read back before the restore, a read that can run ahead of the slot's turn
+    virtual bool reads_back() const { return false; }
     virtual double read_back_ms(const quote_input & q, const cost_rates & r) const { (void) q; (void) r; return 0; }
-    bool reads_back() const { return read_back_ms({ 1, 0 }, cost_rates{}) > 0; }
-    // the state moves there in the background, from a host copy held until it lands
-    virtual bool background(const quote_input & q) const { (void) q; return false; }
     // the /metrics label of a park taken for a reason any tier can have it for (cheapest, mode, room)
     virtual park_choice label(choice_reason reason) const = 0;
 

@@ -66,6 +66,10 @@ struct tier_set {
     bool has(park_tier t) const { return by_where[(int) t] != nullptr; }
 };
 
+// The rates the tiers price with, each its own (kv_tier::price()), over `base` (a tier the
+// executor lacks leaves its rates as they are there).
+cost_rates rates_of(const tier_set & tiers, cost_rates base = {});
+
 // What the policy reads of the tiers to price a victim: each one's rates and room, what parks may
 // still hold of host RAM (`host_left`: every copy passes through it), with the executor's mode,
 // batch and test seam (`force_to`: a park_tier, -1 none).

@@ -167,4 +167,6 @@ void register_choice(py::module_ & m) {
               return std::string(lp::preempt_mode_flag_name(lp::parse_preempt_mode_flag(value)));
           }, py::arg("value"),
           "--preempt-mode as llama-server parses it; ValueError with its message otherwise");
+    m.def("parse_preempt_compress", &lp::parse_preempt_compress, py::arg("value"),
+          "--preempt-compress as llama-server parses it: whether the compressed tier is on; ValueError with its message otherwise");
 }

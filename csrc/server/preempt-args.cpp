@@ -53,10 +53,7 @@ void preempt_add_args(common_params & params, const std::function<void(common_ar
         "the unparked one after the park. Taken where the plain copy has no room and it is priced below disk and a recompute "
         "(default: none)",
         [](common_params & params, const std::string & value) {
-            if (value != "none" && value != "q8_0") {
-                throw std::invalid_argument("--preempt-compress expects none or q8_0, got '" + value + "'");
-            }
-            params.preempt_compress_q8 = value == "q8_0";
+            params.preempt_compress_q8 = llama_preempt::parse_preempt_compress(value);
         }
     ).set_env("LLAMA_ARG_PREEMPT_COMPRESS").set_examples({LLAMA_EXAMPLE_SERVER}));
     add_opt(common_arg(

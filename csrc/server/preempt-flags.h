@@ -163,6 +163,14 @@ inline preempt_mode parse_preempt_mode_flag(const std::string & value) {
     throw std::invalid_argument("--preempt-mode expects auto, swap or recompute, got '" + value + "'");
 }
 
+// --preempt-compress NAME: whether the compressed tier (q8_0) is on; throws std::invalid_argument
+inline bool parse_preempt_compress(const std::string & value) {
+    if (value != "none" && value != "q8_0") {
+        throw std::invalid_argument("--preempt-compress expects none or q8_0, got '" + value + "'");
+    }
+    return value == "q8_0";
+}
+
 // its name again (/props, the log)
 inline const char * preempt_mode_flag_name(preempt_mode mode) {
     return PREEMPT_MODE_NAMES[static_cast<size_t>(mode)];

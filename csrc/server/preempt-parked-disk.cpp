@@ -103,7 +103,7 @@ void parked_slots::disk_step(int32_t keep) {
     }
     // a read ahead holds RAM another victim may want: it is let go when what is left (at the start
     // of the step) is short of another state of its size, unless it is still the next one back
-    const size_t left = ram_left(host_.limits().parks(), ram_held());
+    const size_t left = ram_room();
     for (int32_t id = 0; id < port_.n_slots(); ++id) {
         auto & st = table_[id].swap;
         if (port_.facts(id).phase != upstream_phase::parked || !st.disk.on()) {

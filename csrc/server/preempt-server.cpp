@@ -102,7 +102,7 @@ preempt_gauges preempt_server::gauges() const {
     g.pool_bytes = swap.pool ? swap.pool->bytes_kept() : 0;
     g.prompt_cache_bytes = prompt_cache_ ? prompt_cache_->size() : 0;
     g.prompt_cache_disk_bytes = prompts.disk_bytes();
-    g.rates = tier_state_now().rates;  // as every tier the server has prices itself (the compressed tier's own)
+    g.rates = rates_of(tier_set_now(), swap.rates);  // the copies' measured rates, and each tier's own (the compressed tier's)
     if (swap.disk) {
         g.disk_bytes             = swap.disk->bytes_held();
         g.n_disk_writes_in_flight = swap.disk->n_writes_in_flight();

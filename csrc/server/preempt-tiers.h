@@ -116,11 +116,8 @@ struct q8_tier final : kv_tier {
     bool on() const { return parked.config().compress_q8; }
 
     park_tier where() const override { return park_tier::ram_q8; }
-    void price(cost_rates & r) const override {
-        r.park_bps    = parked.swap().rates.park_bps;
-        r.restore_bps = parked.swap().rates.restore_bps;
-        r.own(where()) = measured;
-    }
+    // its own moves only: the host copies are the RAM tier's rates, which every server prices
+    void price(cost_rates & r) const override { r.own(where()) = measured; }
     size_t room() const override { return parked.ram_room(); }
     move_result copy_out(const park_order & o) override {
         const size_t room = parked.ram_room();

@@ -63,13 +63,17 @@ size_t sim_server::ram_budget() const {
     return host.limits().parks();  // the host budget's share for parks
 }
 
+size_t sim_server::ram_room() const {
+    return ram_left(ram_budget(), (size_t) parked_bytes);
+}
+
 tier_set sim_server::all_tiers() const {
     auto * self = const_cast<sim_server *>(this);  // the policy only prices and sizes them here
     return tier_set{ { &self->rec_tier, &self->ram_tier, &self->disk_tier, p.compress_q8 ? &self->q8_tier : nullptr } };
 }
 
 tier_state sim_server::tiers() const {
-    return tier_state_of(all_tiers(), ram_left(ram_budget(), (size_t) parked_bytes), effective_mode(p.mode, ram_budget(), disk.budget),
+    return tier_state_of(all_tiers(), ram_room(), effective_mode(p.mode, ram_budget(), disk.budget),
                          p.n_batch);
 }
 
@@ -170,7 +174,7 @@ void sim_server::settle() {
 // at the start of a step, as the server's disk step: a written file frees its host copy unless the
 // slot is the next back, a read ahead is let go when RAM is short and the slot is no longer next
 void sim_server::settle_disk() {
-    const size_t left = ram_left(ram_budget(), (size_t) parked_bytes);
+    const size_t left = ram_room();
     for (auto & s : slots) {
         if (s.phase != slot_phase::parked || s.tier != park_tier::disk || s.ram == 0 || t < s.t_io_done) {
             continue;

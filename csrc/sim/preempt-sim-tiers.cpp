@@ -33,7 +33,7 @@ void sim_ram_tier::price(cost_rates & rates) const {
 }
 
 size_t sim_ram_tier::room() const {
-    return ram_left(s.ram_budget(), (size_t) s.parked_bytes);
+    return s.ram_room();
 }
 
 move_result sim_ram_tier::copy_out(const park_order & o) {
@@ -134,14 +134,13 @@ void sim_disk_tier::forget(int32_t id) {
 
 // --- host RAM packed to q8_0 ---
 
+// its own moves only: the host copies are the RAM tier's rates, which every executor prices
 void sim_q8_tier::price(cost_rates & rates) const {
-    rates.park_bps    = s.p.swap_out_bps;
-    rates.restore_bps = s.p.swap_in_bps;
     rates.own(where()) = { s.p.pack_bps, s.p.unpack_bps, s.p.pack_ratio, 0, 0 };
 }
 
 size_t sim_q8_tier::room() const {
-    return ram_left(s.ram_budget(), (size_t) s.parked_bytes);  // the RAM tier's: its packed bytes count there
+    return s.ram_room();  // the RAM tier's: its packed bytes count there
 }
 
 move_result sim_q8_tier::copy_out(const park_order & o) {

@@ -258,6 +258,7 @@ struct sim_server final : plan_executor {
     void hold_ram(sim_slot & s, double bytes);  // its host copy, as the RAM budget counts it
     void free_ram(sim_slot & s);
     size_t ram_budget() const;
+    size_t ram_room() const;  // what parks may still hold of host RAM (the RAM tier's room, and the compressed one's)
     bool last_resort();
     int32_t cells_used() const;
     void clear_idle(sim_slot & s);  // an idle slot's cells go (to the RAM cache first, where there is one)

@@ -342,15 +342,17 @@ def simulate(workload: Workload, *, n_ctx: int, n_parallel: int, n_batch: int = 
     cells (-fa off, --no-attn-own-cells, a device whose kernel ignores the runs: CUDA's today).
     `preempt_compress`: "q8_0" offers the compressed tier (--preempt-compress q8_0: host RAM packed to
     q8_0, priced with `costs`' pack and unpack rates and packed share)."""
-    if preempt_compress not in ("none", "q8_0"):
-        raise WorkloadError(f"--preempt-compress expects none or q8_0, got '{preempt_compress}'")
+    try:  # llama-server's own check and words
+        compress_q8 = _core.parse_preempt_compress(preempt_compress)
+    except ValueError as e:
+        raise WorkloadError(str(e)) from None
     p = sim_params(n_ctx=n_ctx, n_parallel=n_parallel, n_batch=n_batch, preempt=preempt,
                    preempt_ram_mib=preempt_ram_mib, preempt_mode=preempt_mode, preempt_disk_mib=preempt_disk_mib,
                    costs=costs, max_steps=max_steps, sched=sched, host_kv_ram_mib=host_kv_ram_mib,
                    cache_ram_mib=default_cache_ram(workload, cache_ram_mib))
     p.kv_unified = kv_unified
     p.attn_own_cells = attn_own_cells
-    p.compress_q8 = preempt_compress == "q8_0"
+    p.compress_q8 = compress_q8
     r = _core.simulate(list(workload.t_arrival), list(workload.n_prompt), list(workload.n_gen), p,
                        list(workload.conversation), list(workload.n_shared), list(workload.after))
     return sim_report(r, workload.t_arrival, n_ctx=n_ctx, n_parallel=n_parallel, preempt=preempt,
