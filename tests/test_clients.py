@@ -233,6 +233,33 @@ def test_park_and_unpark_round_trip_and_the_answer_is_still_complete_and_exact(s
     assert got["timings"]["n_preempt"] == 1
 
 
+def test_a_slot_parked_through_the_api_never_holds_back_new_requests(start_server, stories_model: Path) -> None:
+    # issue 64: with one request parked by the API (it waits for its unpark) and another running,
+    # three new short requests start and finish while the running one still runs; before, they
+    # were held until nothing ran, as if the API-parked slot waited for room
+    srv = start_server(stories_model, n_ctx=4096, n_parallel=6)
+    parked_done: dict[str, Any] = {}
+    held = threading.Thread(target=lambda: parked_done.update(complete(srv, "Once upon a time", 200).json()))
+    held.start()
+    parked_id = wait_for_slot(srv, "is_processing", 30)["id"]
+    assert srv.post(f"/slots/{parked_id}?action=park", {}).status_code == 200
+    running = threading.Thread(target=lambda: complete(srv, "There was a dog", 3000))
+    running.start()
+    running_id = wait_until(lambda: next((s["id"] for s in srv.slots() if s["is_processing"] and not s["is_preempted"]), None),
+                            30, "the second request running")
+    shorts = run_concurrently([lambda p=p: complete(srv, p, 8) for p in ("The cat", "A bird", "Tom had")])
+    assert [r.json()["tokens_predicted"] for r in shorts] == [8, 8, 8]
+    # the running one has not finished: the three did not wait for it
+    slot = next(s for s in srv.slots() if s["id"] == running_id)
+    assert slot["is_processing"], "the three short requests waited until the running one had finished"
+    assert next(s for s in srv.slots() if s["id"] == parked_id)["is_preempted"]
+    assert srv.metrics()["n_resume_total"] == 0
+    assert srv.post(f"/slots/{parked_id}?action=unpark", {}).status_code == 200
+    held.join(120)
+    running.join(120)
+    assert parked_done["tokens_predicted"] == 200
+
+
 def test_the_slot_actions_errors(start_server, stories_model: Path) -> None:
     srv = start_server(stories_model, n_ctx=512, n_parallel=2)
 

@@ -390,6 +390,23 @@ def test_a_slot_parked_through_the_api_is_never_resumed_by_the_planner() -> None
     assert list(pl.resume) == []
 
 
+def test_a_slot_parked_through_the_api_never_holds_back_a_new_request() -> None:
+    # issue 64: one running slot holds 100 of 4,096 cells, one waits for its unpark, a new
+    # 20-token prompt arrives: it goes now, and nothing waits on the parked one
+    held = _core.SlotView(1, P.PARKED, n_restore=10, t_parked_us=1, n_preempt=1, waits_for_unpark=True)
+    newcomer = _core.SlotView(2, P.PROMPT, n_cells=0, n_prompt_left=20, is_new=True, arrival=5)
+    pl = _core.plan_step([gen(0, 100), held, newcomer], _core.PlanParams(4096))
+    assert list(pl.hold) == [] and list(pl.resume) == [] and list(pl.purge) == []
+    # three newcomers: all three go
+    many = [_core.SlotView(i, P.PROMPT, n_cells=0, n_prompt_left=20, is_new=True, arrival=5 + i) for i in (2, 3, 4)]
+    pl = _core.plan_step([gen(0, 100), held, *many], _core.PlanParams(4096))
+    assert list(pl.hold) == []
+    # and with nothing running, the API-parked slot makes the planner neither resume it nor purge
+    # the idle caches for it
+    pl = _core.plan_step([held, _core.SlotView(3, P.IDLE, n_cells=100)], _core.PlanParams(4096))
+    assert list(pl.resume) == [] and list(pl.purge) == []
+
+
 def test_the_flag_checks_are_llama_servers_own() -> None:
     assert _core.parse_preempt_ram_mib("-1") == -1 and _core.parse_preempt_ram_mib("4096") == 4096
     for bad in ("-2", "lots", "1.5", "99999999999", ""):

@@ -207,10 +207,12 @@ static bool resume_by_parking_later(step_budget & b, const slot_view & s) {
 void resume_due(step_budget & b) {
     for (int32_t id : b.restore) {
         const slot_view * s = b.find[id];
-        if (b.failed[id] || !b.seats.due[id]) {
+        // a slot parked through the API waits for its unpark and for nothing else: it holds no
+        // admission back, since nothing the pool frees would bring it back
+        if (b.failed[id] || !b.seats.due[id] || s->waits_for_unpark) {
             continue;
         }
-        if (!s->can_resume || s->waits_for_unpark || !(try_resume(b, id) || resume_by_parking_later(b, *s))) {
+        if (!s->can_resume || !(try_resume(b, id) || resume_by_parking_later(b, *s))) {
             b.waiting = true;
         }
     }
@@ -241,7 +243,8 @@ void admit_new(step_budget & b) {
 // Without this the loop would spin without decoding anything: reclaim every cache, then resume the
 // first parked slot (it fits an empty pool, else it was ended), or else admit the first new request.
 void ensure_progress(step_budget & b) {
-    const bool any_parked = std::any_of(b.restore.begin(), b.restore.end(), [&](int32_t id) { return !b.failed[id]; });
+    const bool any_parked = std::any_of(b.restore.begin(), b.restore.end(),
+                                        [&](int32_t id) { return !b.failed[id] && !b.find[id]->waits_for_unpark; });
     if (b.n_running != 0 || !(b.waiting || any_parked)) {
         return;
     }
