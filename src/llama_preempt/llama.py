@@ -23,7 +23,7 @@ from typing import Any, Callable
 from .checks import closest
 from .engine import Engine
 from .hub import hub_snapshot
-from .llamacpp_api import LlamaCalls
+from .llama_attrs import LlamaAttributes
 
 _GGML_TYPES = {0: "f32", 1: "f16", 2: "q4_0", 3: "q4_1", 6: "q5_0", 7: "q5_1", 8: "q8_0", 30: "bf16"}
 _SPLIT_MODES = {0: "none", 1: "layer", 2: "row"}
@@ -119,14 +119,21 @@ def llama_flags(**given: Any) -> list[str]:
     return argv
 
 
-class Llama(LlamaCalls):
+class Llama(LlamaAttributes):
     """llama_cpp.Llama over the Engine; see the module's docstring. The Engine's own keywords
-    (n_parallel, preempt_ram_mib, args, ...) are taken too."""
+    (n_parallel, preempt_ram_mib, args, ...) are taken too. Its one stateful context (eval,
+    sample, generate, reset, n_tokens, input_ids) is llama_context.py's; llama_cpp's other
+    attributes are llama_attrs.py's and the constructor's keywords, kept as attributes below."""
 
     def __init__(self, model_path: str | os.PathLike[str], *, n_gpu_layers: int = 0,
                  seed: int = _LLAMA_SEED_DEFAULT, n_ctx: int | None = None, n_batch: int | None = None,
                  n_threads: int | None = None, embedding: bool = False, chat_format: str | None = None,
                  verbose: bool = True, **kwargs: Any) -> None:
+        # llama_cpp's __getstate__: a pickled Llama is a new one of the same keywords
+        self._init_kwargs: dict[str, Any] = {
+            "model_path": model_path, "n_gpu_layers": n_gpu_layers, "seed": seed, "n_ctx": n_ctx, "n_batch": n_batch,
+            "n_threads": n_threads, "embedding": embedding, "chat_format": chat_format, "verbose": verbose, **kwargs}
+        self._keep_attributes(model_path, n_batch, n_threads, chat_format, verbose, kwargs)
         llama = {k: kwargs.pop(k) for k in list(kwargs) if k in _KEYWORDS}
         own = set(inspect.signature(Engine.__init__).parameters) - {"self", "model", "model_path"}
         for name in kwargs:
@@ -154,6 +161,27 @@ class Llama(LlamaCalls):
             if self._state_dir is not None:
                 shutil.rmtree(self._state_dir, ignore_errors=True)
             raise
+
+    def _keep_attributes(self, model_path: str | os.PathLike[str], n_batch: int | None, n_threads: int | None,
+                         chat_format: str | None, verbose: bool, kwargs: dict[str, Any]) -> None:
+        """llama_cpp.Llama's attributes of its constructor's keywords: as given (None where llama.cpp
+        chooses: n_threads, n_threads_batch; chat_format None is the model's own template)."""
+        self.model_path = str(model_path)
+        self.n_batch = n_batch if n_batch is not None else 2048  # llama-server's -b
+        self.n_threads = n_threads
+        self.n_threads_batch = kwargs.get("n_threads_batch")
+        self.chat_format = chat_format
+        self.verbose = verbose
+        for name in ("kv_overrides", "last_n_tokens_size", "lora_base", "lora_path", "lora_scale", "numa",
+                     "spm_infill", "tensor_split", "chat_handler", "draft_model"):
+            setattr(self, name, kwargs.get(name, _KEYWORDS[name][0]))
+
+    def __getstate__(self) -> dict[str, Any]:
+        """llama_cpp pickles a Llama as its constructor's keywords; unpickling loads the model again."""
+        return dict(self._init_kwargs)
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(**state)  # type: ignore[misc]
 
     def close(self, *, drain: float = 0.0) -> None:
         """Close the Engine (see Engine.close) and remove the directory save_state() used."""

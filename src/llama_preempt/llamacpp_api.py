@@ -31,6 +31,11 @@ if TYPE_CHECKING:
 
 _MAX_SEED = 0xFFFFFFFE  # the largest seed a request samples with as given (0xFFFFFFFF: a random one)
 
+# llama_cpp's stateful context (eval, sample, generate, reset) is the Llama's own (llama_context.py)
+_ONE_CONTEXT = ("{call}: llama-cpp-python's one stateful context is llama_preempt.Llama's (Llama(model_path=...)."
+                "eval/sample/generate/reset); here each request gets a slot: submit a prompt (create_completion, "
+                "submit) instead")
+
 # Python callables llama.cpp's server cannot run in its C++ sampler
 _CALLABLES = ("stopping_criteria", "logits_processor")
 
@@ -203,15 +208,13 @@ class LlamaCalls(EngineFacade):
                                   "with --preempt-disk DIR); pass those as args")
 
     def eval(self, tokens: Sequence[int]) -> None:
-        raise NotImplementedError("eval(): the server's loop decodes every request's tokens itself; submit a prompt "
-                                  "(create_completion, submit) instead")
+        raise NotImplementedError(_ONE_CONTEXT.format(call="eval()"))
 
     def sample(self, *args: Any, **kwargs: Any) -> int:
-        raise NotImplementedError("sample(): sampling runs in the server's C++ sampler; set it per request "
-                                  "(temperature=, top_p=, grammar=, logit_bias=)")
+        raise NotImplementedError(_ONE_CONTEXT.format(call="sample()"))
 
     def reset(self) -> None:
-        raise NotImplementedError("reset(): there is no single context to reset; each request gets its own slot")
+        raise NotImplementedError(_ONE_CONTEXT.format(call="reset()"))
 
     # --- completions ---
 
