@@ -19,15 +19,16 @@ import contextlib
 import os
 import struct
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, AsyncGenerator, AsyncIterator, Callable, Sequence
 
 from .engine import Engine, EngineError, GenerateError, Request, RequestCancelled, RequestError, _decode, _sse_data
 from .checks import FieldTypeError, FieldValueError
-from .output_stream import OutputStream
-from .prompts import is_one_prompt, is_prompt, prompt_fields, vllm_prompt
+from .outputs import RequestOutputKind
+from .prompts import is_one_prompt, is_prompt, vllm_prompt
 from .reports import Completion
-from .sampling import SamplingParams, per_prompt
+from .sampling import SamplingParams, each_params, per_prompt
+from .vllm_run import VllmRun
 from .stats import PreemptStats
 
 _NOTICES = {": preempted": "preempted", ": resumed": "resumed", ": preempt-keepalive": "keepalive"}
@@ -192,26 +193,36 @@ class AsyncEngine:
         prompt = vllm_prompt(prompt, "generate()")
         if not is_prompt(prompt):  # chat messages: rendered, then generated from, as LLM.chat
             prompt = await asyncio.to_thread(self.engine.render_chat, prompt)
-        req = self._submit(prompt, None, {**params.to_fields(), **fields, "return_tokens": True, "stream": True})
-        rid = request_id if request_id is not None else req.request_id
-        self._by_id[rid] = req
-        # once: every output of the stream carries the prompt's fields
-        outputs = OutputStream(params.n, params.output_kind, rid, prompt_fields(prompt, self.engine))
+        # the server requests this one takes (one, unless vLLM's own fields ask for more: vllm_run.py)
+        run = VllmRun(self.engine, prompt, params, fields, request_id or "", measure=True)
+        rid = request_id
+        req: Request | None = None
         try:
-            async with contextlib.aclosing(self._stream_request(req, False)) as chunks:
-                async for chunk in chunks:
-                    out = outputs.add(chunk)
-                    if out is not None:
-                        yield out
-                    if outputs.done:
-                        return
-        except RequestCancelled:
-            if req._handle.id not in self._aborted:
-                raise
-            yield outputs.aborted()
+            while (stage := run.next_stage()) is not None:
+                req = self._submit(stage.prompt, None, stage.fields)
+                if rid is None:
+                    rid = run.request_id = req.request_id
+                self._by_id[rid] = req
+                try:
+                    async with contextlib.aclosing(self._stream_request(req, False)) as chunks:
+                        async for chunk in chunks:
+                            out = run.feed(chunk)
+                            if out is not None:
+                                yield out
+                            if run.cancel_wanted:
+                                break  # every sequence has ended here: leaving the stream cancels the request
+                except RequestCancelled:
+                    if req._handle.id not in self._aborted:
+                        raise
+                    yield run.aborted()
+                    return
+                finally:
+                    self._aborted.discard(req._handle.id)
+                out = run.stage_ended()
+                if out is not None:
+                    yield out
         finally:
-            self._aborted.discard(req._handle.id)
-            if self._by_id.get(rid) is req:
+            if rid is not None and req is not None and self._by_id.get(rid) is req:
                 del self._by_id[rid]
 
     async def abort(self, request_id: str | Sequence[str]) -> None:
@@ -231,10 +242,15 @@ class AsyncEngine:
         if isinstance(prompts, (str, bytes)):
             raise TypeError("generate_all(): prompts must be a list; for one prompt, pass [prompt]")
         self.engine.request_rules().check_keywords("generate_all()", fields)
-        each = per_prompt(params, len(prompts))
+        sps = each_params(params, len(prompts))
         prompts = [vllm_prompt(p, f"generate_all(): prompts[{i}]") for i, p in enumerate(prompts)]
-        calls = [self.complete(p, **{**f, **fields}) if is_prompt(p)
-                 else self.complete(messages=p, **{**f, **fields}) for p, f in zip(prompts, each)]
+        if any(not sp.plain for sp in sps):  # vLLM's own fields: each prompt's run to its end (vllm_run.py)
+            calls = [self._last(self._generate(p, replace(sp, output_kind=RequestOutputKind.FINAL_ONLY), None, fields))
+                     for p, sp in zip(prompts, sps)]
+        else:
+            each = per_prompt(params, len(prompts))
+            calls = [self.complete(p, **{**f, **fields}) if is_prompt(p)
+                     else self.complete(messages=p, **{**f, **fields}) for p, f in zip(prompts, each)]
         out = list(await asyncio.gather(*calls, return_exceptions=True))
         for x in out:
             if isinstance(x, (FieldTypeError, FieldValueError)) or \
@@ -243,6 +259,16 @@ class AsyncEngine:
         if not return_exceptions and any(isinstance(x, Exception) for x in out):
             raise GenerateError(out)
         return out
+
+    @staticmethod
+    async def _last(outs: AsyncIterator[Completion]) -> Completion:
+        last: Completion | None = None
+        async with contextlib.aclosing(outs) as it:  # type: ignore[type-var]
+            async for out in it:
+                last = out
+        if last is None:
+            raise RequestError(500, "server_error", "generate_all(): a request ended without an answer")
+        return last
 
     def stats(self) -> PreemptStats:
         """The preemption stats; never waits for the loop (see Engine.stats, `age_ms`)."""

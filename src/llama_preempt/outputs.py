@@ -1,7 +1,9 @@
 """vLLM's output shapes, read from the server's answers: a Completion is also a `RequestOutput`
 (`prompt`, `prompt_token_ids`, `outputs`, `finished`, `request_id`), each of its `outputs` a
 `CompletionOutput` (`index`, `text`, `token_ids`, `cumulative_logprob`, `logprobs`,
-`finish_reason`, `stop_reason`), so `o.outputs[0].text` works as in vLLM's quickstart."""
+`finish_reason`, `stop_reason`), so `o.outputs[0].text` works as in vLLM's quickstart; a
+RequestOutput's `metrics` is a `RequestStateStats`. `from llama_preempt.outputs import
+RequestOutput, CompletionOutput` works as vLLM's `vllm.outputs` does."""
 from __future__ import annotations
 
 import enum
@@ -29,6 +31,25 @@ class Logprob:
 
 
 @dataclass
+class RequestStateStats:
+    """vLLM's per-request stats (`RequestOutput.metrics`), measured as the request's stream arrives:
+    `arrival_time` is the wall clock (time.time()) when it was submitted, the `*_ts` are
+    time.monotonic() seconds: `queued_ts` at the submit, `scheduled_ts` when the server began its
+    prompt (the first token's arrival less the server's own prompt time, `timings.prompt_ms`),
+    `first_token_ts` and `last_token_ts` when the first and the latest token arrived;
+    `first_token_latency` is first_token_ts - queued_ts."""
+
+    num_generation_tokens: int = 0
+    arrival_time: float = 0.0
+    queued_ts: float = 0.0
+    scheduled_ts: float = 0.0
+    first_token_ts: float = 0.0
+    last_token_ts: float = 0.0
+    first_token_latency: float = 0.0
+    is_corrupted: bool = False
+
+
+@dataclass
 class CompletionOutput:
     """One generated sequence of a request (vLLM's CompletionOutput)."""
 
@@ -38,7 +59,7 @@ class CompletionOutput:
     cumulative_logprob: float | None = None
     logprobs: list[dict[int, Logprob]] | None = None
     finish_reason: str | None = None   # "stop" (an end token or a stop string), "length", "tool_calls"; None: running
-    stop_reason: str | None = None     # the stop string that ended it (None for an end token or the length)
+    stop_reason: str | int | None = None  # the stop string or stop_token_id that ended it (None: the end token, the length)
 
     def finished(self) -> bool:
         return self.finish_reason is not None
@@ -112,3 +133,11 @@ def outputs_of_choices(body: dict[str, Any]) -> list[CompletionOutput]:
         out.append(sequence_output(int(choice.get("index", i)), text, [], lp.get("content") if isinstance(lp, dict)
                                    else None, choice.get("finish_reason"), None))
     return out
+
+
+def __getattr__(name: str) -> Any:
+    """`RequestOutput` (reports.Completion) as vLLM's vllm.outputs has it; loaded on first use."""
+    if name == "RequestOutput":
+        from .reports import RequestOutput
+        return RequestOutput
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -19,15 +19,38 @@ def is_one_prompt(p: Any) -> bool:
 
 
 def vllm_prompt(p: Any, where: str) -> Any:
-    """vLLM's prompt dicts as the Engine's prompts: {"prompt": text} is the text, {"prompt_token_ids":
-    [...]} the ids; anything else as given."""
+    """vLLM's prompt dicts (inputs.TextPrompt, inputs.TokensPrompt) as the Engine's prompts:
+    {"prompt": text} is the text, {"prompt_token_ids": [...]} the ids (its "prompt", if given, only
+    names it, as in vLLM); anything else as given."""
     if not isinstance(p, dict):
         return p
+    unknown = set(p) - _PROMPT_KEYS - set(_PROMPT_REFUSED)
+    if unknown:
+        raise ValueError(f"{where}: a prompt dict takes 'prompt' (TextPrompt) or 'prompt_token_ids' (TokensPrompt), "
+                         f"got keys {sorted(p)}")
+    for key, instead in _PROMPT_REFUSED.items():
+        if p.get(key) is not None:
+            raise NotImplementedError(f"{where}: {key!r}: {instead}")
+    if "prompt_token_ids" in p:
+        ids = p["prompt_token_ids"]
+        if isinstance(ids, (str, bytes)) or not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
+            raise TypeError(f"{where}: prompt_token_ids must be a list of token ids (int), got {ids!r}")
+        return list(ids)
     if "prompt" in p:
         return p["prompt"]
-    if "prompt_token_ids" in p:
-        return list(p["prompt_token_ids"])
     raise ValueError(f"{where}: a prompt dict must have 'prompt' or 'prompt_token_ids', got keys {sorted(p)}")
+
+
+_PROMPT_KEYS = {"prompt", "prompt_token_ids"}
+# vLLM's other prompt keys, and what to do instead here
+_PROMPT_REFUSED = {
+    "multi_modal_data": "images and audio go through the chat route with a multimodal projector "
+                        "(Engine(args=['--mmproj', F]) and submit(messages=[...]) with image_url parts)",
+    "mm_processor_kwargs": "there is no multimodal processor to configure here (see multi_modal_data)",
+    "token_type_ids": "token type ids are for cross-encoders; use embed() on an LLM(task='embed')",
+    "cache_salt": "the server's prompt cache has no per-request salt (any request may reuse a cached prefix); "
+                  "generate(..., cache_prompt=False) keeps a request from reusing one",
+}
 
 
 def vllm_prompts(prompts: Any, where: str) -> list[Any]:

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from . import _core
-from .outputs import CompletionOutput, output_of, outputs_of_choices
+from .outputs import CompletionOutput, Logprob, RequestStateStats, output_of, outputs_of_choices
 
 # --- what a step did ---
 
@@ -62,7 +62,10 @@ class StepReport:
 class Completion:
     """One finished answer, from any completion endpoint. It is also vLLM's RequestOutput:
     `prompt`, `prompt_token_ids`, `outputs` (one CompletionOutput per sequence: `text`,
-    `token_ids`, `finish_reason`, ...), `finished` and `request_id`."""
+    `token_ids`, `finish_reason`, ...), `finished`, `request_id`, `num_cached_tokens` (the prompt
+    tokens the server found in its cache: `timings.cache_n`), `prompt_logprobs` (with
+    SamplingParams(prompt_logprobs=N), else None) and `metrics` (a RequestStateStats on
+    AsyncLLM's outputs; None from LLM.generate, as vLLM's LLM gives)."""
 
     text: str
     n_prompt: int
@@ -75,6 +78,9 @@ class Completion:
     prompt_token_ids: list[int] | None = field(default=None, repr=False)
     request_id: str = field(default="", repr=False)
     finished: bool = field(default=True, repr=False)
+    num_cached_tokens: int | None = field(default=None, repr=False)
+    prompt_logprobs: list[dict[int, Logprob] | None] | None = field(default=None, repr=False)
+    metrics: RequestStateStats | None = field(default=None, repr=False)
 
     @property
     def finish_reason(self) -> str | None:
@@ -93,9 +99,11 @@ class Completion:
             text = choice["message"].get("content") or "" if "message" in choice else choice.get("text", "")
             usage = body.get("usage") or {}
             return cls(text, int(usage.get("prompt_tokens", 0)), int(usage.get("completion_tokens", 0)),
-                       str(choice.get("finish_reason")), timings, body, outputs_of_choices(body))
+                       str(choice.get("finish_reason")), timings, body, outputs_of_choices(body),
+                       num_cached_tokens=cached_tokens(timings, usage))
         return cls(body.get("content", ""), int(body.get("tokens_evaluated", 0)),
-                   int(body.get("tokens_predicted", 0)), str(body.get("stop_type", "")), timings, body, [output_of(body)])
+                   int(body.get("tokens_predicted", 0)), str(body.get("stop_type", "")), timings, body, [output_of(body)],
+                   num_cached_tokens=cached_tokens(timings))
 
     @classmethod
     def from_stream(cls, chunks: list[dict[str, Any]]) -> "Completion":
@@ -112,14 +120,23 @@ class Completion:
             timings = next((c["timings"] for c in reversed(chunks) if c.get("timings")), timings)
             return cls(text, int(usage.get("prompt_tokens", timings.get("prompt_n", 0))),
                        int(usage.get("completion_tokens", timings.get("predicted_n", 0))), str(reason), timings, last,
-                       [CompletionOutput(0, text, [], None, None, reason)])
+                       [CompletionOutput(0, text, [], None, None, reason)], num_cached_tokens=cached_tokens(timings, usage))
         ids = [int(t) for c in chunks for t in c.get("tokens") or []]
         out = replace(output_of(last, 0, text), token_ids=ids)
         return cls(text, int(last.get("tokens_evaluated", 0)), int(last.get("tokens_predicted", 0)),
-                   str(last.get("stop_type", "")), timings, last, [out])
+                   str(last.get("stop_type", "")), timings, last, [out], num_cached_tokens=cached_tokens(timings))
 
 
 RequestOutput = Completion  # vLLM's name: a Completion has RequestOutput's fields
+
+
+def cached_tokens(timings: dict[str, Any], usage: dict[str, Any] | None = None) -> int | None:
+    """vLLM's num_cached_tokens: the prompt tokens the server took from its cache (`timings.cache_n`,
+    or OpenAI's usage.prompt_tokens_details.cached_tokens); None where the answer does not say."""
+    if "cache_n" in timings:
+        return int(timings["cache_n"])
+    details = (usage or {}).get("prompt_tokens_details") or {}
+    return int(details["cached_tokens"]) if "cached_tokens" in details else None
 
 
 def stream_text(chunk: dict[str, Any]) -> str:

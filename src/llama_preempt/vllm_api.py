@@ -14,6 +14,7 @@ that AsyncEngine's Engine); what they do not answer themselves, the Engine's own
 """
 from __future__ import annotations
 
+import contextlib
 import os
 from dataclasses import dataclass, field
 from typing import Any, Sequence
@@ -24,7 +25,7 @@ from .facade import EngineFacade
 from .llamacpp_api import LlamaCalls
 from .prompts import vllm_prompts
 from .reports import Completion
-from .sampling import SamplingParams
+from .sampling import SamplingParams, each_params
 
 # vLLM engine arguments that choose how vLLM runs on its GPUs; llama.cpp has no such choice (its
 # KV pool is n_ctx, max_model_len here), so they are taken and change nothing
@@ -98,7 +99,12 @@ class LLM(EngineFacade):
         progress bar is drawn). The Engine's own keywords (timeout=, return_exceptions=) work too."""
         if not isinstance(use_tqdm, bool):
             raise TypeError(f"generate(): use_tqdm must be True or False, got {use_tqdm!r}")
-        return self.engine.generate(vllm_prompts(prompts, "generate()"), sampling_params, **fields)
+        items = vllm_prompts(prompts, "generate()")
+        each = each_params(sampling_params, len(items))
+        if all(p.plain for p in each):
+            return self.engine.generate(items, sampling_params, **fields)
+        from .vllm_run import generate_sync  # vLLM's fields that take more than one request each
+        return generate_sync(self.engine, items, each, **fields)
 
     def chat(self, messages: Any, sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
              use_tqdm: bool = True, add_generation_prompt: bool = True, chat_template_kwargs: dict[str, Any] | None = None,
@@ -128,8 +134,9 @@ class LLM(EngineFacade):
                                   "llm.tokenize(text) and llm.detokenize(ids)")
 
     def beam_search(self, *args: Any, **kwargs: Any) -> Any:
-        raise NotImplementedError("beam_search(): llama.cpp's server samples one sequence per slot; use n= for "
-                                  "several samples")
+        raise NotImplementedError("beam_search(): llama.cpp's server samples one sequence per slot; for several "
+                                  "answers use generate(prompts, SamplingParams(n=beam_width, ...)) and rank them by "
+                                  "outputs[i].cumulative_logprob (with logprobs=1)")
 
     def encode(self, *args: Any, **kwargs: Any) -> Any:
         raise NotImplementedError("encode(): use embed() on an LLM(task='embed')")
@@ -183,17 +190,19 @@ class AsyncLLM:
     `async for out in engine.generate(prompt, sampling_params, request_id)`, `await abort(id)`,
     `shutdown()`. The AsyncEngine's own calls work on it too (forwarded; `.engine` is its Engine)."""
 
-    def __init__(self, model: str | os.PathLike[str], args: Sequence[str] | str = (), **kwargs: Any) -> None:
+    def __init__(self, model: str | os.PathLike[str], args: Sequence[str] | str = (), *,
+                 disable_log_stats: bool = False, **kwargs: Any) -> None:
         """Load the model (this blocks); the keywords are the Engine's. vLLM's own way in is
-        from_engine_args."""
+        from_engine_args. `disable_log_stats=True` leaves each output's `metrics` None, as in vLLM."""
         self.async_engine = AsyncEngine(model, args, **kwargs)
+        self._log_stats = not disable_log_stats
 
     @classmethod
     def from_engine_args(cls, engine_args: AsyncEngineArgs, **_: Any) -> "AsyncLLM":
         a = engine_args
         kw = _engine_kwargs("AsyncLLM.from_engine_args()", a.model, a.max_model_len, a.max_num_seqs, a.seed,
                             a.tensor_parallel_size, a.quantization, a.tokenizer, a.task, dict(a.engine_kwargs))
-        return cls(kw.pop("model"), **kw)
+        return cls(kw.pop("model"), disable_log_stats=a.disable_log_stats, **kw)
 
     def __getattr__(self, name: str) -> Any:
         held = self.__dict__.get("async_engine")
@@ -210,8 +219,10 @@ class AsyncLLM:
     def generate(self, prompt: Any = None, sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
                  request_id: str | None = None, *, priority: int = 0, **fields: Any) -> Any:
         """vLLM's AsyncLLM.generate (AsyncEngine.generate): `async for out in
-        engine.generate(prompt, params, request_id)`, a RequestOutput at each step."""
-        return self.async_engine.generate(prompt, sampling_params, request_id, priority=priority, **fields)
+        engine.generate(prompt, params, request_id)`, a RequestOutput at each step; each carries
+        `metrics` (a RequestStateStats) unless disable_log_stats."""
+        outs = self.async_engine.generate(prompt, sampling_params, request_id, priority=priority, **fields)
+        return outs if self._log_stats else _without_metrics(outs)
 
     async def abort(self, request_id: str | Sequence[str]) -> None:
         """vLLM's abort (AsyncEngine.abort): the request(s) end with finish_reason "abort"."""
@@ -220,3 +231,11 @@ class AsyncLLM:
     def shutdown(self) -> None:
         """Cancel what is pending and free the model (vLLM's sync shutdown): AsyncEngine.close()."""
         self.async_engine.close()
+
+
+async def _without_metrics(outs: Any) -> Any:
+    """AsyncLLM(disable_log_stats=True): the outputs without their measured `metrics`, as vLLM's."""
+    from dataclasses import replace
+    async with contextlib.aclosing(outs) as it:
+        async for out in it:
+            yield replace(out, metrics=None)
