@@ -23,7 +23,7 @@ _EXPORTS = {
     "RequestOutput": "reports", "CompletionOutput": "outputs", "RequestOutputKind": "outputs", "Logprob": "outputs",
     "FieldTypeError": "checks", "FieldValueError": "checks", "Request": "engine", "RequestError": "engine", "RequestCancelled": "engine",
     "GenerateError": "engine", "EngineError": "engine", "EngineClosedError": "engine", "EngineBusyError": "engine",
-    "ModelLoadError": "engine", "EngineArgumentError": "engine",
+    "ModelLoadError": "engine", "EngineArgumentError": "engine", "ContextSizeError": "errors",
     "AsyncEngine": "aio", "StreamNotice": "aio",
     "SamplingParams": "sampling",
     "Completion": "reports", "StepReport": "reports", "ParkEvent": "reports", "ResumeEvent": "reports",
@@ -47,6 +47,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time the names load
     from .grammar import LlamaGrammar
     from .llama import Llama
     from .llama_state import LlamaState
+    from .errors import ContextSizeError
     from .engine import (Engine, EngineArgumentError, EngineBusyError, EngineClosedError, EngineError, GenerateError,
                          ModelLoadError, Request, RequestCancelled, RequestError)
     from .reports import (Completion, EndEvent, FailEvent, ParkChoice, ParkEvent, ParkReason, ParkTier, PreemptMode,

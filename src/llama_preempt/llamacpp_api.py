@@ -18,12 +18,13 @@ import random
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
-from . import llama_state
+from . import chat_formats, llama_state
 from .checks import FieldValueError
 from .errors import RequestError
 from .facade import EngineFacade
 from .grammar import grammar_fields
 from .llama_state import LlamaState
+from .llamacpp_answers import EndTokens, context_errors, without_end_token
 
 if TYPE_CHECKING:
     from .checks import RequestRules
@@ -39,29 +40,22 @@ _ONE_CONTEXT = ("{call}: llama-cpp-python's one stateful context is llama_preemp
 # Python callables llama.cpp's server cannot run in its C++ sampler
 _CALLABLES = ("stopping_criteria", "logits_processor")
 
-# llama-cpp-python's chat_format -> llama.cpp's built-in chat template of the same format
-CHAT_FORMATS = {
-    "chatml": "chatml", "qwen": "chatml", "llama-2": "llama2", "llama-3": "llama3", "mistral-instruct": "mistral-v1",
-    "zephyr": "zephyr", "vicuna": "vicuna", "gemma": "gemma", "openchat": "openchat", "chatglm3": "chatglm3",
-    "phi-3": "phi3", "deepseek": "deepseek", "command-r": "command-r",
-}
+# chat_format names llama-cpp-python does not have, kept as llama.cpp's built-in template of that name
+LLAMACPP_TEMPLATES = {"phi-3": "phi3", "deepseek": "deepseek", "command-r": "command-r"}
 
 
 def chat_format_flags(chat_format: str | None) -> list[str]:
     """llama-server's flags for a llama-cpp-python chat_format (none: the model's own template).
-    llama.cpp knows its built-in templates by name only without Jinja (with Jinja, the default, a
-    name is read as template source; chatml alone is recognized either way), so any other format
-    turns Jinja off, as llama-cpp-python's formats are plain formats too (no tools)."""
+    Each of llama-cpp-python's formats is a Jinja template rendering the prompt its formatter
+    renders (chat_formats.py); a final assistant message is a whole turn, followed by the
+    generation prompt, as llama-cpp-python renders it (--no-prefill-assistant). phi-3, deepseek and
+    command-r, which llama-cpp-python does not name, are llama.cpp's built-in templates."""
     if chat_format is None:
         return []
-    if not isinstance(chat_format, str):
-        raise TypeError(f"chat_format must be a string, got {type(chat_format).__name__}")
-    if chat_format not in CHAT_FORMATS:
-        raise ValueError(f"chat_format={chat_format!r} has no llama.cpp template; supported: "
-                         f"{', '.join(sorted(CHAT_FORMATS))} (or leave it None for the model's own template, or pass "
-                         f"args=['--chat-template-file', PATH])")
-    name = CHAT_FORMATS[chat_format]
-    return ["--chat-template", name] + ([] if name == "chatml" else ["--no-jinja"])
+    if isinstance(chat_format, str) and chat_format in LLAMACPP_TEMPLATES:
+        return ["--no-jinja", "--chat-template", LLAMACPP_TEMPLATES[chat_format]]
+    fmt = chat_formats.chat_format(chat_format)
+    return ["--jinja", "--chat-template", fmt.template, "--no-prefill-assistant"]
 
 
 def _refuse_callables(where: str, **given: Any) -> None:
@@ -230,10 +224,12 @@ class LlamaCalls(EngineFacade):
     def _answer(self, where: str, path: str, body: dict[str, Any],
                 stream: bool) -> dict[str, Any] | Iterator[dict[str, Any]]:
         req = self.engine.submit(path=path, body=body, stream=stream)
+        ends, stops, one = EndTokens(self.engine), bool(body.get("stop")), body.get("n", 1) == 1
         if stream:
-            return _streamed(where, req.stream(), body)
-        with _grammar_errors(where, body):
-            return dict(req.result())
+            return without_end_token(_streamed(where, req.stream(), body), ends, stops, one)
+        with _grammar_errors(where, body), context_errors():
+            answer = dict(req.result())
+        return next(without_end_token(iter([answer]), ends, stops, one))
 
     def create_completion(self, prompt: str | list[int], suffix: str | None = None, max_tokens: int | None = 16,
                           temperature: float = 0.8, top_p: float = 0.95, min_p: float = 0.05, typical_p: float = 1.0,
@@ -319,6 +315,11 @@ class LlamaCalls(EngineFacade):
                            ("model", model), ("logprobs", logprobs), ("top_logprobs", top_logprobs)):
             if value is not None:
                 body[key] = value
+        if not logprobs:  # llama_cpp asks for logprobs only with logprobs=True: top_logprobs alone is taken, unused
+            body.pop("top_logprobs", None)
+        fmt = chat_formats.CHAT_FORMATS.get(self.engine.chat_format or "")
+        if fmt is not None and fmt.stop:  # the format's stop strings after the call's own, as llama_cpp adds them
+            body["stop"] = [*body.get("stop", []), *fmt.stop]
         self._seed_of(body, seed)
         return self._answer(where, "/v1/chat/completions", body, stream)
 
@@ -428,6 +429,6 @@ def _grammar_errors(where: str, body: dict[str, Any]) -> Iterator[None]:
 
 def _streamed(where: str, chunks: Iterator[dict[str, Any]], body: dict[str, Any]) -> Iterator[dict[str, Any]]:
     """A streamed answer's chunks as llama-cpp-python gives them, a refused grammar named."""
-    with _grammar_errors(where, body):
+    with _grammar_errors(where, body), context_errors():
         for c in chunks:
             yield _without_null_deltas(c)
