@@ -33,7 +33,7 @@ from .metrics import MetricsSnapshot, parse_prometheus
 from .reports import (Completion, EndEvent, FailEvent, ParkChoice, ParkEvent, ParkReason, ParkTier,  # noqa: F401
                       PreemptMode, ResumeEvent, StepReport, StopType, stream_text)
 from .prompts import Prompt, is_prompt, prompt_fields
-from .sampling import SamplingParams, per_prompt
+from .sampling import SamplingParams, each_params, per_prompt
 from .stats import PreemptStats
 
 # errors raised by the compiled core (re-exported so callers need only this module)
@@ -604,6 +604,10 @@ class Engine:
                             "for one prompt, pass [prompt]")
         if fields.get("stream"):
             raise ValueError("generate() returns whole answers: for a stream, submit(..., stream=True).stream()")
+        if params is not None and not all(p.plain for p in each_params(params, len(prompts))):
+            from .vllm_run import generate_sync  # vLLM's fields that take more than one request each
+            return generate_sync(self, prompts, each_params(params, len(prompts)), progress=progress, timeout=timeout,
+                                 return_exceptions=return_exceptions, **fields)
         rules = self.request_rules()
         rules.check_keywords("generate()", fields)
         rules.check("generate()", fields)

@@ -227,4 +227,4 @@ def _refuse_vllm_only(p: SamplingParams) -> None:
     """A request's fields alone would drop vLLM's own fields: say where they work instead."""
     if not p.plain:
         raise NotImplementedError(f"SamplingParams({', '.join(p.vllm_only())}=...) need more than one server request "
-                                  "each; they work through LLM.generate, LLM.chat and AsyncLLM.generate")
+                                  "each; they work through generate() (Engine, LLM, AsyncLLM), not as request fields")

@@ -25,7 +25,7 @@ from .facade import EngineFacade
 from .llamacpp_api import LlamaCalls
 from .prompts import vllm_prompts
 from .reports import Completion
-from .sampling import SamplingParams, each_params
+from .sampling import SamplingParams
 
 # vLLM engine arguments that choose how vLLM runs on its GPUs; llama.cpp has no such choice (its
 # KV pool is n_ctx, max_model_len here), so they are taken and change nothing
@@ -99,12 +99,7 @@ class LLM(EngineFacade):
         progress bar is drawn). The Engine's own keywords (timeout=, return_exceptions=) work too."""
         if not isinstance(use_tqdm, bool):
             raise TypeError(f"generate(): use_tqdm must be True or False, got {use_tqdm!r}")
-        items = vllm_prompts(prompts, "generate()")
-        each = each_params(sampling_params, len(items))
-        if all(p.plain for p in each):
-            return self.engine.generate(items, sampling_params, **fields)
-        from .vllm_run import generate_sync  # vLLM's fields that take more than one request each
-        return generate_sync(self.engine, items, each, **fields)
+        return self.engine.generate(vllm_prompts(prompts, "generate()"), sampling_params, **fields)
 
     def chat(self, messages: Any, sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
              use_tqdm: bool = True, add_generation_prompt: bool = True, chat_template_kwargs: dict[str, Any] | None = None,

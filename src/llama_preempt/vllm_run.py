@@ -307,7 +307,8 @@ class VllmRun:
         s.probs += chunk.get("completion_probabilities") or []
         new_text = chunk.get("content", "") or ""
         s.text += new_text
-        s.held = 0
+        if new_ids or new_text:
+            s.held = 0
         if not p.skip_special_tokens and new_ids and self.vocab.is_special(new_ids[-1]):
             piece = self.vocab.text([new_ids[-1]], True)
             if piece and s.text.endswith(piece):
