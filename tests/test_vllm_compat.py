@@ -292,6 +292,26 @@ def test_asyncllm_outputs_carry_measured_metrics_and_deltas_join_to_the_whole_an
     assert "".join(o.outputs[0].text for o in specials) == f" The{got['bos_text']} end" and specials[-1].finished
 
 
+def test_abort_stops_a_request_that_takes_several_server_requests(stories_model: Path) -> None:
+    async def main() -> list[Any]:
+        eng = AsyncLLM(stories_model, n_ctx=1024, n_parallel=2, args=ON_THE_CPU)
+        try:
+            sp = SamplingParams(max_tokens=60, min_tokens=4, ignore_eos=True, prompt_logprobs=1)
+            outs = []
+            async for o in eng.generate(PROMPT, sp, "x"):  # scored, then the first 4 tokens, then the rest
+                outs.append(o)
+                if len(outs) == 1:
+                    await eng.abort("x")
+            return outs
+        finally:
+            eng.shutdown()
+
+    outs = asyncio.run(main())
+    last = outs[-1].outputs[0]
+    assert outs[-1].finished and last.finish_reason == "abort" and len(last.token_ids) < 60
+    assert outs[-1].prompt_logprobs is not None and outs[-1].prompt_logprobs[0] is None
+
+
 # --- the modules vLLM programs import ---
 
 def test_tokens_and_text_prompts_from_llama_preempt_inputs_generate_as_vllms(llm: LLM) -> None:
@@ -309,8 +329,9 @@ def test_tokens_and_text_prompts_from_llama_preempt_inputs_generate_as_vllms(llm
 
 def test_sampling_params_module_and_beam_search_as_vllms() -> None:
     import llama_preempt
-    from llama_preempt import outputs, sampling_params
+    from llama_preempt import inputs, outputs, sampling_params
 
+    assert llama_preempt.TokensPrompt is inputs.TokensPrompt and llama_preempt.TextPrompt is inputs.TextPrompt
     assert sampling_params.SamplingParams is llama_preempt.SamplingParams
     assert sampling_params.RequestOutputKind is llama_preempt.RequestOutputKind
     assert outputs.RequestOutput is llama_preempt.RequestOutput

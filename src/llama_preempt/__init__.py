@@ -25,7 +25,7 @@ _EXPORTS = {
     "GenerateError": "engine", "EngineError": "engine", "EngineClosedError": "engine", "EngineBusyError": "engine",
     "ModelLoadError": "engine", "EngineArgumentError": "engine", "ContextSizeError": "errors",
     "AsyncEngine": "aio", "StreamNotice": "aio",
-    "SamplingParams": "sampling",
+    "SamplingParams": "sampling", "TextPrompt": "inputs", "TokensPrompt": "inputs", "PromptType": "inputs",
     "Completion": "reports", "StepReport": "reports", "ParkEvent": "reports", "ResumeEvent": "reports",
     "EndEvent": "reports", "FailEvent": "reports", "stream_text": "reports",
     "ParkTier": "reports", "ParkReason": "reports", "ParkChoice": "reports", "PreemptMode": "reports", "StopType": "reports",
@@ -52,6 +52,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time the names load
                          ModelLoadError, Request, RequestCancelled, RequestError)
     from .reports import (Completion, EndEvent, FailEvent, ParkChoice, ParkEvent, ParkReason, ParkTier, PreemptMode,
                           ResumeEvent, StepReport, StopType, stream_text)
+    from .inputs import PromptType, TextPrompt, TokensPrompt
     from .sampling import SamplingParams
     from .server import LlamaServer, ServerConfig, ServerStartError
     from .simulator import SimReport, Workload

@@ -55,6 +55,7 @@ class AsyncEngine:
         self._events: dict[int, asyncio.Event] = {}
         self._by_id: dict[str, Request] = {}   # generate()'s requests by request_id, for abort()
         self._aborted: set[int] = set()          # the handles abort() cancelled, while their generate() runs
+        self._abort_ids: set[str] = set()        # generate()'s ids abort() named (one may be between two requests)
         self._loop: asyncio.AbstractEventLoop | None = None
 
     @classmethod
@@ -199,6 +200,9 @@ class AsyncEngine:
         req: Request | None = None
         try:
             while (stage := run.next_stage()) is not None:
+                if rid is not None and rid in self._abort_ids:  # aborted after one request, before the next
+                    yield run.aborted()
+                    return
                 req = self._submit(stage.prompt, None, stage.fields)
                 if rid is None:
                     rid = run.request_id = req.request_id
@@ -224,13 +228,17 @@ class AsyncEngine:
         finally:
             if rid is not None and req is not None and self._by_id.get(rid) is req:
                 del self._by_id[rid]
+                self._abort_ids.discard(rid)
 
     async def abort(self, request_id: str | Sequence[str]) -> None:
         """Stop the request(s) started by generate() with these ids, as vLLM's abort; their slots
         (and any parked state) are freed. An id that is not running is ignored."""
         for rid in [request_id] if isinstance(request_id, str) else list(request_id):
             req = self._by_id.get(rid)
-            if req is not None and not req.done():
+            if req is None:
+                continue
+            self._abort_ids.add(rid)
+            if not req.done():
                 self._aborted.add(req._handle.id)
                 req.cancel(wait=0)
 
