@@ -68,6 +68,9 @@ def test_every_field_vllm_documents_is_taken_and_a_bad_value_names_its_field() -
     ]:
         with pytest.raises(kind, match=field_name):
             SamplingParams(**bad)
+    sp = SamplingParams(stop=["."], stop_token_ids=[2])
+    copy = sp.clone()  # vLLM's clone: equal, its lists its own
+    assert copy == sp and copy.stop is not sp.stop and copy.stop_token_ids is not sp.stop_token_ids
 
 
 def test_stop_token_ids_end_the_sequence_at_the_id_kept_in_token_ids_and_left_out_of_the_text(llm: LLM) -> None:
@@ -194,6 +197,11 @@ def test_prompt_logprobs_are_the_models_own_as_the_answer_scores_the_same_tokens
         assert got is not None and set(got) == set(want), (j, got, want)
         for tid in want:
             assert math.isclose(got[tid].logprob, want[tid].logprob, abs_tol=1e-3), (j, tid, got[tid], want[tid])
+
+
+def test_prompt_logprobs_beyond_the_servers_max_logprobs_is_refused_naming_both(llm: LLM) -> None:
+    with pytest.raises(ValueError, match=r"prompt_logprobs=21: at most 20 .*--max-logprobs"):
+        llm.generate([PROMPT], SamplingParams(prompt_logprobs=21))
 
 
 def test_prompt_logprobs_score_a_special_token_inside_the_prompt_and_zero_gives_the_token_alone(llm: LLM) -> None:

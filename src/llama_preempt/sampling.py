@@ -129,6 +129,11 @@ class SamplingParams:
             raise FieldValueError(f"{where}: stop strings need detokenize=True (they are found in the text); "
                                   "with detokenize=False use stop_token_ids")
 
+    def clone(self) -> "SamplingParams":
+        """A copy, as vLLM's clone() (its lists copied too)."""
+        return replace(self, **{f.name: list(v) for f in fields(self)
+                                if isinstance(v := getattr(self, f.name), list)})
+
     @property
     def plain(self) -> bool:
         """Whether one server request does all it asks (none of vLLM's own fields is set)."""

@@ -35,6 +35,7 @@ import weakref
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Sequence
 
+from .checks import FieldValueError
 from .errors import RequestError
 from .outputs import CompletionOutput, Logprob, RequestOutputKind, RequestStateStats, finish_of, logprobs_of, sequence_output
 from .prompts import is_prompt
@@ -168,6 +169,11 @@ class VllmRun:
         for t in self.stop_ids:
             if t >= vocab.n_vocab:
                 raise ValueError(f"{where}: stop_token_ids: {t} is not a token id of this model (0 to {vocab.n_vocab - 1})")
+        limit = engine.request_rules().fields.get("n_probs")
+        if params.prompt_logprobs is not None and limit is not None and limit.hi is not None \
+                and params.prompt_logprobs > limit.hi:
+            raise FieldValueError(f"{where}: prompt_logprobs={params.prompt_logprobs}: at most {int(limit.hi)} "
+                                  "alternatives a token (the server's --max-logprobs)")
         self.seqs = [_Seq() for _ in range(params.n)]
         self.prompt_logprobs: list[dict[int, Logprob] | None] | None = None
         self._stages: list[Stage] = self._score_stages() if params.prompt_logprobs is not None else []
