@@ -214,6 +214,8 @@ def test_prompt_logprobs_score_a_special_token_inside_the_prompt_and_zero_gives_
     for i in range(1, len(ids)):
         entry = pl[i]
         assert entry is not None and list(entry) == [ids[i]] and entry[ids[i]].logprob <= 0.0, (i, entry)
+    [alone] = llm.generate(TokensPrompt(prompt_token_ids=[bos]), SamplingParams(max_tokens=1, prompt_logprobs=1))
+    assert alone.prompt_logprobs == [None]
 
 
 def test_truncate_prompt_tokens_keeps_the_last_tokens_of_the_prompt(llm: LLM) -> None:

@@ -179,6 +179,8 @@ class VllmRun:
         self._stages: list[Stage] = self._score_stages() if params.prompt_logprobs is not None else []
         self._scored: list[dict[str, Any]] = []
         self._phase = "score" if self._stages else "answer"
+        if params.prompt_logprobs is not None and not self._stages:
+            self.prompt_logprobs = [None]  # a prompt of one token: nothing before it to score it by
         self.stage: Stage | None = None
         self.cancel_wanted = False
         self._final_given = False
