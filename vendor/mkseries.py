@@ -60,6 +60,8 @@ _CLIENT_COMMON = _in("the client's mistake")  # common/ hunks that make a caller
 _HTTP_LIMITS = _in("preempt-http-limits", "http_limit", "read_deadline", "keep_alive_s", "max_connections",
                    "stall_timeout", "n_threads_max")  # the http-limits topic
 _TOOL_CHOICE = _in("tool_choice", "tool-choice", "json_tools", "json-tools", "need_json_format")  # the tool-choice topic
+_OPENAI_SHAPES = _in("openai-shapes", "legacy", "usage_sum", "usage->", "usage]", "response_incomplete",
+                     "n_cmpl = ")  # the openai-shapes topic
 _ENGINE_WORDS = _in("preempt_note_error", "common_params_parse_ex", "server_prepare_params",
                     "ex_wrapper", "step_report", "preempt-events.h", "preempt_selftest(",
                     "preempt-engine-api.h")
@@ -115,15 +117,20 @@ TOPICS = [
           lambda f, t: f == "tools/server/server-context.cpp" and _in("caller of the ids")(t)),
     Topic("body-limit", "server: the largest request body is a flag (--max-body-mib, 413 naming it), and a prompt "
           "that cannot fit the context is refused before it is tokenized",
-          lambda f, t: f.startswith(("tools/server/", "common/")) and not _TOOL_CHOICE(t) and not _HTTP_LIMITS(t)),
+          lambda f, t: f.startswith(("tools/server/", "common/")) and not _TOOL_CHOICE(t) and not _HTTP_LIMITS(t)
+          and not _OPENAI_SHAPES(t)),
     Topic("tool-choice", "common and server: tool_choice in every form OpenAI defines (a named function is a required "
           "call among the tools narrowed to it; a bad one is a 400), and a required call where the template has no "
           "tool format gets generic JSON tool calls by grammar (could go upstream alone)",
-          lambda f, t: f.startswith(("tools/server/", "common/")) and not _HTTP_LIMITS(t)),
+          lambda f, t: f.startswith(("tools/server/", "common/")) and not _HTTP_LIMITS(t) and not _OPENAI_SHAPES(t)),
     Topic("http-limits", "cpp-httplib and server: every connection bounded: a request's headers and body within a "
           "deadline, a cap on open connections refused at once, a write with no progress ends its response, the "
           "pool spawns a thread whenever its idle ones cannot take every queued connection (could go upstream alone)",
-          lambda f, t: f.startswith(("vendor/cpp-httplib/", "tools/server/", "common/"))),
+          lambda f, t: f.startswith(("vendor/cpp-httplib/", "tools/server/", "common/")) and not _OPENAI_SHAPES(t)),
+    Topic("openai-shapes", "server: OpenAI's shapes where upstream's OpenAI routes answer in their own: /v1/completions' "
+          "echo and legacy logprobs (tokens, token_logprobs, top_logprobs, text_offset), usage summed over n choices "
+          "(each prompt once), and a Responses answer cut short by max_output_tokens incomplete",
+          lambda f, t: f.startswith("tools/server/") and _OPENAI_SHAPES(t)),
 ]
 
 
