@@ -52,3 +52,14 @@ def test_only_the_store_calls_the_allocator_to_give_pages_back() -> None:
     callers = sorted(str(p.relative_to(CSRC)) for p in CSRC.rglob("*") if p.suffix in (".h", ".cpp", ".inc")
                      and re.search(r"\bmalloc_trim\s*\(", re.sub(r"//.*", "", p.read_text())))
     assert callers == ["store/preempt-hostmem.cpp"]
+
+
+def test_every_unit_of_ours_stays_under_600_lines() -> None:
+    # the project's rule: mechanics live in units of one purpose, under 600 lines, in csrc/ and in
+    # the Python layer alike (docs/contributing.md)
+    root = CSRC.parent
+    units = [p for p in CSRC.rglob("*") if p.suffix in (".h", ".cpp", ".inc")]
+    units += list((root / "src" / "llama_preempt").glob("*.py"))
+    assert len(units) > 50, "found too few units: the check would prove nothing"
+    over = {str(p.relative_to(root)): n for p in units if (n := len(p.read_text().splitlines())) >= 600}
+    assert over == {}

@@ -21,7 +21,7 @@ _EXPORTS = {
     "Engine": "engine", "Llama": "llama", "LlamaGrammar": "grammar", "LlamaState": "llama_state",
     "LLM": "vllm_api", "AsyncLLM": "vllm_api", "AsyncEngineArgs": "vllm_api", "EngineArgs": "vllm_api",
     "RequestOutput": "reports", "CompletionOutput": "outputs", "RequestOutputKind": "outputs", "Logprob": "outputs",
-    "FieldTypeError": "checks", "FieldValueError": "checks", "Request": "engine", "RequestError": "engine", "RequestCancelled": "engine",
+    "FieldTypeError": "checks", "FieldValueError": "checks", "Request": "request", "RequestError": "engine", "RequestCancelled": "request",
     "GenerateError": "engine", "EngineError": "engine", "EngineClosedError": "engine", "EngineBusyError": "engine",
     "ModelLoadError": "engine", "EngineArgumentError": "engine", "ContextSizeError": "errors",
     "AsyncEngine": "aio", "StreamNotice": "aio",

@@ -22,7 +22,8 @@ import warnings
 from dataclasses import dataclass, replace
 from typing import Any, AsyncGenerator, AsyncIterator, Callable, Sequence
 
-from .engine import Engine, EngineError, GenerateError, Request, RequestCancelled, RequestError, _decode, _sse_data
+from .engine import Engine, EngineError, GenerateError, RequestError
+from .request import Request, RequestCancelled, _decode, _sse_data
 from .checks import FieldTypeError, FieldValueError
 from .outputs import RequestOutputKind
 from .prompts import is_one_prompt, is_prompt, vllm_prompt
