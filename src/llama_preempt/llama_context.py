@@ -32,7 +32,7 @@ from .checks import FieldValueError
 from .errors import RequestError
 from .grammar import grammar_fields
 from .llama_state import LlamaState
-from .llamacpp_api import LlamaCalls, SeedChain
+from .llamacpp_api import LlamaCalls, SeedChain, refuse_callables
 
 if TYPE_CHECKING:
     from .engine import Engine
@@ -40,8 +40,6 @@ if TYPE_CHECKING:
 _NO_LOGITS = ("{what}: the server samples in C++ and keeps no logits; sample() draws the next token from them, "
               "and create_completion(prompt, logprobs=N, max_tokens=1) gives the N most likely next tokens with "
               "their log-probabilities")
-_CALLBACK = ("{where}: {name} cannot run here: llama.cpp's server samples in C++, without Python callbacks; "
-             "{instead}")
 
 
 @dataclass(frozen=True)
@@ -89,14 +87,13 @@ class Sampling:
         return body
 
 
+_CONTEXT_INSTEAD = {"logits_processor": "use logit_bias={token: bias} or grammar= instead",
+                    "stopping_criteria": "stop iterating the generator when you have enough (it cancels the request)"}
+
+
 def refuse_callbacks(where: str, logits_processor: Any = None, stopping_criteria: Any = None) -> None:
-    """llama_cpp's Python callbacks, refused saying what to use instead."""
-    if logits_processor is not None:
-        raise NotImplementedError(_CALLBACK.format(where=where, name="logits_processor", instead=(
-            "use logit_bias={token: bias} or grammar= instead")))
-    if stopping_criteria is not None:
-        raise NotImplementedError(_CALLBACK.format(where=where, name="stopping_criteria", instead=(
-            "stop iterating the generator when you have enough (it cancels the request)")))
+    """llama_cpp's Python callbacks, refused saying what the context's calls offer instead."""
+    refuse_callables(where, _CONTEXT_INSTEAD, logits_processor=logits_processor, stopping_criteria=stopping_criteria)
 
 
 def token_ids(where: str, tokens: Any, n_vocab: int) -> list[int]:

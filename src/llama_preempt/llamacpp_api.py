@@ -58,11 +58,14 @@ def chat_format_flags(chat_format: str | None) -> list[str]:
     return ["--jinja", "--chat-template", fmt.template, "--no-prefill-assistant"]
 
 
-def _refuse_callables(where: str, **given: Any) -> None:
-    for name in _CALLABLES:
-        if given.get(name) is not None:
+def refuse_callables(where: str, instead: dict[str, str] | None = None, **given: Any) -> None:
+    """llama_cpp's Python callbacks (`given` by keyword, checked in that order), refused saying what
+    to use instead: `instead` by name where a call has better advice than the default."""
+    for name, value in given.items():
+        if name in _CALLABLES and value is not None:
+            advice = (instead or {}).get(name, "use stop=, grammar=, logit_bias= or response_format= instead")
             raise NotImplementedError(f"{where}: {name} cannot run here: llama.cpp's server samples in C++, without "
-                                      f"Python callbacks; use stop=, grammar=, logit_bias= or response_format= instead")
+                                      f"Python callbacks; {advice}")
 
 
 def _completion_logprobs(lp: Any, text_start: int) -> Any:
@@ -247,7 +250,7 @@ class LlamaCalls(EngineFacade):
         where = "create_completion()"
         rules = self.engine.request_rules()
         rules.check_keywords(where, extra, own=_CREATE_COMPLETION_ARGS)
-        _refuse_callables(where, stopping_criteria=stopping_criteria, logits_processor=logits_processor)
+        refuse_callables(where, stopping_criteria=stopping_criteria, logits_processor=logits_processor)
         if suffix is not None:
             raise ValueError(f"{where}: suffix= (fill-in-the-middle) goes through the server's /infill route: "
                              "submit(path='/infill', body={'input_prefix': ..., 'input_suffix': ...})")
@@ -300,7 +303,7 @@ class LlamaCalls(EngineFacade):
         where = "create_chat_completion()"
         rules = self.engine.request_rules()
         rules.check_keywords(where, extra, own=_CREATE_CHAT_ARGS)
-        _refuse_callables(where, logits_processor=logits_processor)
+        refuse_callables(where, logits_processor=logits_processor)
         if functions is not None or function_call is not None:
             raise ValueError(f"{where}: functions/function_call are OpenAI's deprecated form; pass tools= and tool_choice=")
         if logprobs is not None and not isinstance(logprobs, bool):
