@@ -108,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     record: dict[str, Any] = {}
     if a.breakdown is not None:
-        build_dir = a.breakdown
+        rows = breakdown(a.breakdown)
     else:
         with tempfile.TemporaryDirectory(prefix="llama-preempt-build-time-") as tmp:
             ours, build_dir = ours_cold(Path(tmp))
@@ -116,9 +116,7 @@ def main(argv: list[str] | None = None) -> int:
             if not a.ours_only:
                 record["llama_cpp_python"] = vars(theirs_cold(Path(tmp), a.keep_wheel or Path(tmp) / "wheels"))
                 record["ratio_wall"] = round(ours.wall_s / record["llama_cpp_python"]["wall_s"], 2)
-            rows = breakdown(build_dir)
-    if a.breakdown is not None:
-        rows = breakdown(build_dir)
+            rows = breakdown(build_dir)  # read before the clone is removed
     total = sum(s for _t, s, _n in rows)
     record["targets"] = [{"target": t, "seconds": round(s, 1), "files": n} for t, s, n in rows]
     md = [f"# {a.name}", ""]
