@@ -62,6 +62,8 @@ _HTTP_LIMITS = _in("preempt-http-limits", "http_limit", "read_deadline", "keep_a
 _TOOL_CHOICE = _in("tool_choice", "tool-choice", "json_tools", "json-tools", "need_json_format")  # the tool-choice topic
 _OPENAI_SHAPES = _in("openai-shapes", "legacy", "usage_sum", "usage->", "usage]", "response_incomplete",
                      "n_cmpl = ")  # the openai-shapes topic
+_STATE_FILE_ERRORS = _in("unexpectedly reached end of file", "sequence state file is inconsistent")  # libllama's readers
+_SLOT_FILES = _in("slot_file", "parse_slot_id", "ERROR_TYPE_CONFLICT", "ERROR_TYPE_INSUFFICIENT_STORAGE")  # the slot-files topic
 _ENGINE_WORDS = _in("preempt_note_error", "common_params_parse_ex", "server_prepare_params",
                     "ex_wrapper", "step_report", "preempt-events.h", "preempt_selftest(",
                     "preempt-engine-api.h")
@@ -111,26 +113,36 @@ TOPICS = [
     Topic("attn-own-cells-gather", "libllama: where no kernel walks the runs (no flash attention, or the KV on a device "
           "other than the CPU), attention gathers each sequence's cells into a stream of its own, so a row multiplies "
           "only its own cells (could go upstream with attn-own-cells)",
-          lambda f, t: f.startswith(("ggml/", "src/", "include/", "tests/"))),
+          lambda f, t: f.startswith(("ggml/", "src/", "include/", "tests/")) and not _STATE_FILE_ERRORS(t)),
     Topic("ids-probabilities", "server: a caller of the token ids (return_tokens) gets one probability per id: a stop "
           "string's tokens keep theirs, and a token that ends inside a UTF-8 character gets its own",
           lambda f, t: f == "tools/server/server-context.cpp" and _in("caller of the ids")(t)),
     Topic("body-limit", "server: the largest request body is a flag (--max-body-mib, 413 naming it), and a prompt "
           "that cannot fit the context is refused before it is tokenized",
           lambda f, t: f.startswith(("tools/server/", "common/")) and not _TOOL_CHOICE(t) and not _HTTP_LIMITS(t)
-          and not _OPENAI_SHAPES(t)),
+          and not _OPENAI_SHAPES(t) and not _SLOT_FILES(t)),
     Topic("tool-choice", "common and server: tool_choice in every form OpenAI defines (a named function is a required "
           "call among the tools narrowed to it; a bad one is a 400), and a required call where the template has no "
           "tool format gets generic JSON tool calls by grammar (could go upstream alone)",
-          lambda f, t: f.startswith(("tools/server/", "common/")) and not _HTTP_LIMITS(t) and not _OPENAI_SHAPES(t)),
+          lambda f, t: f.startswith(("tools/server/", "common/")) and not _HTTP_LIMITS(t) and not _OPENAI_SHAPES(t)
+          and not _SLOT_FILES(t)),
     Topic("http-limits", "cpp-httplib and server: every connection bounded: a request's headers and body within a "
           "deadline, a cap on open connections refused at once, a write with no progress ends its response, the "
           "pool spawns a thread whenever its idle ones cannot take every queued connection (could go upstream alone)",
-          lambda f, t: f.startswith(("vendor/cpp-httplib/", "tools/server/", "common/")) and not _OPENAI_SHAPES(t)),
+          lambda f, t: f.startswith(("vendor/cpp-httplib/", "tools/server/", "common/")) and not _OPENAI_SHAPES(t)
+          and not _SLOT_FILES(t)),
     Topic("openai-shapes", "server: OpenAI's shapes where upstream's OpenAI routes answer in their own: /v1/completions' "
           "echo and legacy logprobs (tokens, token_logprobs, top_logprobs, text_offset), usage summed over n choices "
           "(each prompt once), and a Responses answer cut short by max_output_tokens incomplete",
           lambda f, t: f.startswith("tools/server/") and _OPENAI_SHAPES(t)),
+    Topic("state-file-errors", "libllama: a sequence-state file cut short or inconsistent is an error its loader returns "
+          "(0, logged), not an assert that ends the process: the buffered reader no longer reads past a file's end "
+          "silently, as the Windows reader already refuses to (could go upstream alone)",
+          lambda f, t: f.startswith("src/") and _STATE_FILE_ERRORS(t)),
+    Topic("slot-files", "server: the slot API's files written whole (a temporary name, fsync, rename) and checked before "
+          "they are read (csrc/server/preempt-slot-file.h); a slot id is digits only, one out of range or a slot parked "
+          "through the API is answered at once; 409 and 507 error types",
+          lambda f, t: f.startswith("tools/server/") and _SLOT_FILES(t)),
 ]
 
 

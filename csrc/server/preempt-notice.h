@@ -9,6 +9,7 @@
 #include "ggml.h"
 #include "server-task.h"
 
+#include <algorithm>
 #include <string>
 
 namespace llama_preempt {
@@ -108,6 +109,24 @@ inline std::string unknown_slot_action(const std::string & action) {
     }
     return "unknown slot action '" + action + "': use park or unpark, or save, restore or erase (these three need "
            "--slot-save-path)";
+}
+
+// The slot API's id (POST /slots/{id}): digits only, a whole number. Anything else ("1.5", "0x1",
+// "0%00", "-1", " 1") is the 400 message naming the id, where std::stoi took a prefix of it; "" when
+// `id` is set. Its range is the slots' count, checked where the slots are.
+inline std::string parse_slot_id(const std::string & text, int & id) {
+    const bool digits = !text.empty() && text.size() <= 9 &&
+                        std::all_of(text.begin(), text.end(), [](char c) { return c >= '0' && c <= '9'; });
+    if (digits) {
+        id = std::stoi(text);
+        return "";
+    }
+    std::string shown;  // the id as sent, its control bytes written out
+    for (char c : text.substr(0, 32)) {
+        const auto u = (unsigned char) c;
+        shown += u < 0x20 || u >= 0x7f ? string_format("\\x%02x", u) : std::string(1, c);
+    }
+    return "Invalid slot ID '" + shown + "': a slot id is a whole number (0, 1, 2, ...)";
 }
 
 // the answer to POST /slots/{id}?action=park|unpark
