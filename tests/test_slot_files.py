@@ -80,6 +80,11 @@ def test_a_saved_file_restores_and_carries_its_check_trailer(saved: tuple[Any, P
     assert sorted(os.listdir(path.parent)) == ["good.bin"]
 
 
+def _failures(srv: Any) -> dict[str, float]:
+    """llamacpp:preempt_slot_file_failures_total by kind."""
+    return srv.metrics().labeled["preempt_slot_file_failures_total"]
+
+
 def r_ok(r: requests.Response) -> dict[str, Any]:
     assert r.status_code == 200, r.text
     return r.json()
@@ -106,6 +111,10 @@ def test_a_damaged_slot_file_is_a_400_and_two_running_requests_finish_whole(save
     assert name in msg and ("checksum" in msg or "cut" in msg or "trailer" in msg), msg
     _assert_whole(results[:-1])
     assert "GGML_ASSERT" not in srv.log_text()
+    kind = "corrupt" if damage == "bit_flipped" else "truncated"
+    assert _failures(srv) == {**{k: 0 for k in _failures(srv)}, kind: 1}
+    logged = [line for line in srv.log_text().splitlines() if "refused to restore" in line]
+    assert len(logged) == 1 and name in logged[0] and f"({kind})" in logged[0], logged
     # the slot it was meant for still works, and the good file still restores
     assert r_ok(_restore(srv, 2, path.name))["n_restored"] > 0
     assert complete(srv, "Once", 8, id_slot=2).status_code == 200
@@ -126,6 +135,7 @@ def test_a_file_of_another_model_is_refused_before_it_is_read(start_server: Any,
     assert r.status_code == 400, r.text
     assert "another model" in r.json()["error"]["message"]
     _assert_whole(results[:-1])
+    assert _failures(srv)["foreign"] == 1
 
 
 def test_a_failed_save_leaves_nothing_under_the_name_and_says_why(saved: tuple[Any, Path, bytes]) -> None:
@@ -180,6 +190,7 @@ def test_a_save_into_a_full_filesystem_is_a_507_and_leaves_no_file(start_server:
         assert r.status_code == 507, r.text
         assert "no space left" in r.json()["error"]["message"]
     assert sorted(os.listdir(small_fs)) == ["filler", "first.bin"]
+    assert _failures(srv)["no_space"] == 2
     assert (small_fs / "first.bin").read_bytes() == first
     _assert_whole(results[:2])
     # room again: the same save works

@@ -107,13 +107,19 @@ std::vector<labeled_metric> labeled_items(const preempt_counters & c) {
     for (int i = 1; i < N_DISK_ERRORS; ++i) {
         failures.values.emplace_back(disk_error_name((disk_error) i), c.disk_failures[i]);
     }
+    labeled_metric slot_files { "preempt_slot_file_failures_total", "kind", "Slot API saves and restores refused, by what was wrong: "
+                                "a restore's file missing, truncated, corrupt (checksum) or foreign (another model); a save with "
+                                "no_space or another write error (nothing is left under the name)", {} };
+    for (int i = 1; i < N_SLOT_FILE_FAULTS; ++i) {
+        slot_files.values.emplace_back(slot_file_fault_name((slot_file_fault) i), c.slot_file_failures[i]);
+    }
     labeled_metric loop { "preempt_loop_us_total", "part", "Microseconds of the server loop's steps by part: plan (parks' and resumes' copies), "
                           "decode (the batch built and computed up to its logits), post (sampling, tokens processed and sent), "
                           "other (the rest of the loop to the next step: requests arriving and ending, the prompt cache)", {} };
     for (int i = 0; i < N_LOOP_PARTS; ++i) {
         loop.values.emplace_back(loop_part_name(i), c.loop_us[i]);
     }
-    return { by_choice, parks, restores, failures, loop };
+    return { by_choice, parks, restores, failures, slot_files, loop };
 }
 
 std::string to_prometheus(const preempt_counters & c, const preempt_gauges & g) {

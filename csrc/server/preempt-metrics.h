@@ -3,6 +3,7 @@
 
 #include "preempt-disk.h"
 #include "preempt-policy.h"
+#include "preempt-slot-file.h"
 
 #include <cstdint>
 #include <functional>
@@ -40,6 +41,7 @@ struct preempt_counters {
     uint64_t parks_by_tier[N_PARK_TIERS]     = {};  // parks by where the state went: RAM, disk, nowhere (park_tier)
     uint64_t restores_by_tier[N_PARK_TIERS]  = {};  // resumes by where the state came from (a failed swap restore: recompute)
     uint64_t disk_failures[N_DISK_ERRORS]    = {};  // disk park failures by what failed (disk_error)
+    uint64_t slot_file_failures[N_SLOT_FILE_FAULTS] = {};  // the slot API's saves and restores refused, by what was wrong (slot_file_fault)
     uint64_t n_disk_write_bytes_total  = 0;  // bytes written to the disk tier's files
     uint64_t n_disk_read_bytes_total   = 0;  // bytes read back from them
     uint64_t n_disk_write_us_total     = 0;  // time the I/O thread took for those writes (their rate: bytes over time)

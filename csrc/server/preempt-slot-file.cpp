@@ -187,7 +187,6 @@ slot_file_outcome slot_files::save(llama_context * ctx, llama_seq_id seq, const 
         }
     }
     if (!out.ok()) {
-        count(out.fault);
         LOG_WRN("slot_files: saving %s failed (%s): %s\n", path.c_str(), slot_file_fault_name(out.fault), out.why.c_str());
     }
     return out;

@@ -16,8 +16,6 @@
 
 #include "llama.h"
 
-#include <array>
-#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -26,7 +24,7 @@ struct common_params;
 
 namespace llama_preempt {
 
-// what went wrong with a slot file (the label of llamacpp:slot_file_failures_total)
+// what went wrong with a slot file (the label of llamacpp:preempt_slot_file_failures_total)
 enum class slot_file_fault : uint8_t {
     none,
     missing,    // restore: no such file (or not a regular file)
@@ -37,6 +35,7 @@ enum class slot_file_fault : uint8_t {
     write,      // save: any other write error
     n_faults,
 };
+constexpr int N_SLOT_FILE_FAULTS = (int) slot_file_fault::n_faults;
 
 const char * slot_file_fault_name(slot_file_fault f);
 
@@ -66,15 +65,9 @@ public:
     // Whether the file at `path` is a whole, undamaged slot file of this model; read through once.
     slot_file_outcome check(const std::string & path) const;
 
-    // a failure, counted by kind (save() counts its own; a restore's check is counted by the caller,
-    // which also counts restores that upstream's reader refused after the check)
-    void count(slot_file_fault f) { n_failures_[(size_t) f].fetch_add(1, std::memory_order_relaxed); }
-    uint64_t n_failures(slot_file_fault f) const { return n_failures_[(size_t) f].load(std::memory_order_relaxed); }
-
 private:
     std::string model_;
     uint64_t    n_saved_ = 0;  // names the temporary files
-    std::array<std::atomic<uint64_t>, (size_t) slot_file_fault::n_faults> n_failures_{};
 };
 
 } // namespace llama_preempt

@@ -178,6 +178,7 @@ class PreemptStats:
     parks_by_tier: Mapping[str, int] = field(default_factory=dict)    # preempt_parks_by_tier_total: ram, disk, recompute
     restores_by_tier: Mapping[str, int] = field(default_factory=dict)  # preempt_restores_by_tier_total
     disk_failures: Mapping[str, int] = field(default_factory=dict)    # preempt_disk_failures_total: kind -> failures
+    slot_file_failures: Mapping[str, int] = field(default_factory=dict)  # preempt_slot_file_failures_total: kind -> saves/restores refused
     loop_us: Mapping[str, int] = field(default_factory=dict)  # preempt_loop_us_total: plan, decode, post, other -> microseconds
     age_ms: float = 0.0  # how old they are: the Engine's are as of its last step boundary (never waiting for a step)
 
