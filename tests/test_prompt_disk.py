@@ -358,7 +358,8 @@ def test_links_planted_in_the_kept_directory_are_never_followed(start_server, st
     files[0].unlink()
     files[0].symlink_to(victim)
     srv = start_server(stories_model, **persist_args(tmp_path))
-    logged(srv, "0 cached prompts of the last run taken back")  # a linked index is not read
+    # a linked index is not read, a linked file not taken back: the other files are, from their own tokens
+    logged(srv, "the index of the kept prompts was a link in its place, not read", f"{files[0].name}: a link, not a file")
     back = complete(srv, prompt, 16).json()
     assert back["timings"]["prompt_n"] == first["timings"]["prompt_n"] and back["content"] == first["content"]
     srv.stop()

@@ -56,6 +56,7 @@ struct preempt_counters {
     uint64_t n_prompt_cache_disk_hits_total = 0;      // of those, read back for a request whose prefix matched
     uint64_t n_prompt_cache_read_ahead_total = 0;     // prompt files read ahead while their request waited for a slot
     uint64_t n_prompt_cache_disk_failures_total = 0;  // prompt files that failed to write or read back (prefilled instead)
+    uint64_t n_prompt_cache_load_failures_total = 0;  // prompt files read back whose state the slot refused (prefilled, not hits)
     uint64_t n_prompt_cache_disk_skipped_total = 0;   // cached prompts dropped, not written (no room, media)
     uint64_t n_prompt_cache_streamed_total = 0;       // prompts larger than the RAM cache streamed from their slot to the disk tier
     uint64_t n_prompt_cache_streamed_back_total = 0;  // prompt files streamed straight into a slot (too large for the RAM cache's room)
@@ -93,6 +94,8 @@ struct preempt_gauges {
     cost_rates rates;                   // the rates SWAP-or-RECOMPUTE is chosen with now
     uint64_t disk_bytes           = 0;  // bytes in the disk tier's files now (written or being written)
     int32_t  n_disk_writes_in_flight = 0;  // disk parks whose file is still being written (their host copy held)
+    uint64_t n_disk_full          = 0;  // disk writes refused or cut short by a full filesystem (the store counts them)
+    uint64_t n_disk_dir_remade    = 0;  // times the disk tier's directory was made again after it was removed
     int32_t  n_pool_cells_used    = 0;  // cells the requests in flight hold now (idle caches are reclaimable: not counted)
     bool     draining             = false;  // SIGTERM/SIGINT: finishing what it has, taking nothing new
     int32_t  n_requests_paused    = 0;  // generating slots beyond the decode width now: they keep their cells and wait

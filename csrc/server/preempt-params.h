@@ -5,6 +5,7 @@
 #include "common.h"
 #include "preempt-choice.h"
 #include "preempt-config.h"
+#include "preempt-disk.h"  // disk_store::RESERVE, HEADER_BYTES
 #include "preempt-disk-dir.h"
 #include "preempt-drain.h"
 #include "preempt-version.h"
@@ -115,9 +116,35 @@ inline std::string missing_model_file(const common_params & params) {
     return "";
 }
 
+// what DIR's filesystem can ever give the disk tier, in bytes: its size less the reserve the tier
+// keeps free for everything else (disk_store::RESERVE); `known` false when it does not say its size
+inline uint64_t disk_capacity_bytes(const std::string & dir, bool & known) {
+    struct statvfs vfs;
+    known = statvfs(dir.c_str(), &vfs) == 0 && vfs.f_blocks > 0;
+    const uint64_t total = known ? (uint64_t) vfs.f_blocks * vfs.f_frsize : 0;
+    return total > disk_store::RESERVE ? total - disk_store::RESERVE : 0;
+}
+
+// "" when the disk tier can ever hold a file on DIR's filesystem; else why it cannot (a filesystem
+// within the reserve: every park would go elsewhere, counted as no room): a warning at the start
+// and /props' preempt_disk_warning
+inline std::string disk_tier_never_holds(const common_params & params) {
+    bool known = false;
+    if (params.preempt_disk_dir.empty() || disk_capacity_bytes(params.preempt_disk_dir, known) > disk_store::HEADER_BYTES || !known) {
+        return "";
+    }
+    struct statvfs vfs;
+    statvfs(params.preempt_disk_dir.c_str(), &vfs);
+    return string_format("the filesystem of --preempt-disk %s is %.1f MiB in all, within the %zu MiB the disk tier keeps free "
+                         "for everything else: it can never hold a parked slot or a prompt file (use a larger filesystem)",
+                         params.preempt_disk_dir.c_str(), (double) vfs.f_blocks * vfs.f_frsize / 1048576.0,
+                         disk_store::RESERVE >> 20);
+}
+
 // --preempt-disk DIR must be a directory this server can write in, that others cannot turn against
 // it (preempt-disk-dir.h): checked before the model loads (the server's own subdirectory in it is
-// made once the slots exist, preempt-disk.h); "" otherwise
+// made once the slots exist, preempt-disk.h); an explicit --preempt-disk-mib must fit what its
+// filesystem can ever hold. "" otherwise
 inline std::string preempt_disk_error(const common_params & params) {
     const std::string & dir = params.preempt_disk_dir;
     if (dir.empty()) {
@@ -128,6 +155,15 @@ inline std::string preempt_disk_error(const common_params & params) {
     }
     if (access(dir.c_str(), W_OK | X_OK) != 0) {
         return "--preempt-disk: cannot write to '" + dir + "': " + std::string(strerror(errno));
+    }
+    bool known = false;
+    const uint64_t cap = disk_capacity_bytes(dir, known);
+    if (known && params.preempt_disk_mib > 0 && ((uint64_t) params.preempt_disk_mib << 20) > cap) {
+        // a budget the disk can never give: the operator asked for room that is not there
+        return string_format("--preempt-disk-mib %d asks for more than the filesystem of --preempt-disk %s can ever hold: "
+                             "%llu MiB, its size less the %zu MiB the disk tier keeps free (lower --preempt-disk-mib, or "
+                             "use a larger filesystem)", params.preempt_disk_mib, dir.c_str(),
+                             (unsigned long long) (cap >> 20), disk_store::RESERVE >> 20);
     }
     return "";
 }
@@ -173,6 +209,9 @@ inline std::string server_params_error(common_params & params) {
     }
     if (why.empty()) {
         resolve_disk_default(params);
+        if (const std::string never = disk_tier_never_holds(params); !never.empty()) {
+            SRV_WRN("preemption: %s; parks go to RAM or recompute (counted as over_budget)\n", never.c_str());
+        }
     }
     return why;
 }
@@ -219,6 +258,8 @@ inline json props_json(const common_params & params) {
         { "preempt_disk_mib",        params.preempt_disk_dir.empty() ? json(nullptr) : json(params.preempt_disk_mib) },
         { "preempt_disk_mib_from",   params.preempt_disk_dir.empty() ? json(nullptr)
                                      : json(llama_preempt::disk_limit_from(params.preempt_disk_mib_default, params.preempt_disk_mib)) },
+        { "preempt_disk_warning",    params.preempt_disk_dir.empty() ? json(nullptr)
+                                     : [&] { const std::string w = disk_tier_never_holds(params); return w.empty() ? json(nullptr) : json(w); }() },
         { "cache_persist",           params.preempt_cache_persist },
         { "max_logprobs",            params.preempt_max_logprobs < 0 ? json(nullptr) : json(params.preempt_max_logprobs) },
         { "max_body_mib",            params.preempt_max_body_mib },

@@ -60,6 +60,14 @@ void parked_slots::open_disk(const common_params & params, llama_context * ctx_t
         SRV_ERR("preemption: no disk tier, %s\n", err.c_str());
         return;
     }
+    // the store's own notes (its directory made again, a full filesystem, files left at exit)
+    swap_.disk->set_log([](bool warn, const std::string & msg) {
+        if (warn) {
+            SRV_WRN("%s\n", msg.c_str());
+        } else {
+            SRV_INF("%s\n", msg.c_str());
+        }
+    });
     SRV_INF("preemption: disk tier in %s (mode 0700, %s)%s\n", swap_.disk->dir().c_str(),
             swap_.disk->persistent() ? "its cached prompts kept at a clean exit" : "removed at exit",
             swap_.disk->n_stale_removed() > 0

@@ -111,6 +111,13 @@ void parked_slots::park_as(int32_t id, const park_order & o) {
     ps.n_restore = o.shape.n_restore;
     metrics_.preempt.parks_by_choice[(int) how.why]++;
     metrics_.preempt.parks_by_tier[(int) how.tier]++;
+    // the state victim() sized for this park (a RECOMPUTE's order carries no bytes)
+    const size_t n_state = sized_id_ == id ? sized_.total() : 0;
+    if (how.why == park_choice::over_budget && n_state > 0 && swap_.disk && swap_.disk->short_of_disk(n_state, prompts_.disk_bytes())) {
+        // no tier had room, and the disk tier's budget did: its filesystem is full (a fault to
+        // tell apart from a budget an operator set)
+        swap_.disk->count_full(string_format("a park of %.2f MiB found no room", n_state / 1048576.0));
+    }
 
     if (how.copies()) {
         // the prompt (tokens and checkpoints) waits beside the buffers; `sampled` stays the next

@@ -252,6 +252,21 @@ void cached_prompts::lookup(server_prompt & prompt, const server_tokens & tokens
         return;
     }
     const size_t n_bytes = file->total();
+    // its cells must all fit the pool at once (idle slots' prompts go to the cache first if they
+    // need to): a file read back without that room would be refused by the restore, its read
+    // wasted; it stays on disk for a later request and this one prefills
+    const size_t n_file = disk_->views()[i].n_tokens;
+    if (near_.room_cells(sc.seq, n_file) < n_file) {
+        SRV_DBG("preemption: a cached prompt of %zu tokens stays on disk, the pool has no room for its cells now\n", n_file);
+        if (was_ahead) {
+            forget_ahead(true);
+        }
+        return;
+    }
+    i = disk_->find(file);  // the idle slots' prompts spilled meanwhile may move the indices
+    if (i < 0) {
+        return;
+    }
     // room in the host budget before its bytes come back: older prompts give way
     reading_ = true;  // what the reservation evicts is written without giving way to this file
     const bool room = was_ahead || host_.reserve(held(), n_bytes, host_use::prompt_read);
@@ -269,8 +284,22 @@ void cached_prompts::lookup(server_prompt & prompt, const server_tokens & tokens
     std::list<common_prompt_checkpoint> checkpoints;
     if (!preempt_checkpoints_of(disk_->take(i, got, why, error), got.tail, checkpoints, why, error)) {
         count_failure(error);
+        host_.release(held());
         SRV_WRN("preemption: a cached prompt's file failed to read back (%s): %s; its tokens are prefilled instead\n",
                 disk_error_name(error), why.c_str());
+        return;
+    }
+    // restored into the slot here, as upstream's load() would from its cache (the slot's own prompt
+    // went to the cache just before): only a state in the slot is a hit, and load() then finds the
+    // slot's prompt the best match and keeps it
+    if (!restore_into(sc, got)) {
+        metrics_.preempt.n_prompt_cache_load_failures_total++;
+        host_.release(held());
+        host_.pages_freed();
+        SRV_WRN("preemption: a cached prompt of %zu tokens read back from the disk tier could not be restored into slot %d "
+                "(llama.cpp refused its state: no room for its cells?); its tokens are prefilled instead\n",
+                got.tokens.size(), sc.seq);
+        prompt.clear();
         return;
     }
     count_read(n_bytes, got.t_us);
@@ -278,11 +307,33 @@ void cached_prompts::lookup(server_prompt & prompt, const server_tokens & tokens
             "%.2f MiB in %.2f ms%s\n", got.tokens.size(), n_common,
             checkpoints.empty() ? "" : string_format(", %zu context checkpoints", checkpoints.size()).c_str(),
             n_bytes / 1048576.0, got.t_us / 1000.0, was_ahead ? " (read ahead while the request waited for a slot)" : "");
-    cache_->states.push_back({
-        /*.prompt =*/ { server_tokens(got.tokens, false), std::move(checkpoints) },
-        /*.data   =*/ { std::move(got.tgt), std::move(got.dft) },
-    });
-    host_.release(held());  // its bytes are the cache's now, no longer an extra: the limit goes back up
+    prompt.tokens      = server_tokens(got.tokens, false);
+    prompt.checkpoints = std::move(checkpoints);
+    got = {};
+    host_.release(held());  // its bytes are in the slot now, no longer an extra: the limit goes back up
+    host_.pages_freed();
+}
+
+// a prompt file's state read back, set into the slot's contexts in place of what it held; false
+// (the slot left empty) when llama.cpp refuses it
+bool cached_prompts::restore_into(const seq_contexts & sc, const prompt_read & got) {
+    for (llama_context * ctx : { sc.tgt, sc.dft }) {
+        if (ctx != nullptr) {
+            llama_memory_seq_rm(llama_get_memory(ctx), sc.seq, -1, -1);
+        }
+    }
+    bool ok = llama_state_seq_set_data_ext(sc.tgt, got.tgt.data(), got.tgt.size(), sc.seq, 0) == got.tgt.size();
+    if (ok && !got.dft.empty()) {
+        ok = sc.dft != nullptr && llama_state_seq_set_data_ext(sc.dft, got.dft.data(), got.dft.size(), sc.seq, 0) == got.dft.size();
+    }
+    if (!ok) {
+        for (llama_context * ctx : { sc.tgt, sc.dft }) {
+            if (ctx != nullptr) {
+                llama_memory_seq_rm(llama_get_memory(ctx), sc.seq, -1, -1);
+            }
+        }
+    }
+    return ok;
 }
 
 // A file larger than what the host budget leaves cached prompts: streamed straight into the slot,

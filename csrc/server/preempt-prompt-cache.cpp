@@ -27,7 +27,14 @@ void cached_prompts::init(const std::shared_ptr<disk_store> & disk, const std::s
                 "%.0f MiB)%s%s\n", r.n_taken, r.bytes / 1048576.0, disk->budget() / 1048576.0,
                 r.n_over > 0 ? string_format(", %d older ones removed (%.2f MiB) to fit --preempt-disk-mib", r.n_over,
                                              r.bytes_over / 1048576.0).c_str() : "",
-                r.n_unlisted > 0 ? string_format(", %d files no index listed removed", r.n_unlisted).c_str() : "");
+                r.n_unlisted > 0 ? string_format(", %d parked slots' files of a run that ended removed", r.n_unlisted).c_str() : "");
+        if (r.n_rebuilt > 0 || r.n_dropped > 0) {
+            // the index lost (a crash, a damaged disk, a hand) or files that do not check out: the
+            // prompts are taken back from the files themselves, and what is dropped is said
+            SRV_WRN("preemption: --cache-persist: the index of the kept prompts was %s: %d prompt files rebuilt from their "
+                    "own tokens, %d dropped%s%s\n", r.index_ok ? "read" : r.index_why.c_str(), r.n_rebuilt, r.n_dropped,
+                    r.n_dropped > 0 ? " (" : "", r.n_dropped > 0 ? (r.why_dropped + ")").c_str() : "");
+        }
     }
     cache_->on_evict  = [this](server_prompt_cache_state & state) { spill(state); };
     cache_->on_lookup = [this](server_prompt & prompt, const server_tokens & tokens, llama_context * tgt, llama_context * dft,

@@ -138,6 +138,7 @@ private:
     void forget_ahead(bool say);
     void count_failure(disk_error error);
     void count_read(size_t n_bytes, int64_t t_us);
+    bool restore_into(const seq_contexts & sc, const prompt_read & got);
 
     // finished prompt writes: their host copies' pages go back to the system (not to the
     // allocator's free lists), failed ones are counted

@@ -106,6 +106,8 @@ preempt_gauges preempt_server::gauges() const {
     if (swap.disk) {
         g.disk_bytes             = swap.disk->bytes_held();
         g.n_disk_writes_in_flight = swap.disk->n_writes_in_flight();
+        g.n_disk_full             = swap.disk->n_full();
+        g.n_disk_dir_remade       = (uint64_t) swap.disk->n_remade();
     }
     for (int32_t id = 0; id < port_.n_slots(); ++id) {
         g.n_pool_cells_used += port_.facts(id).processing() ? charged_cells(view(id)) : 0;

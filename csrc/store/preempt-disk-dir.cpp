@@ -114,8 +114,9 @@ std::vector<std::string> entries(int fd) {
 
 // Removes what a store makes (its lock and park files; a link among them is unlinked, never
 // followed) from the directory `fd`, but those in `keep`. Anything else stays, and so does the
-// directory then.
-void empty_store(int fd, const std::vector<std::string> & keep = {}) {
+// directory then. Returns what of its own could not be removed, and why ("name: why").
+std::vector<std::string> empty_store(int fd, const std::vector<std::string> & keep = {}) {
+    std::vector<std::string> left;
     std::vector<std::string> names;
     for (const auto & name : entries(fd)) {
         if (is_store_file(name.c_str()) && std::find(keep.begin(), keep.end(), name) == keep.end()) {
@@ -124,10 +125,12 @@ void empty_store(int fd, const std::vector<std::string> & keep = {}) {
     }
     for (const auto & name : names) {
         struct stat st;
-        if (fstatat(fd, name.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0 && (S_ISREG(st.st_mode) || S_ISLNK(st.st_mode))) {
-            unlinkat(fd, name.c_str(), 0);
+        if (fstatat(fd, name.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0 && (S_ISREG(st.st_mode) || S_ISLNK(st.st_mode)) &&
+            unlinkat(fd, name.c_str(), 0) != 0 && errno != ENOENT) {
+            left.push_back(name + ": " + strerror(errno));
         }
     }
+    return left;
 }
 
 // `name` in `parent_fd`, removed if it is a store of a server that is gone: a real directory of
@@ -272,16 +275,16 @@ bool open_cache_dir(const std::string & dir, const std::string & key, own_dir & 
     return true;
 }
 
-void close_cache_dir(own_dir & own, const std::vector<std::string> & keep) {
+std::vector<std::string> close_cache_dir(own_dir & own, const std::vector<std::string> & keep) {
     if (keep.empty()) {
-        remove_own_dir(own);  // nothing kept: the directory goes, its lock file and index with it
-        return;
+        return remove_own_dir(own);  // nothing kept: the directory goes, its lock file and index with it
     }
     std::vector<std::string> kept = keep;
     kept.push_back(LOCK);  // the lock file stays with the directory; the lock itself goes with its descriptor
     kept.push_back("index");
+    std::vector<std::string> left;
     if (own.fd >= 0) {
-        empty_store(own.fd, kept);
+        left = empty_store(own.fd, kept);
     }
     for (int * fd : { &own.fd, &own.parent_fd, &own.lock_fd }) {  // the lock file last: the lock goes with it
         if (*fd >= 0) {
@@ -289,6 +292,7 @@ void close_cache_dir(own_dir & own, const std::vector<std::string> & keep) {
             *fd = -1;
         }
     }
+    return left;
 }
 
 unsigned long long kept_cache_bytes(const std::string & dir) {
@@ -335,6 +339,50 @@ std::vector<std::string> store_files(const own_dir & own) {
     return out;
 }
 
+namespace {
+
+// Makes `name` in `parent` (0700) and locks it, as a store's own directory; false with `err`
+// (errno EEXIST: somebody's entry at that name, never ours to use). `dir` names DIR in messages.
+bool make_locked_dir(int parent, const std::string & dir, const std::string & name, own_dir & out, std::string & err) {
+    if (mkdirat(parent, name.c_str(), 0700) != 0) {
+        err = "--preempt-disk: cannot create a directory in '" + dir + "': " + strerror(errno);
+        return false;
+    }
+    const int fd = openat(parent, name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    struct stat st;
+    if (fd < 0 || fstat(fd, &st) != 0 || fchmod(fd, 0700) != 0) {
+        err = "--preempt-disk: cannot open the directory made in '" + dir + "': " + strerror(errno);
+        if (fd >= 0) {
+            close(fd);
+        }
+        unlinkat(parent, name.c_str(), AT_REMOVEDIR);
+        errno = EIO;
+        return false;
+    }
+    // locked before it is named `lock`: a server that scans now finds no lock (a store that
+    // young is never stale) or a held one, never a free one to take
+    const int lock = openat(fd, NEW_LOCK, O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+    if (lock < 0 || flock(lock, LOCK_EX | LOCK_NB) != 0 || renameat(fd, NEW_LOCK, fd, LOCK) != 0) {
+        err = "--preempt-disk: cannot lock a directory in '" + dir + "': " + strerror(errno);
+        if (lock >= 0) {
+            close(lock);
+        }
+        unlinkat(fd, NEW_LOCK, 0);
+        close(fd);
+        unlinkat(parent, name.c_str(), AT_REMOVEDIR);
+        errno = EIO;
+        return false;
+    }
+    out.path      = dir + "/" + name;
+    out.name      = name;
+    out.parent_fd = parent;
+    out.fd        = fd;
+    out.lock_fd   = lock;
+    return true;
+}
+
+} // namespace
+
 bool make_own_dir(const std::string & dir, const std::string & first_name, own_dir & out, std::string & err) {
     const int parent = open_parent(dir, err);
     if (parent < 0) {
@@ -347,48 +395,54 @@ bool make_own_dir(const std::string & dir, const std::string & first_name, own_d
     }
     for (int i = 0; i < N_TRIES; ++i) {
         const std::string name = i == 0 && !first_name.empty() ? first_name : random_name();
-        if (mkdirat(parent, name.c_str(), 0700) != 0) {
-            if (errno == EEXIST) {
-                continue;  // somebody's entry (a link, a directory) at that name: never ours to use
-            }
-            err = "--preempt-disk: cannot create a directory in '" + dir + "': " + strerror(errno);
+        if (make_locked_dir(parent, dir, name, out, err)) {
+            return true;
+        }
+        if (errno != EEXIST) {
             break;
         }
-        const int fd = openat(parent, name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-        struct stat st;
-        if (fd < 0 || fstat(fd, &st) != 0 || fchmod(fd, 0700) != 0) {
-            err = "--preempt-disk: cannot open the directory made in '" + dir + "': " + strerror(errno);
-            if (fd >= 0) {
-                close(fd);
-            }
-            unlinkat(parent, name.c_str(), AT_REMOVEDIR);
-            break;
-        }
-        // locked before it is named `lock`: a server that scans now finds no lock (a store that
-        // young is never stale) or a held one, never a free one to take
-        const int lock = openat(fd, NEW_LOCK, O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
-        if (lock < 0 || flock(lock, LOCK_EX | LOCK_NB) != 0 || renameat(fd, NEW_LOCK, fd, LOCK) != 0) {
-            err = "--preempt-disk: cannot lock a directory in '" + dir + "': " + strerror(errno);
-            if (lock >= 0) {
-                close(lock);
-            }
-            unlinkat(fd, NEW_LOCK, 0);
-            close(fd);
-            unlinkat(parent, name.c_str(), AT_REMOVEDIR);
-            break;
-        }
-        out.path      = dir + "/" + name;
-        out.name      = name;
-        out.parent_fd = parent;
-        out.fd        = fd;
-        out.lock_fd   = lock;
-        return true;
+        err.clear();  // somebody's entry (a link, a directory) at that name: never ours to use
     }
     if (err.empty()) {
         err = "--preempt-disk: no free name for a directory in '" + dir + "' after " + std::to_string(N_TRIES) + " tries";
     }
     close(parent);
     return false;
+}
+
+bool own_dir_gone(const own_dir & own) {
+    struct stat st;
+    // a directory removed while open keeps its descriptor, with no link left to it
+    return own.fd >= 0 && fstat(own.fd, &st) == 0 && st.st_nlink == 0;
+}
+
+bool remake_own_dir(own_dir & own, bool cache, std::string & err) {
+    const std::string dir = own.path.substr(0, own.path.size() - own.name.size() - 1);
+    own_dir made;
+    bool ok = false;
+    // a cache directory keeps its name (the next run finds it by its key); ours takes a new random
+    // one, made as at the start: a link or a directory planted at the old name is never used
+    for (int i = 0; i < (cache ? 1 : N_TRIES) && !ok; ++i) {
+        err.clear();
+        ok = make_locked_dir(own.parent_fd, dir, cache ? own.name : random_name(), made, err);
+        if (!ok && errno != EEXIST) {
+            break;
+        }
+    }
+    if (!ok) {
+        if (err.empty() || errno == EEXIST) {
+            err = "--preempt-disk: no free name for a directory in '" + dir + "'" + (cache ? " (an entry is at its name)" : "");
+        }
+        return false;
+    }
+    // onto the same descriptor numbers: the I/O thread, which works from them, sees the new directory
+    dup2(made.fd, own.fd);
+    dup2(made.lock_fd, own.lock_fd);
+    close(made.fd);
+    close(made.lock_fd);
+    own.path = made.path;
+    own.name = made.name;
+    return true;
 }
 
 int remove_stale_dirs(const own_dir & own) {
@@ -404,14 +458,26 @@ int remove_stale_dirs(const own_dir & own) {
     return n;
 }
 
-void remove_own_dir(own_dir & own) {
+std::vector<std::string> remove_own_dir(own_dir & own) {
+    std::vector<std::string> left;
+    const bool gone = own_dir_gone(own);  // removed under it already: nothing to remove, and its name may be another's now
     if (own.fd >= 0) {
-        empty_store(own.fd);  // the lock file too: the lock goes with its descriptor below
+        left = empty_store(own.fd);  // the lock file too: the lock goes with its descriptor below
+        if (!gone) {
+            // what else is in it keeps it: named, so that an operator knows why it stays
+            for (const auto & name : entries(own.fd)) {
+                if (!is_store_file(name.c_str())) {
+                    left.push_back(name + ": not a file this server makes, left as it is");
+                }
+            }
+        }
         close(own.fd);
         own.fd = -1;
     }
     if (own.parent_fd >= 0) {
-        unlinkat(own.parent_fd, own.name.c_str(), AT_REMOVEDIR);
+        if (!gone && unlinkat(own.parent_fd, own.name.c_str(), AT_REMOVEDIR) != 0 && errno != ENOENT) {
+            left.push_back("the directory itself: " + std::string(strerror(errno)));
+        }
         close(own.parent_fd);
         own.parent_fd = -1;
     }
@@ -419,6 +485,7 @@ void remove_own_dir(own_dir & own) {
         close(own.lock_fd);
         own.lock_fd = -1;
     }
+    return left;
 }
 
 } // namespace llama_preempt

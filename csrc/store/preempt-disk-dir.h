@@ -39,7 +39,18 @@ bool make_own_dir(const std::string & dir, const std::string & first_name, own_d
 int remove_stale_dirs(const own_dir & own);
 
 // Removes the store's files and its directory, and closes its descriptors (the lock last).
-void remove_own_dir(own_dir & own);
+// Returns what stays, each "name: why" (empty when everything went).
+std::vector<std::string> remove_own_dir(own_dir & own);
+
+// Whether the store's directory was removed under it (`rm -rf DIR/*`): its descriptor is left
+// with no link to it, and every file made there fails.
+bool own_dir_gone(const own_dir & own);
+
+// A store's directory removed under it, made again in DIR (the descriptor DIR was opened and
+// checked with at the start), as make_own_dir() makes one: a new random name, or the cache
+// directory's own name when `cache`, mode 0700, locked. The new directory takes the old one's
+// descriptor numbers. False with `err`.
+bool remake_own_dir(own_dir & own, bool cache, std::string & err);
 
 // --cache-persist: the directory a server keeps its cached prompts in across restarts,
 // DIR/llama-preempt-cache-<key> (`key`: the fingerprint of the model and the KV-relevant flags).
@@ -51,8 +62,8 @@ void remove_own_dir(own_dir & own);
 bool open_cache_dir(const std::string & dir, const std::string & key, own_dir & out, std::string & err, int & n_removed);
 
 // Closes a cache directory, keeping the files named in `keep` (and the index); the rest of what a
-// store makes goes. The directory stays when anything is kept.
-void close_cache_dir(own_dir & own, const std::vector<std::string> & keep);
+// store makes goes. The directory stays when anything is kept. Returns what could not be removed.
+std::vector<std::string> close_cache_dir(own_dir & own, const std::vector<std::string> & keep);
 
 // --cache-persist: the bytes on disk of the files kept in DIR's cache directories (ours alone, a
 // store's files only, none a running server holds; never through a link). A new server takes them back or removes them, so its

@@ -17,7 +17,7 @@ namespace llama_preempt {
 
 namespace {
 
-constexpr char   MAGIC[8] = { 'L', 'P', 'K', 'V', 'S', 'E', 'Q', '1' };
+constexpr const char * MAGIC = disk_store::MAGIC;  // 8 bytes: version 2, a record after the parts
 constexpr size_t HEADER   = disk_store::HEADER_BYTES;
 constexpr size_t CHUNK    = disk_store::CHUNK;
 
@@ -77,13 +77,22 @@ disk_error disk_store::do_write(disk_file & f, std::string & why, uint64_t & sum
             }
         }
     }
+    if (err == 0 && !f.meta.empty() && !write_all(fd, f.meta.data(), f.meta.size(), off)) {
+        err = errno ? errno : EIO;  // the owner's record after the parts (a cached prompt's tokens)
+    }
     if (err == 0) {
+        // the header last: a file cut short by a crash has none, and is never taken back
         sum = h.digest();
         uint8_t header[HEADER] = {};
-        memcpy(header, MAGIC, sizeof(MAGIC));
+        disk_hasher mh;
+        mh.update(f.meta.data(), f.meta.size());
+        const uint64_t n_meta = f.meta.size(), meta_sum = mh.digest();
+        memcpy(header, MAGIC, 8);
         memcpy(header + 8, &f.n_bytes[0], 8);
         memcpy(header + 16, &f.n_bytes[1], 8);
         memcpy(header + 24, &sum, 8);
+        memcpy(header + 32, &n_meta, 8);
+        memcpy(header + 40, &meta_sum, 8);
         if (!write_all(fd, header, HEADER, 0)) {
             err = errno ? errno : EIO;
         }
@@ -159,7 +168,7 @@ disk_error disk_store::do_read(disk_file & f, std::string & why) {
     memcpy(&n0, header + 8, 8);
     memcpy(&n1, header + 16, 8);
     memcpy(&sum, header + 24, 8);
-    if (memcmp(header, MAGIC, sizeof(MAGIC)) != 0 || n0 != f.n_bytes[0] || n1 != f.n_bytes[1]) {
+    if (memcmp(header, MAGIC, 8) != 0 || n0 != f.n_bytes[0] || n1 != f.n_bytes[1]) {
         return fail(disk_error::checksum, f.path + ": not the file this park wrote (its header differs)");
     }
     std::string pushed;

@@ -49,11 +49,76 @@ disk_store::~disk_store() {
     if (worker_.joinable()) {
         worker_.join();
     }
-    if (persistent_) {
-        close_cache_dir(dir_, keep_);
-    } else {
-        remove_own_dir(dir_);
+    const std::string path = dir_.path;
+    const auto left = persistent_ ? close_cache_dir(dir_, keep_) : remove_own_dir(dir_);
+    if (!left.empty()) {
+        std::string names;
+        for (const auto & l : left) {
+            names += (names.empty() ? "" : "; ") + l;
+        }
+        note(true, "preemption: the disk tier's directory " + path + " could not be emptied at exit, left behind: " + names);
     }
+}
+
+// under mu_: the directory removed under the store (`rm -rf DIR/*`) is made again, once per
+// removal, before a write that would fail in it; the files it held are gone (their reads fail)
+void disk_store::remake_if_gone_locked() {
+    if (!own_dir_gone(dir_)) {
+        return;
+    }
+    const std::string old = dir_.path;
+    std::string err;
+    if (!remake_own_dir(dir_, persistent_, err)) {
+        if (!said_dir_lost_) {
+            said_dir_lost_ = true;
+            note(true, "preemption: the disk tier's directory " + old + " was removed, and cannot be made again: " + err +
+                           "; parks go to RAM or recompute");
+        }
+        return;
+    }
+    n_remade_++;
+    said_dir_lost_ = false;
+    note(true, "preemption: the disk tier's directory " + old + " was removed under the server; made again as " + dir_.path +
+                   " (the files it held are lost: their slots recompute)");
+}
+
+void disk_store::count_full_locked(const std::string & what) {
+    n_full_++;
+    if (!full_episode_) {
+        full_episode_ = true;
+        note(true, "preemption: the filesystem of the disk tier (" + dir_.path + ") is full: " + what +
+                       "; parks go to RAM or recompute until a write succeeds again (counted in preempt_disk_full_total)");
+    }
+}
+
+void disk_store::count_full(const std::string & what) {
+    std::lock_guard<std::mutex> lk(mu_);
+    count_full_locked(what);
+}
+
+bool disk_store::short_of_disk(size_t bytes, size_t give_way) const {
+    std::lock_guard<std::mutex> lk(mu_);
+    const size_t budget_room = budget_ - std::min(budget_, bytes_held_);
+    if (bytes + HEADER > budget_room + give_way) {
+        return false;  // the budget is short first
+    }
+    struct statvfs vfs;
+    if (fstatvfs(dir_.fd, &vfs) != 0) {
+        return false;
+    }
+    const uint64_t avail = (uint64_t) vfs.f_bavail * vfs.f_frsize;
+    const uint64_t taken = RESERVE + bytes_unwritten_;
+    return (avail > taken ? avail - taken : 0) + give_way < bytes + HEADER;
+}
+
+uint64_t disk_store::n_full() const {
+    std::lock_guard<std::mutex> lk(mu_);
+    return n_full_;
+}
+
+int32_t disk_store::n_remade() const {
+    std::lock_guard<std::mutex> lk(mu_);
+    return n_remade_;
 }
 
 // under mu_: the bytes of state a new file may take (its header aside): what is left of the budget
@@ -75,32 +140,39 @@ size_t disk_store::room() const {
 }
 
 std::shared_ptr<disk_file> disk_store::write(const uint8_t * a, size_t n_a, const uint8_t * b, size_t n_b, bool held,
-                                             std::string & why, disk_error & error) {
+                                             std::string & why, disk_error & error, std::vector<uint8_t> meta) {
     auto f = std::make_shared<disk_file>();
     f->n_bytes[0] = n_a;
     f->n_bytes[1] = n_b;
     f->src[0]     = a;
     f->src[1]     = b;
+    f->meta       = std::move(meta);
     return queue_write(std::move(f), held, why, error);
 }
 
-std::shared_ptr<disk_file> disk_store::write(disk_stream & from, size_t n_a, size_t n_b, std::string & why, disk_error & error) {
+std::shared_ptr<disk_file> disk_store::write(disk_stream & from, size_t n_a, size_t n_b, std::string & why, disk_error & error,
+                                             std::vector<uint8_t> meta) {
     auto f = std::make_shared<disk_file>();
     f->n_bytes[0] = n_a;
     f->n_bytes[1] = n_b;
     f->stream     = &from;
+    f->meta       = std::move(meta);
     return queue_write(std::move(f), false, why, error);
 }
 
 std::shared_ptr<disk_file> disk_store::queue_write(std::shared_ptr<disk_file> f, bool held, std::string & why, disk_error & error) {
     {
         std::lock_guard<std::mutex> lk(mu_);
+        remake_if_gone_locked();
         const size_t room = room_locked();
         if (f->total() > room) {
-            why   = budget_ - std::min(budget_, bytes_held_) < f->total() + HEADER
-                  ? "the disk budget (--preempt-disk-mib) has no room left"
-                  : "the disk is full (" + std::to_string(room >> 20) + " MiB free beyond its reserve)";
+            const bool budget = budget_ - std::min(budget_, bytes_held_) < f->total() + HEADER;
+            why   = budget ? "the disk budget (--preempt-disk-mib) has no room left"
+                           : "the disk is full (" + std::to_string(room >> 20) + " MiB free beyond its reserve)";
             error = disk_error::full;
+            if (!budget) {
+                count_full_locked(why);
+            }
             return nullptr;
         }
         f->name = park_file_name(++n_files_);
@@ -292,7 +364,14 @@ void disk_store::run() {
             if (err == disk_error::none) {
                 f->checksum = sum;
                 f->st       = disk_file::status::written;
+                if (full_episode_) {
+                    full_episode_ = false;  // a write succeeds again: the next full disk is a new episode
+                    note(false, "preemption: the disk tier's filesystem has room again: a file was written");
+                }
             } else {
+                if (err == disk_error::full) {
+                    count_full_locked(why);
+                }
                 f->st = disk_file::status::failed;
                 uncount(*f);  // the file is gone: its budget comes back
                 unlinkat(dir_.fd, f->name.c_str(), 0);

@@ -17,6 +17,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -79,6 +80,8 @@ struct disk_file {
     std::string name;                   // in the store's directory
     std::string path;                   // the store's directory and name, for messages
     size_t      n_bytes[2] = { 0, 0 };  // the two parts (target and draft context), in file order
+    std::vector<uint8_t> meta;          // the owner's record of the file (a cached prompt's tokens), written
+                                        // after the parts with a checksum of its own; empty for a park
 
     // the I/O thread reads from `src` (a write) or fills `dst` (a read), or moves the bytes
     // through `stream` one chunk at a time (then both are null)
@@ -107,6 +110,9 @@ struct disk_knobs {
     std::string first_name;                 // LLAMA_SERVER_PREEMPT_DISK_NAME: the store's directory name tried first
 };
 
+// where a store's notes go (the server logs them): `warn` a warning, else information
+using disk_log = std::function<void(bool warn, const std::string & msg)>;
+
 class disk_store {
 public:
     // Creates DIR/llama-preempt-<pid>-<random> (mode 0700) and locks it; removes the directories
@@ -117,11 +123,19 @@ public:
     // falls back to a directory of its own.
     static std::shared_ptr<disk_store> open(const std::string & dir, size_t budget, const disk_knobs & knobs, std::string & err,
                                             const std::string & cache_key = "", std::string * cache_note = nullptr);
-    ~disk_store();  // stops the I/O thread; removes every file and the directory (a kept directory: all but keep_at_close())
+    ~disk_store();  // stops the I/O thread; removes every file and the directory (a kept directory: all but keep_at_close());
+                    // what could not be removed is named in a warning (set_log())
 
-    // --cache-persist (preempt-disk-keep.cpp): a file an earlier run wrote, taken back as written
-    // (null when it is not a regular file of ours of that size), and the files to keep at close
-    std::shared_ptr<disk_file> adopt(const std::string & name, size_t n0, size_t n1, uint64_t checksum);
+    // Where the store's notes go, set once right after open(): its directory made again after it
+    // was removed, the filesystem full (once per episode) and room again, files left at exit.
+    // Called from the loop's thread or the I/O thread.
+    void set_log(disk_log log) { log_ = std::move(log); }
+
+    // --cache-persist (preempt-disk-keep.cpp): a file an earlier run wrote, taken back from its own
+    // header: a regular file of ours (never through a link) of this version, of the size its header
+    // gives, whose record (`meta`, returned) matches its checksum; its state's checksum is checked
+    // when it is read. Null with `why` otherwise. And the files to keep at close.
+    std::shared_ptr<disk_file> adopt(const std::string & name, std::vector<uint8_t> & meta, std::string & why);
     void keep_at_close(std::vector<std::string> names) { keep_ = std::move(names); }
     bool persistent() const { return persistent_; }
     int  dir_fd() const { return dir_.fd; }
@@ -134,10 +148,11 @@ public:
     // are taken from the budget now). Null, with `why` and `error`, when the budget or the disk has
     // no room for it. The memory must stay until the file settles.
     std::shared_ptr<disk_file> write(const uint8_t * a, size_t n_a, const uint8_t * b, size_t n_b, bool held,
-                                     std::string & why, disk_error & error);
+                                     std::string & why, disk_error & error, std::vector<uint8_t> meta = {});
     // Queue a write whose bytes the I/O thread pulls from `from` one chunk at a time (never held);
     // the caller waits for it (settle()) and keeps `from` until then. As write() otherwise.
-    std::shared_ptr<disk_file> write(disk_stream & from, size_t n_a, size_t n_b, std::string & why, disk_error & error);
+    std::shared_ptr<disk_file> write(disk_stream & from, size_t n_a, size_t n_b, std::string & why, disk_error & error,
+                                     std::vector<uint8_t> meta = {});
     // A held write may start.
     void start(const std::shared_ptr<disk_file> & f);
     // The buffers a file was read into were dropped: it is only written again (it can be read
@@ -157,6 +172,15 @@ public:
 
     size_t  bytes_held() const;  // bytes of this server's files now (written or being written)
     size_t  room() const;        // bytes of state a new file may take: what is left of the budget and of the disk
+    // Whether `bytes` of state find no room because the filesystem is full (beyond RESERVE) while
+    // the budget (--preempt-disk-mib) has room for them; `give_way`: bytes of files that would
+    // make way (cached prompts' files give way to a park).
+    bool    short_of_disk(size_t bytes, size_t give_way) const;
+    // A write refused, or cut short, because the filesystem is full: counted (n_full()), and
+    // logged once per episode; the episode ends when a write succeeds again.
+    void    count_full(const std::string & what);
+    uint64_t n_full() const;
+    int32_t  n_remade() const;   // times its directory was made again after it was removed under it
     int32_t n_writes_in_flight() const;
     const std::string & dir() const { return dir_.path; }
     size_t budget() const { return budget_; }
@@ -164,7 +188,11 @@ public:
 
     // free space kept on the disk for everything else
     static constexpr size_t RESERVE = (size_t) 64 << 20;
-    static constexpr size_t HEADER_BYTES = 64;  // a file's header: magic, two part sizes, checksum, padding
+    // a file's header: magic (LPKVSEQ2), two part sizes, their checksum, the record's size and
+    // checksum, padding; the record follows the parts (version 1, LPKVSEQ1, had none)
+    static constexpr size_t HEADER_BYTES = 64;
+    static constexpr char   MAGIC[9]    = "LPKVSEQ2";  // this version's files
+    static constexpr char   MAGIC_V1[9] = "LPKVSEQ1";  // an older version's: no record, never taken back
     // one pwrite/pread, checksummed while it is in the cache: a cancel waits for one at most, and a
     // streamed state (disk_stream) passes through one staging buffer of this size
     static constexpr size_t CHUNK = (size_t) 1 << 20;
@@ -177,6 +205,13 @@ private:
     void uncount(disk_file & f);           // under mu_: its bytes leave bytes_held_ (and bytes_unwritten_)
     void settle_unwritten(disk_file & f);  // under mu_: its bytes are on the disk, or gone
     size_t room_locked() const;
+    void   count_full_locked(const std::string & what);
+    void   remake_if_gone_locked();
+    void   note(bool warn, const std::string & msg) const {
+        if (log_) {
+            log_(warn, msg);
+        }
+    }
     std::shared_ptr<disk_file> queue_write(std::shared_ptr<disk_file> f, bool held, std::string & why, disk_error & error);
     bool queue_read(const std::shared_ptr<disk_file> & f);
     std::deque<std::shared_ptr<disk_file>>::iterator next_job();
@@ -189,6 +224,7 @@ private:
     disk_knobs  knobs_;
     uint64_t    n_files_ = 0;
     int32_t     n_stale_removed_ = 0;
+    disk_log    log_;
 
     mutable std::mutex      mu_;
     std::condition_variable cv_work_;  // the I/O thread waits for work (and a held write for a cancel)
@@ -197,6 +233,10 @@ private:
     size_t  bytes_held_      = 0;
     size_t  bytes_unwritten_ = 0;  // queued or being written: the disk's free space does not show them yet
     int32_t n_writing_       = 0;
+    uint64_t n_full_         = 0;      // writes refused or cut short by a full filesystem
+    bool    full_episode_    = false;  //   and said so: until a write succeeds again
+    int32_t n_remade_        = 0;      // its directory made again after it was removed
+    bool    said_dir_lost_   = false;  //   or said that it could not be (once)
     bool    stop_       = false;
     bool    cancel_     = false;  // the file in the I/O thread's hands is being removed
     std::shared_ptr<disk_file> current_;

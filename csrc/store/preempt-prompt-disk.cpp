@@ -4,6 +4,8 @@
 #include "preempt-disk-io.h"
 
 #include <algorithm>
+#include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <type_traits>
 
@@ -40,12 +42,40 @@ prompt_disk::~prompt_disk() {
 
 namespace {
 
-constexpr char INDEX_MAGIC[8] = { 'L', 'P', 'P', 'C', 'I', 'D', 'X', '2' };  // 2: each file's tail
+// 3: the index lists names only, in order (each file carries its own tokens); 2 listed them too
+constexpr char INDEX_MAGIC[8] = { 'L', 'P', 'P', 'C', 'I', 'D', 'X', '3' };
 
 uint64_t hash_of(const uint8_t * p, size_t n) {
     disk_hasher h;
     h.update(p, n);
     return h.digest();
+}
+
+// a prompt file's record (disk_file::meta): the tail's bytes, then its tokens
+std::vector<uint8_t> prompt_meta(const std::vector<llama_token> & tokens, size_t n_tail) {
+    std::vector<uint8_t> out;
+    put_value(out, (uint64_t) n_tail);
+    put_value(out, (uint32_t) tokens.size());
+    put_bytes(out, tokens.data(), tokens.size() * sizeof(llama_token));
+    return out;
+}
+
+bool parse_prompt_meta(const std::vector<uint8_t> & meta, size_t n1, std::vector<llama_token> & tokens, size_t & n_tail) {
+    byte_reader r { meta };
+    uint64_t tail = 0;
+    uint32_t n_tok = 0;
+    if (!r.get(tail) || tail > n1 || !r.get(n_tok) || n_tok == 0 || (size_t) n_tok * sizeof(llama_token) != r.left()) {
+        return false;
+    }
+    tokens.resize(n_tok);
+    n_tail = (size_t) tail;
+    return r.get(tokens.data(), n_tok * sizeof(llama_token));
+}
+
+// the park-<n>.kv name's number: the order files were written in (oldest first)
+unsigned long long file_number(const std::string & name) {
+    unsigned long long n = 0;
+    return sscanf(name.c_str(), "park-%llu.kv", &n) == 1 ? n : 0;
 }
 
 } // namespace
@@ -59,12 +89,6 @@ bool prompt_disk::save_index() {
     for (const auto & e : files_) {
         put_value(out, (uint32_t) e.file->name.size());
         put_bytes(out, e.file->name.data(), e.file->name.size());
-        put_value(out, (uint64_t) e.file->n_bytes[0]);
-        put_value(out, (uint64_t) e.file->n_bytes[1]);
-        put_value(out, e.file->checksum);
-        put_value(out, (uint64_t) e.n_tail);
-        put_value(out, (uint32_t) e.tokens.size());
-        put_bytes(out, e.tokens.data(), e.tokens.size() * sizeof(llama_token));
     }
     put_value(out, hash_of(out.data(), out.size()));
     const int dir = store_->dir_fd();
@@ -77,56 +101,110 @@ bool prompt_disk::save_index() {
     return ok && renameat(dir, "index.new", dir, "index") == 0;
 }
 
-prompt_disk::load_result prompt_disk::load_index(const std::string & key) {
-    load_result res;
-    const int dir = store_->dir_fd();
+// The last run's index: the names it kept, oldest first. False with `why` when there is none, or
+// it cannot be read, is cut short, fails its checksum, or is of another version or key.
+static bool read_index(int dir, const std::string & key, std::vector<std::string> & names, std::string & why) {
     std::vector<uint8_t> in;
     const int fd = openat(dir, "index", O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
     struct stat st;
-    if (fd >= 0 && fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_uid == geteuid() && st.st_size >= 16) {
+    if (fd < 0) {
+        why = errno == ELOOP ? "a link in its place, not read" : "missing";
+        unlinkat(dir, "index", 0);  // a link goes, never what it points at
+        return false;
+    }
+    if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_uid == geteuid() && st.st_size >= 16 && st.st_size < (64 << 20)) {
         in.resize((size_t) st.st_size);
         if (!read_all(fd, in.data(), in.size(), 0)) {
             in.clear();
         }
     }
-    if (fd >= 0) {
-        close(fd);
-    }
+    close(fd);
     unlinkat(dir, "index", 0);  // used once: a run that crashes leaves no index that lists files it removed
-    std::vector<std::string> taken;
     uint64_t sum = 0;
     if (in.size() >= 16) {
         memcpy(&sum, in.data() + in.size() - 8, 8);
     }
-    if (in.size() >= 16 && sum == hash_of(in.data(), in.size() - 8) && memcmp(in.data(), INDEX_MAGIC, 8) == 0) {
-        in.resize(in.size() - 8);
-        byte_reader r { in, 8 };
-        uint32_t n_key = 0, n = 0;
-        std::string k;
-        bool ok = r.get(n_key) && n_key < 256 && (k.resize(n_key), r.get(k.data(), n_key)) && k == key && r.get(n);
-        for (uint32_t i = 0; ok && i < n; ++i) {
-            uint32_t n_name = 0, n_tok = 0;
-            uint64_t n0 = 0, n1 = 0, checksum = 0, n_tail = 0;
-            std::string name;
-            entry e;
-            ok = r.get(n_name) && n_name < 64 && (name.resize(n_name), r.get(name.data(), n_name)) && r.get(n0) && r.get(n1) &&
-                 r.get(checksum) && r.get(n_tail) && n_tail <= n1 && r.get(n_tok) && n_tok <= r.left() / sizeof(llama_token) &&
-                 (e.tokens.resize(n_tok), r.get(e.tokens.data(), n_tok * sizeof(llama_token)));
-            if (ok && (e.file = store_->adopt(name, n0, n1, checksum))) {
-                e.written = true;
-                e.n_tail  = (size_t) n_tail;
-                taken.push_back(name);
-                files_.push_back(std::move(e));
-            }
+    if (in.size() < 16 || sum != hash_of(in.data(), in.size() - 8)) {
+        why = "damaged (cut short, or changed: its checksum fails)";
+        return false;
+    }
+    if (memcmp(in.data(), INDEX_MAGIC, 8) != 0) {
+        why = "of an older version";
+        return false;
+    }
+    in.resize(in.size() - 8);
+    byte_reader r { in, 8 };
+    uint32_t n_key = 0, n = 0;
+    std::string k;
+    if (!(r.get(n_key) && n_key < 256 && (k.resize(n_key), r.get(k.data(), n_key)) && k == key && r.get(n))) {
+        why = "of another model or flags";
+        return false;
+    }
+    for (uint32_t i = 0; i < n; ++i) {
+        uint32_t n_name = 0;
+        std::string name;
+        if (!(r.get(n_name) && n_name < 64 && (name.resize(n_name), r.get(name.data(), n_name)))) {
+            why = "damaged (its entries do not parse)";
+            names.clear();
+            return false;
+        }
+        names.push_back(std::move(name));
+    }
+    return true;
+}
+
+prompt_disk::load_result prompt_disk::load_index(const std::string & key) {
+    load_result res;
+    const int dir = store_->dir_fd();
+    std::vector<std::string> listed;
+    res.index_ok = read_index(dir, key, listed, res.index_why);
+    // the listed files first, in the index's order (oldest first); then the others by the order
+    // they were written in: each carries its own tokens, so a file the index does not list (the
+    // index damaged or missing, a crash) is taken back from itself when it checks out
+    std::vector<std::string> names = store_->file_names();
+    std::sort(names.begin(), names.end(), [](const std::string & a, const std::string & b) {
+        return file_number(a) < file_number(b);
+    });
+    std::vector<std::string> order;
+    for (const auto & name : listed) {
+        if (std::find(names.begin(), names.end(), name) != names.end() && std::find(order.begin(), order.end(), name) == order.end()) {
+            order.push_back(name);
         }
     }
-    // what no index lists (a crashed run's files, a park's) goes
-    for (const auto & name : store_->file_names()) {
-        if (std::find(taken.begin(), taken.end(), name) == taken.end()) {
-            struct stat fs;
-            if (fstatat(dir, name.c_str(), &fs, AT_SYMLINK_NOFOLLOW) == 0 && (S_ISREG(fs.st_mode) || S_ISLNK(fs.st_mode)) &&
-                unlinkat(dir, name.c_str(), 0) == 0) {
-                ++res.n_unlisted;
+    for (const auto & name : names) {
+        if (std::find(order.begin(), order.end(), name) == order.end()) {
+            order.push_back(name);
+        }
+    }
+    for (const auto & name : order) {
+        const bool is_listed = std::find(listed.begin(), listed.end(), name) != listed.end();
+        std::vector<uint8_t> meta;
+        std::string why;
+        entry e;
+        if ((e.file = store_->adopt(name, meta, why))) {
+            if (meta.empty()) {
+                why = "";  // a parked slot's file (a crashed run's): no tokens, never a cached prompt
+            } else if (parse_prompt_meta(meta, e.file->n_bytes[1], e.tokens, e.n_tail)) {
+                e.written = true;
+                res.n_rebuilt += is_listed ? 0 : 1;
+                files_.push_back(std::move(e));
+                continue;
+            } else {
+                why = "its tokens do not parse";
+            }
+            store_->remove(e.file);
+        } else {
+            struct stat fs;  // what it is, gone: a link is unlinked, never followed
+            if (fstatat(dir, name.c_str(), &fs, AT_SYMLINK_NOFOLLOW) == 0 && (S_ISREG(fs.st_mode) || S_ISLNK(fs.st_mode))) {
+                unlinkat(dir, name.c_str(), 0);
+            }
+        }
+        if (why.empty()) {
+            ++res.n_unlisted;
+        } else {
+            ++res.n_dropped;
+            if (res.why_dropped.find(why) == std::string::npos) {
+                res.why_dropped += (res.why_dropped.empty() ? "" : "; ") + name + ": " + why;
             }
         }
     }
@@ -168,7 +246,8 @@ bool prompt_disk::spill(std::vector<llama_token> tokens, std::vector<uint8_t> &&
         e.dft.insert(e.dft.end(), tail.begin(), tail.end());
     }
     disk_error error = disk_error::none;
-    e.file = store_->write(e.tgt.data(), e.tgt.size(), e.dft.data(), e.dft.size(), false, why, error);
+    e.file = store_->write(e.tgt.data(), e.tgt.size(), e.dft.data(), e.dft.size(), false, why, error,
+                           prompt_meta(e.tokens, e.n_tail));
     if (!e.file) {
         return false;
     }
@@ -183,7 +262,7 @@ bool prompt_disk::write_streamed(std::vector<llama_token> tokens, disk_stream & 
     e.tokens = std::move(tokens);
     e.n_tail = n_tail;
     e.layout = std::move(layout);
-    e.file = store_->write(from, n0, n1, why, error);
+    e.file = store_->write(from, n0, n1, why, error, prompt_meta(e.tokens, n_tail));
     if (!e.file) {
         return false;
     }

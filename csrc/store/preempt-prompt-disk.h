@@ -97,15 +97,22 @@ public:
     int32_t n_files() const { return (int32_t) files_.size(); }
 
     // --cache-persist (the store's directory is kept across restarts: disk_store::persistent()).
-    // At start: the files the last run listed in its index under this `key`, taken back (each a
-    // regular file of ours of its size; its checksum is checked when it is read), the index then
-    // removed, and any other file a store makes removed; of those taken back, the oldest beyond the
-    // store's budget (--preempt-disk-mib) removed too. At close (from the destructor, after
-    // keep_at_exit()): the written files and their tokens listed in a new index.
+    // At start: the prompt files in the directory taken back, each from its own header and tokens
+    // (a regular file of ours of this version and of its size; its state's checksum is checked when
+    // it is read), in the order the last run's index under this `key` lists them, then the others
+    // it does not list (the index damaged or missing: rebuilt from the files) by the order they were
+    // written in; the index then removed, and any other file a store makes removed; of those taken
+    // back, the oldest beyond the store's budget (--preempt-disk-mib) removed too. At close (from
+    // the destructor, after keep_at_exit()): the written files listed, in order, in a new index.
     struct load_result {
+        bool        index_ok = false;  // the last run's index was read
+        std::string index_why;         //   or why not (missing, damaged, of an older version, ...)
         int32_t n_taken    = 0;  // files taken back and kept
         size_t  bytes      = 0;  // their bytes
-        int32_t n_unlisted = 0;  // files no index listed, removed
+        int32_t n_rebuilt  = 0;  // of those, taken back from their own tokens: no index listed them
+        int32_t n_dropped  = 0;  // prompt files that did not check out (header, size, tokens, an older version), removed
+        std::string why_dropped;  //   what was wrong with them, by file, each reason once
+        int32_t n_unlisted = 0;  // parked slots' files (a crashed run's: no tokens), removed
         int32_t n_over     = 0;  // files taken back, then removed (oldest first) to fit the budget
         size_t  bytes_over = 0;  // their bytes
     };

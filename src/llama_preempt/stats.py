@@ -139,6 +139,8 @@ class PreemptStats:
     n_disk_read_us_total: int = 0
     n_disk_read_ahead_total: int = 0      # files read back ahead of their resume
     n_disk_restore_from_memory_total: int = 0  # disk parks resumed from their host copy (still held)
+    preempt_disk_full_total: int = 0      # disk writes refused or cut short: the filesystem is full (not the budget)
+    n_disk_dir_remade_total: int = 0      # the disk tier's directory made again after it was removed
     kv_pool_cells: int = 0                # cells in the pool (-c)
     kv_pool_cells_used: int = 0           # cells the slots hold now
     server_draining: int = 0              # 1 while the server drains on SIGTERM/SIGINT
@@ -153,6 +155,7 @@ class PreemptStats:
     n_prompt_cache_disk_hits_total: int = 0  # read back for a request whose prefix matched
     n_prompt_cache_read_ahead_total: int = 0  # files read ahead while their request waited for a slot
     n_prompt_cache_disk_failures_total: int = 0  # prompt files that failed to write or read back
+    n_prompt_cache_load_failures_total: int = 0  # prompts read back from disk that upstream's load refused (prefilled)
     n_prompt_cache_disk_skipped_total: int = 0  # dropped, not written (no room, media)
     n_prompt_cache_streamed_total: int = 0  # larger than the RAM cache: streamed from the slot to the disk tier
     n_prompt_cache_streamed_back_total: int = 0  # prompt files streamed straight into a slot
