@@ -5,40 +5,26 @@
 #include "preempt-parked.h"
 
 #include "preempt-disk-io.h"   // disk_hasher
+#include "preempt-slot-file.h"   // model_state_identity()
 #include "preempt-tier-disk.h"   // disk_hold()
 #include "preempt-version.h"   // version_line()
 
 #include "llama.h"
 
 #include <algorithm>
-#include <cstdio>
 #include <string>
 #include <vector>
 
 namespace llama_preempt {
 
 // --cache-persist: the key of the kept directory, a fingerprint of what a cached state's bytes depend
-// on: the model file (its size, its first and last MiB, its description) and the KV-relevant flags
+// on: the model's identity for its states (the one a slot file carries) and the other KV-relevant flags
 static std::string preempt_cache_key(const common_params & params, llama_context * ctx) {
     disk_hasher h;
-    auto add = [&h](const std::string & s) { h.update((const uint8_t *) s.data(), s.size()); };
-    char desc[256] = "";
-    llama_model_desc(llama_get_model(ctx), desc, sizeof(desc));
-    add(string_format("%s|%s|n_ctx=%u|ctk=%s|ctv=%s|fa=%d|swa_full=%d|unified=%d|n_layer=%d|n_embd=%d", version_line(),
-                      desc, llama_n_ctx(ctx), ggml_type_name(params.cache_type_k), ggml_type_name(params.cache_type_v),
-                      (int) params.flash_attn_type, (int) params.swa_full, (int) params.kv_unified,
-                      llama_model_n_layer(llama_get_model(ctx)), llama_model_n_embd(llama_get_model(ctx))));
-    if (FILE * f = fopen(params.model.path.c_str(), "rb")) {
-        std::vector<uint8_t> buf(1 << 20);
-        fseek(f, 0, SEEK_END);
-        const long size = ftell(f);
-        add(std::to_string(size));
-        for (long at : { 0L, std::max(0L, size - (long) buf.size()) }) {
-            fseek(f, at, SEEK_SET);
-            h.update(buf.data(), fread(buf.data(), 1, buf.size(), f));
-        }
-        fclose(f);
-    }
+    const std::string key = string_format("%s|%s|n_ctx=%u|fa=%d|swa_full=%d|unified=%d", version_line(),
+                                          model_state_identity(params, ctx).c_str(), llama_n_ctx(ctx),
+                                          (int) params.flash_attn_type, (int) params.swa_full, (int) params.kv_unified);
+    h.update((const uint8_t *) key.data(), key.size());
     return string_format("%016llx", (unsigned long long) h.digest());
 }
 
