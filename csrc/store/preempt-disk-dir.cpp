@@ -261,11 +261,7 @@ bool open_cache_dir(const std::string & dir, const std::string & key, own_dir & 
         close(parent);
         return false;
     }
-    out.path      = dir + "/" + name;
-    out.name      = name;
-    out.parent_fd = parent;
-    out.fd        = fd;
-    out.lock_fd   = lock;
+    out = { dir + "/" + name, name, parent, fd, lock };
     // the caches of other models or flags, that no running server holds, can never be used
     for (const auto & other : entries(parent)) {
         if (is_cache_name(other.c_str()) && other != name) {
@@ -373,11 +369,7 @@ bool make_locked_dir(int parent, const std::string & dir, const std::string & na
         errno = EIO;
         return false;
     }
-    out.path      = dir + "/" + name;
-    out.name      = name;
-    out.parent_fd = parent;
-    out.fd        = fd;
-    out.lock_fd   = lock;
+    out = { dir + "/" + name, name, parent, fd, lock };
     return true;
 }
 
