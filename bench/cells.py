@@ -155,9 +155,9 @@ def pct(values: list[float], q: float) -> float | None:
     return s[min(len(s) - 1, max(0, round(q / 100 * (len(s) - 1))))]
 
 
-def stream_chat(url: str, prompt: str, n_predict: int) -> ChatResult:
+def stream_chat(url: str, prompt: str, n_predict: int, cache_prompt: bool = False) -> ChatResult:
     body = {"prompt": prompt, "n_predict": n_predict, "temperature": 0, "ignore_eos": True, "stream": True,
-            "cache_prompt": False}
+            "cache_prompt": cache_prompt}
     t0 = time.perf_counter()
     last = None
     res = ChatResult(False, None, 0, None)

@@ -62,16 +62,17 @@ def prompt_of(n_words: int, i: int) -> str:
     return f"{i}: " + " ".join(WORDS[(i + k) % len(WORDS)] for k in range(n_words))
 
 
-def run_load(srv: LlamaServer, prompts: list[str], wl: Workload) -> tuple[list[tuple[ChatResult, float]], float]:
+def run_load(srv: LlamaServer, prompts: list[str], wl: Workload,
+             cache_prompt: bool = False) -> tuple[list[tuple[ChatResult, float]], float]:
     """Every request at its arrival time, streamed (the cells' client); ((result, end-to-end s) per
-    request, wall seconds)."""
+    request, wall seconds). cache_prompt: upstream's default (True) where a load's prompts share text."""
     out: list[tuple[ChatResult, float]] = [(ChatResult(False, None, 0, None), 0.0)] * len(prompts)
     t0 = time.monotonic()
 
     def one(i: int) -> None:
         time.sleep(max(0.0, t0 + wl.t_arrival[i] - time.monotonic()))
         start = time.monotonic()
-        res = stream_chat(srv.url, prompts[i], wl.n_gen[i])
+        res = stream_chat(srv.url, prompts[i], wl.n_gen[i], cache_prompt)
         out[i] = (res, time.monotonic() - start)
 
     threads = [threading.Thread(target=one, args=(i,)) for i in range(len(prompts))]
