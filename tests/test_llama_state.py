@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from llama_preempt import Llama, LlamaState
+from llama_preempt.errors import RequestError
 
 # answers compared across Engines: --deterministic, on the CPU (see tests/test_dropin.py)
 SAME_ANSWERS: dict[str, Any] = {"args": ["-dev", "none"], "deterministic": True, "verbose": False}
@@ -90,6 +91,12 @@ def test_a_state_that_is_not_one_is_refused_clearly(stories_model: Path, tmp_pat
                                  None, n_vocab=32000)
         with pytest.raises(ValueError, match="same model"):
             llm.load_state(other_model)
+        # bytes changed after the save: the server's check trailer refuses them before they reach a slot
+        flipped = bytearray(good.llama_state)
+        flipped[len(flipped) // 2] ^= 0x10
+        damaged = LlamaState(good.input_ids, good.scores, good.n_tokens, bytes(flipped), good.llama_state_size, None)
+        with pytest.raises(RequestError, match="checksum"):
+            llm.load_state(damaged)
         # nothing was lost: the good state still loads and the Engine still answers
         llm.load_state(good)
         assert text(llm(STORY, max_tokens=4, temperature=0))

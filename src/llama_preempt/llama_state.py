@@ -6,7 +6,8 @@ generate, reset, load_state); after a completion call, and on an Engine or `LLM`
 llama-cpp-python program means is the slot of its most recent request (the one its next call
 continues). `save_state()` copies the slot's sequence state, byte for byte, as llama.cpp writes it
 (`llama_state_seq_save_file`: the tokens, then every layer's cells of the sequence, the same state
-a swap park copies) into a `LlamaState` in memory; `load_state()` writes it back into an idle slot,
+a swap park copies, followed by the server's check trailer: its length, checksum and model) into a
+`LlamaState` in memory; `load_state()` writes it back into an idle slot,
 so the next call whose prompt starts with those tokens takes up the answer from there, as if
 nothing had been saved. The copy goes through the server's slot files (`/slots/N?action=save|restore`,
 `read_slot` and `write_slot` here) in a directory the Engine's `Llama` made for it
@@ -88,7 +89,8 @@ def _context_slot(slots: list[dict[str, Any]]) -> dict[str, Any] | None:
 
 
 def read_slot(engine: "Engine", slot: int) -> bytes:
-    """Slot `slot`'s sequence state, as llama.cpp writes it (its tokens, then its cells)."""
+    """Slot `slot`'s slot file: its sequence state as llama.cpp writes it (its tokens, then its cells)
+    and the server's check trailer, which the server checks again when the bytes are loaded."""
     with _slot_file(save_dir_of(engine)) as (name, path):
         engine.request("POST", f"/slots/{slot}?action=save", {"filename": name})
         with open(path, "rb") as f:
