@@ -254,3 +254,22 @@ def run_in_thread(fn: Any) -> Any:
     t = threading.Thread(target=fn, daemon=True)
     t.start()
     return t
+
+
+def test_the_hybrid_mtp_model_saves_and_restores_whole_files_and_refuses_a_cut_one(start_server: Any,
+                                                                                  qwen35_mtp_model: Path,
+                                                                                  tmp_path: Path) -> None:
+    """Recurrent state, attention cells and the MTP head's context: the same trailer and checks."""
+    slots = tmp_path / "slots"
+    slots.mkdir()
+    srv = start_server(qwen35_mtp_model, n_ctx=1024, n_parallel=2,
+                       extra_args=["--slot-save-path", str(slots), "--spec-type", "draft-mtp", "--spec-draft-n-max", "2"])
+    assert complete(srv, "Once upon a time", 32, id_slot=0, cache_prompt=True).status_code == 200
+    saved = r_ok(_save(srv, 0, "hybrid.bin"))
+    data = (slots / "hybrid.bin").read_bytes()
+    assert saved["n_written"] == len(data) and data[-TRAILER:][:6] == b"LPSLOT"
+    (slots / "cut.bin").write_bytes(data[:len(data) - TRAILER - 100])
+    results = run_concurrently([lambda: complete(srv, "The dog ran to", 64), lambda: _restore(srv, 1, "cut.bin")])
+    assert results[0].status_code == 200 and results[0].json()["tokens_predicted"] == 64
+    assert results[1].status_code == 400 and "cut short" in results[1].json()["error"]["message"]
+    assert r_ok(_restore(srv, 1, "hybrid.bin"))["n_restored"] == saved["n_saved"]
