@@ -37,3 +37,35 @@ def test_n_cmpl_families_are_parked_and_complete_exactly_in_a_full_pool(start_se
     assert m["n_preempt_total"] > 0  # the pool did fill: something was parked
     assert m["n_preempt_fail_total"] == 0
     assert "Context size has been exceeded" not in srv.log_text()
+
+
+def test_slots_show_the_cells_a_family_shares(start_server: Any, stories_model: Path) -> None:
+    """/slots' n_cells and n_cells_shared (llama_memory_seq_n_cells(), patch 0020): the two choices of
+    an n_cmpl request each hold the prompt's cells shared and their answers' own; a park frees
+    n_cells - n_cells_shared."""
+    import threading
+
+    from helpers import n_tokens, wait_until
+
+    srv = start_server(stories_model, n_ctx=2048, n_parallel=3)
+    prompt = "Once upon a time there was a little girl named Lily"
+    n_prompt = n_tokens(srv, prompt)
+    out: dict[str, requests.Response] = {}
+    t = threading.Thread(target=lambda: out.setdefault("r", complete(srv, prompt, 1500, n_cmpl=2)), daemon=True)
+    t.start()
+    alone = complete(srv, "The dog ran to the park", 16, id_slot=2, cache_prompt=True)
+    assert alone.status_code == 200
+
+    def sharing() -> list[dict[str, Any]] | None:
+        rows = [s for s in srv.slots() if s["is_processing"] and s["n_cells"] > n_prompt + 8]
+        return rows if len(rows) == 2 else None
+
+    rows = wait_until(sharing, 60, "both choices generating past their prompt")
+    for s in rows:
+        assert s["n_cells_shared"] == n_prompt - 1 or s["n_cells_shared"] == n_prompt, s  # the prompt's cells
+        assert s["n_cells"] > s["n_cells_shared"]  # and their own answer's
+    idle = wait_until(lambda: next((s for s in srv.slots() if s["id"] == 2 and s["n_cells"] > 0), None), 10,
+                      "the idle slot's count to be refreshed")
+    assert idle["n_cells_shared"] == 0  # a prompt of its own
+    t.join(120)
+    assert out["r"].status_code == 200

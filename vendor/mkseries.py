@@ -63,6 +63,7 @@ _TOOL_CHOICE = _in("tool_choice", "tool-choice", "json_tools", "json-tools", "ne
 _OPENAI_SHAPES = _in("openai-shapes", "legacy", "usage_sum", "usage->", "usage]", "response_incomplete",
                      "n_cmpl = ")  # the openai-shapes topic
 _STATE_FILE_ERRORS = _in("unexpectedly reached end of file", "sequence state file is inconsistent")  # libllama's readers
+_SEQ_CELLS = _in("seq_n_cells")  # libllama: the cells a sequence holds and shares
 _SLOT_FILES = _in("slot_file", "parse_slot_id", "ERROR_TYPE_CONFLICT", "ERROR_TYPE_INSUFFICIENT_STORAGE")  # the slot-files topic
 _ENGINE_WORDS = _in("preempt_note_error", "common_params_parse_ex", "server_prepare_params",
                     "ex_wrapper", "step_report", "preempt-events.h", "preempt_selftest(",
@@ -113,7 +114,8 @@ TOPICS = [
     Topic("attn-own-cells-gather", "libllama: where no kernel walks the runs (no flash attention, or the KV on a device "
           "other than the CPU), attention gathers each sequence's cells into a stream of its own, so a row multiplies "
           "only its own cells (could go upstream with attn-own-cells)",
-          lambda f, t: f.startswith(("ggml/", "src/", "include/", "tests/")) and not _STATE_FILE_ERRORS(t)),
+          lambda f, t: f.startswith(("ggml/", "src/", "include/", "tests/")) and not _STATE_FILE_ERRORS(t)
+          and not _SEQ_CELLS(t)),
     Topic("ids-probabilities", "server: a caller of the token ids (return_tokens) gets one probability per id: a stop "
           "string's tokens keep theirs, and a token that ends inside a UTF-8 character gets its own",
           lambda f, t: f == "tools/server/server-context.cpp" and _in("caller of the ids")(t)),
@@ -143,6 +145,10 @@ TOPICS = [
           "they are read (csrc/server/preempt-slot-file.h); a slot id is digits only, one out of range or a slot parked "
           "through the API is answered at once; 409 and 507 error types",
           lambda f, t: f.startswith("tools/server/") and _SLOT_FILES(t)),
+    Topic("seq-cells", "libllama: llama_memory_seq_n_cells(): how many KV cells hold a sequence and how many of them "
+          "another sequence holds too (cells shared through seq_cp), so a caller knows what removing it frees "
+          "(could go upstream alone)",
+          lambda f, t: f.startswith(("src/", "include/")) and _SEQ_CELLS(t)),
 ]
 
 

@@ -163,6 +163,8 @@ void register_events(py::module_ & m) {
         .field("disk_bytes", &lp::slot_park_fields::disk_bytes)
         .field("copy_in_flight", &lp::slot_park_fields::copy_in_flight)
         .field("t_preempted_ms", &lp::slot_park_fields::t_preempted_ms)
+        .field("n_cells", &lp::slot_park_fields::n_cells)
+        .field("n_cells_shared", &lp::slot_park_fields::n_cells_shared)
         .done();
     event_class<lp::slot_stats>(m, "SlotStatsCore", "one slot as the Engine's stats() reports it")
         .field("id", &lp::slot_stats::id)

@@ -214,6 +214,7 @@ void preempt_server::update() {
         port_.wake_waiters();
     }
     drain.step();  // a drain runs whether preemption is on or not
+    count_cells();
     batch.loop_begin();  // the loop's clock runs whether preemption is on or not (preempt_loop_us_total)
     if (!cfg.on) {
         batch.measure();
@@ -273,6 +274,21 @@ void preempt_server::settle() {
         if (port_.facts(id).has_task && ps.t_arrival_us < 0) {
             ps.t_arrival_us = ggml_time_us();
         }
+    }
+}
+
+// /slots' n_cells and n_cells_shared: a walk over the pool's cells per slot, so at most four times
+// a second (on the main loop: the cells change only there)
+void preempt_server::count_cells() {
+    const int64_t now = ggml_time_us();
+    if (now - t_cells_us_ < 250 * 1000) {
+        return;
+    }
+    t_cells_us_ = now;
+    for (int32_t id = 0; id < port_.n_slots(); ++id) {
+        int32_t n_shared = 0;  // a slot's sequence is its id
+        table[id].n_cells        = ctx_tgt_ ? llama_memory_seq_n_cells(llama_get_memory(ctx_tgt_), id, &n_shared) : 0;
+        table[id].n_cells_shared = n_shared;
     }
 }
 

@@ -132,6 +132,7 @@ private:
     void planned(const plan & pl);
     void settle();
     bool end_families();
+    void count_cells();
 
     step_port &                            port_;
     server_metrics &                       metrics_;
@@ -140,6 +141,7 @@ private:
     llama_context * const &                ctx_tgt_;  // upstream's, read each time: a wake from sleep makes a new context
     std::unique_ptr<server_prompt_cache> & prompt_cache_;
 
+    int64_t t_cells_us_   = 0;   // when count_cells() last walked the cells
     int64_t t_wake_us_    = 0;   // when the request handlers were last woken to check should_stop()
     int32_t restore_next_ = -1;  // the last plan's restore_next (it keeps a written disk park's host copy)
 };

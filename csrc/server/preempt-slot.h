@@ -74,6 +74,11 @@ struct slot_preempt_state {
     int64_t t_parked_us = 0;
     int32_t n_gen_forced = 0; // stats.n_gen at the last forced park (LLAMA_SERVER_PREEMPT_EVERY)
 
+    // the cells holding its sequence, and of those the ones another sequence holds too (an n_cmpl
+    // family's prompt): a park frees the difference. Refreshed by preempt_server::update()
+    int32_t n_cells        = 0;
+    int32_t n_cells_shared = 0;
+
     // per request, shown in /slots
     int32_t n_preempt   = 0;
     int32_t n_recompute = 0;  // tokens re-prefilled for this request
@@ -116,6 +121,8 @@ struct slot_preempt_state {
         f.disk_bytes     = swap.disk.bytes_on_disk();
         f.copy_in_flight = swap.copy_in_flight;
         f.t_preempted_ms = t_parked_so_far_us(f.is_preempted) / 1000.0;
+        f.n_cells        = n_cells;
+        f.n_cells_shared = n_cells_shared;
         return f;
     }
 
@@ -139,6 +146,8 @@ struct slot_preempt_state {
         res["preempt_choice"] = !parked ? json(nullptr) : json(park_choice_name(f.choice));
         res["preempt_copy_in_flight"] = f.copy_in_flight;
         res["t_preempted_ms"] = f.t_preempted_ms;
+        res["n_cells"]        = f.n_cells;
+        res["n_cells_shared"] = f.n_cells_shared;
     }
 
     // time parked, this request: the parks it came back from, and the current one while it lasts

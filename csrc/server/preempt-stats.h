@@ -30,6 +30,8 @@ struct slot_park_fields {
     uint64_t    disk_bytes     = 0;      // bytes of its state in a file of the disk tier
     bool        copy_in_flight = false;  // its copy to host RAM may still run
     double      t_preempted_ms = 0;      // time its request spent parked, the current park included
+    int32_t     n_cells        = 0;      // KV cells holding its sequence (-1: the memory has no cells, a recurrent model)
+    int32_t     n_cells_shared = 0;      //   of those, cells another sequence holds too: a park frees the rest
 };
 
 // one slot as the Engine's stats() reports it: upstream's own fields, and its park

@@ -55,6 +55,7 @@ class SlotStats:
     preempt_tier: str | None = None     # while parked: where its state waits, "ram", "disk", "recompute" or "ram_q8"
     preempt_disk_bytes: int = 0         # bytes of its state in a file of the disk tier now
     is_paused: bool = False             # generating beyond the decode width: it keeps its cells and waits for a seat
+    n_cells_shared: int = 0             # of its cells, those another slot holds too (an n_cmpl family's prompt): a park frees the rest
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> "SlotStats":
@@ -85,6 +86,7 @@ class SlotStats:
             preempt_tier=d.get("preempt_tier") or None,
             preempt_disk_bytes=int(d.get("preempt_disk_bytes", 0) or 0),
             is_paused=bool(d.get("is_paused", False)),
+            n_cells_shared=int(d.get("n_cells_shared", 0) or 0),
         )
 
     @classmethod
@@ -101,6 +103,7 @@ class SlotStats:
             preempt_ram_bytes=p.ram_bytes, t_preempted_ms=p.t_preempted_ms, id_cmpl=p.id_cmpl or None,
             priority=p.priority, preempt_choice=p.choice if parked else None, preempt_copy_in_flight=p.copy_in_flight,
             preempt_tier=p.tier if parked else None, preempt_disk_bytes=p.disk_bytes, is_paused=p.is_paused,
+            n_cells_shared=p.n_cells_shared,
         )
 
 
