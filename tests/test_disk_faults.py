@@ -291,6 +291,30 @@ def test_prompt_files_of_an_older_version_are_dropped_with_the_reason(start_serv
     assert list(kept.glob("park-*.kv")) == [] or all(f.read_bytes()[:8] == b"LPKVSEQ2" for f in kept.glob("park-*.kv"))
 
 
+def test_a_kept_cache_directory_removed_mid_run_is_made_again_under_its_name_and_kept(
+        start_server, stories_model: Path, tmp_path: Path) -> None:
+    """--cache-persist: the directory the next run finds by its key is made again with the same name;
+    the prompts spilled after the removal are kept at exit and taken back by the next run."""
+    d = tmp_path / "disk"
+    d.mkdir()
+    srv = start_server(stories_model, **persist_args(d))
+    (kept,) = d.glob("llama-preempt-cache-*")
+    shutil.rmtree(kept)
+    prompt = long_prompt(300, shift=3)
+    first = cached(srv, prompt)
+    for i in range(6):  # the prompt leaves RAM for the disk tier, which finds its directory gone
+        assert cached(srv, long_prompt(250, shift=50 + 9 * i), 8)["tokens_predicted"] == 8
+    m = srv.metrics()
+    assert m["n_disk_dir_remade_total"] == 1 and m["n_prompt_cache_spilled_total"] >= 1
+    logged(srv, f"the disk tier's directory {kept} was removed under the server; made again as {kept}")
+    srv.stop()
+    assert srv.proc.returncode == 0 and kept.is_dir() and list(kept.glob("park-*.kv"))
+    again = start_server(stories_model, **persist_args(d))
+    back = cached(again, prompt)
+    assert back["timings"]["prompt_n"] <= 2 and back["content"] == first["content"]
+    assert again.metrics()["n_prompt_cache_disk_hits_total"] == 1
+
+
 # --- 6. a read back counts as a hit only once its state is in the slot ---
 
 def test_prompts_read_back_after_a_restart_count_as_hits_only_when_restored_into_their_slot(
