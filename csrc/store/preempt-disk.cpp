@@ -60,77 +60,27 @@ disk_store::~disk_store() {
     }
 }
 
-// under mu_: the directory removed under the store (`rm -rf DIR/*`) is made again, once per
-// removal, before a write that would fail in it; the files it held are gone (their reads fail)
-void disk_store::remake_if_gone_locked() {
-    if (!own_dir_gone(dir_)) {
-        return;
-    }
-    const std::string old = dir_.path;
-    std::string err;
-    if (!remake_own_dir(dir_, persistent_, err)) {
-        if (!said_dir_lost_) {
-            said_dir_lost_ = true;
-            note(true, "preemption: the disk tier's directory " + old + " was removed, and cannot be made again: " + err +
-                           "; parks go to RAM or recompute");
-        }
-        return;
-    }
-    n_remade_++;
-    said_dir_lost_ = false;
-    note(true, "preemption: the disk tier's directory " + old + " was removed under the server; made again as " + dir_.path +
-                   " (the files it held are lost: their slots recompute)");
+// under mu_: what is left of the budget (--preempt-disk-mib)
+size_t disk_store::budget_left_locked() const {
+    return budget_ - std::min(budget_, bytes_held_);
 }
 
-void disk_store::count_full_locked(const std::string & what) {
-    n_full_++;
-    if (!full_episode_) {
-        full_episode_ = true;
-        note(true, "preemption: the filesystem of the disk tier (" + dir_.path + ") is full: " + what +
-                       "; parks go to RAM or recompute until a write succeeds again (counted in preempt_disk_full_total)");
-    }
-}
-
-void disk_store::count_full(const std::string & what) {
-    std::lock_guard<std::mutex> lk(mu_);
-    count_full_locked(what);
-}
-
-bool disk_store::short_of_disk(size_t bytes, size_t give_way) const {
-    std::lock_guard<std::mutex> lk(mu_);
-    const size_t budget_room = budget_ - std::min(budget_, bytes_held_);
-    if (bytes + HEADER > budget_room + give_way) {
-        return false;  // the budget is short first
-    }
+// under mu_: the filesystem's free bytes beyond the reserve, less what is queued and not on the disk
+// yet (the disk does not see it); UINT64_MAX when the filesystem cannot be asked
+uint64_t disk_store::disk_left_locked() const {
     struct statvfs vfs;
     if (fstatvfs(dir_.fd, &vfs) != 0) {
-        return false;
+        return UINT64_MAX;
     }
     const uint64_t avail = (uint64_t) vfs.f_bavail * vfs.f_frsize;
     const uint64_t taken = RESERVE + bytes_unwritten_;
-    return (avail > taken ? avail - taken : 0) + give_way < bytes + HEADER;
+    return avail > taken ? avail - taken : 0;
 }
 
-uint64_t disk_store::n_full() const {
-    std::lock_guard<std::mutex> lk(mu_);
-    return n_full_;
-}
-
-int32_t disk_store::n_remade() const {
-    std::lock_guard<std::mutex> lk(mu_);
-    return n_remade_;
-}
-
-// under mu_: the bytes of state a new file may take (its header aside): what is left of the budget
-// and of the disk, less what is queued and not on the disk yet (the disk does not see it)
+// under mu_: the bytes of state a new file may take (its header aside): the lesser of what is left
+// of the budget and of the disk
 size_t disk_store::room_locked() const {
-    size_t room = budget_ - std::min(budget_, bytes_held_);
-    struct statvfs vfs;
-    if (fstatvfs(dir_.fd, &vfs) == 0) {
-        const uint64_t avail = (uint64_t) vfs.f_bavail * vfs.f_frsize;
-        const uint64_t taken = RESERVE + bytes_unwritten_;
-        room = std::min<uint64_t>(room, avail > taken ? avail - taken : 0);
-    }
+    const size_t room = std::min<uint64_t>(budget_left_locked(), disk_left_locked());
     return room > HEADER ? room - HEADER : 0;
 }
 
@@ -166,7 +116,7 @@ std::shared_ptr<disk_file> disk_store::queue_write(std::shared_ptr<disk_file> f,
         remake_if_gone_locked();
         const size_t room = room_locked();
         if (f->total() > room) {
-            const bool budget = budget_ - std::min(budget_, bytes_held_) < f->total() + HEADER;
+            const bool budget = budget_left_locked() < f->total() + HEADER;
             why   = budget ? "the disk budget (--preempt-disk-mib) has no room left"
                            : "the disk is full (" + std::to_string(room >> 20) + " MiB free beyond its reserve)";
             error = disk_error::full;

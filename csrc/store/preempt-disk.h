@@ -204,7 +204,9 @@ private:
     disk_error do_read(disk_file & f, std::string & why);
     void uncount(disk_file & f);           // under mu_: its bytes leave bytes_held_ (and bytes_unwritten_)
     void settle_unwritten(disk_file & f);  // under mu_: its bytes are on the disk, or gone
-    size_t room_locked() const;
+    size_t   budget_left_locked() const;
+    uint64_t disk_left_locked() const;
+    size_t   room_locked() const;
     void   count_full_locked(const std::string & what);
     void   remake_if_gone_locked();
     void   note(bool warn, const std::string & msg) const {
