@@ -116,29 +116,38 @@ inline std::string missing_model_file(const common_params & params) {
     return "";
 }
 
-// what DIR's filesystem can ever give the disk tier, in bytes: its size less the reserve the tier
-// keeps free for everything else (disk_store::RESERVE); `known` false when it does not say its size
-inline uint64_t disk_capacity_bytes(const std::string & dir, bool & known) {
+// DIR's filesystem as the disk tier sees it: its size, and what it can ever give the tier, its size
+// less the reserve the tier keeps free for everything else (disk_store::RESERVE); `known` false when
+// it does not say its size
+struct disk_fs_size {
+    bool     known    = false;
+    uint64_t total    = 0;
+    uint64_t capacity = 0;
+};
+
+inline disk_fs_size disk_fs_size_of(const std::string & dir) {
+    disk_fs_size fs;
     struct statvfs vfs;
-    known = statvfs(dir.c_str(), &vfs) == 0 && vfs.f_blocks > 0;
-    const uint64_t total = known ? (uint64_t) vfs.f_blocks * vfs.f_frsize : 0;
-    return total > disk_store::RESERVE ? total - disk_store::RESERVE : 0;
+    fs.known    = statvfs(dir.c_str(), &vfs) == 0 && vfs.f_blocks > 0;
+    fs.total    = fs.known ? (uint64_t) vfs.f_blocks * vfs.f_frsize : 0;
+    fs.capacity = fs.total > disk_store::RESERVE ? fs.total - disk_store::RESERVE : 0;
+    return fs;
 }
 
 // "" when the disk tier can ever hold a file on DIR's filesystem; else why it cannot (a filesystem
 // within the reserve: every park would go elsewhere, counted as no room): a warning at the start
 // and /props' preempt_disk_warning
 inline std::string disk_tier_never_holds(const common_params & params) {
-    bool known = false;
-    if (params.preempt_disk_dir.empty() || disk_capacity_bytes(params.preempt_disk_dir, known) > disk_store::HEADER_BYTES || !known) {
+    if (params.preempt_disk_dir.empty()) {
         return "";
     }
-    struct statvfs vfs;
-    statvfs(params.preempt_disk_dir.c_str(), &vfs);
+    const disk_fs_size fs = disk_fs_size_of(params.preempt_disk_dir);
+    if (!fs.known || fs.capacity > disk_store::HEADER_BYTES) {
+        return "";
+    }
     return string_format("the filesystem of --preempt-disk %s is %.1f MiB in all, within the %zu MiB the disk tier keeps free "
                          "for everything else: it can never hold a parked slot or a prompt file (use a larger filesystem)",
-                         params.preempt_disk_dir.c_str(), (double) vfs.f_blocks * vfs.f_frsize / 1048576.0,
-                         disk_store::RESERVE >> 20);
+                         params.preempt_disk_dir.c_str(), (double) fs.total / 1048576.0, disk_store::RESERVE >> 20);
 }
 
 // --preempt-disk DIR must be a directory this server can write in, that others cannot turn against
@@ -156,14 +165,13 @@ inline std::string preempt_disk_error(const common_params & params) {
     if (access(dir.c_str(), W_OK | X_OK) != 0) {
         return "--preempt-disk: cannot write to '" + dir + "': " + std::string(strerror(errno));
     }
-    bool known = false;
-    const uint64_t cap = disk_capacity_bytes(dir, known);
-    if (known && params.preempt_disk_mib > 0 && ((uint64_t) params.preempt_disk_mib << 20) > cap) {
+    const disk_fs_size fs = disk_fs_size_of(dir);
+    if (fs.known && params.preempt_disk_mib > 0 && ((uint64_t) params.preempt_disk_mib << 20) > fs.capacity) {
         // a budget the disk can never give: the operator asked for room that is not there
         return string_format("--preempt-disk-mib %d asks for more than the filesystem of --preempt-disk %s can ever hold: "
                              "%llu MiB, its size less the %zu MiB the disk tier keeps free (lower --preempt-disk-mib, or "
                              "use a larger filesystem)", params.preempt_disk_mib, dir.c_str(),
-                             (unsigned long long) (cap >> 20), disk_store::RESERVE >> 20);
+                             (unsigned long long) (fs.capacity >> 20), disk_store::RESERVE >> 20);
     }
     return "";
 }
