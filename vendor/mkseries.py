@@ -63,7 +63,8 @@ _TOOL_CHOICE = _in("tool_choice", "tool-choice", "json_tools", "json-tools", "ne
 _OPENAI_SHAPES = _in("openai-shapes", "legacy", "usage_sum", "usage->", "usage]", "response_incomplete",
                      "n_cmpl = ")  # the openai-shapes topic
 _STATE_FILE_ERRORS = _in("unexpectedly reached end of file", "sequence state file is inconsistent")  # libllama's readers
-_SEQ_CELLS = _in("seq_n_cells")  # libllama: the cells a sequence holds and shares
+_SEQ_CELLS = _in("seqs_n_cells")  # libllama: the cells a sequence holds and shares
+_PREFIX_SHARE = _in("preempt_link_prefix", "n_linked", "preempt_share_prefix")  # the prefix-share topic
 _SLOT_FILES = _in("slot_file", "parse_slot_id", "ERROR_TYPE_CONFLICT", "ERROR_TYPE_INSUFFICIENT_STORAGE")  # the slot-files topic
 _ENGINE_WORDS = _in("preempt_note_error", "common_params_parse_ex", "server_prepare_params",
                     "ex_wrapper", "step_report", "preempt-events.h", "preempt_selftest(",
@@ -122,17 +123,17 @@ TOPICS = [
     Topic("body-limit", "server: the largest request body is a flag (--max-body-mib, 413 naming it), and a prompt "
           "that cannot fit the context is refused before it is tokenized",
           lambda f, t: f.startswith(("tools/server/", "common/")) and not _TOOL_CHOICE(t) and not _HTTP_LIMITS(t)
-          and not _OPENAI_SHAPES(t) and not _SLOT_FILES(t)),
+          and not _OPENAI_SHAPES(t) and not _SLOT_FILES(t) and not _PREFIX_SHARE(t)),
     Topic("tool-choice", "common and server: tool_choice in every form OpenAI defines (a named function is a required "
           "call among the tools narrowed to it; a bad one is a 400), and a required call where the template has no "
           "tool format gets generic JSON tool calls by grammar (could go upstream alone)",
           lambda f, t: f.startswith(("tools/server/", "common/")) and not _HTTP_LIMITS(t) and not _OPENAI_SHAPES(t)
-          and not _SLOT_FILES(t)),
+          and not _SLOT_FILES(t) and not _PREFIX_SHARE(t)),
     Topic("http-limits", "cpp-httplib and server: every connection bounded: a request's headers and body within a "
           "deadline, a cap on open connections refused at once, a write with no progress ends its response, the "
           "pool spawns a thread whenever its idle ones cannot take every queued connection (could go upstream alone)",
           lambda f, t: f.startswith(("vendor/cpp-httplib/", "tools/server/", "common/")) and not _OPENAI_SHAPES(t)
-          and not _SLOT_FILES(t)),
+          and not _SLOT_FILES(t) and not _PREFIX_SHARE(t)),
     Topic("openai-shapes", "server: OpenAI's shapes where upstream's OpenAI routes answer in their own: /v1/completions' "
           "echo and legacy logprobs (tokens, token_logprobs, top_logprobs, text_offset), usage summed over n choices "
           "(each prompt once), and a Responses answer cut short by max_output_tokens incomplete",
@@ -145,10 +146,14 @@ TOPICS = [
           "they are read (csrc/server/preempt-slot-file.h); a slot id is digits only, one out of range or a slot parked "
           "through the API is answered at once; 409 and 507 error types",
           lambda f, t: f.startswith("tools/server/") and _SLOT_FILES(t)),
-    Topic("seq-cells", "libllama: llama_memory_seq_n_cells(): how many KV cells hold a sequence and how many of them "
-          "another sequence holds too (cells shared through seq_cp), so a caller knows what removing it frees "
-          "(could go upstream alone)",
+    Topic("seq-cells", "libllama: llama_memory_seqs_n_cells(): in one pass over the cells, how many KV cells hold each "
+          "sequence, how many of them another sequence holds too (cells shared through seq_cp: removing it frees the "
+          "rest) and how many it is the lowest sequence of (each used cell counted once) (could go upstream alone)",
           lambda f, t: f.startswith(("src/", "include/")) and _SEQ_CELLS(t)),
+    Topic("prefix-share", "server: a new prompt links the longest prefix another slot holds in the unified pool "
+          "(csrc/server/preempt-prefix.h) before its own cached prefix is counted, with and without cache_prompt; "
+          "--prefix-share / --no-prefix-share",
+          lambda f, t: f.startswith(("tools/server/", "common/")) and _PREFIX_SHARE(t)),
 ]
 
 

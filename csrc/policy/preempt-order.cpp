@@ -13,8 +13,8 @@ namespace llama_preempt {
 // the paused before the decoding (a paused slot waits anyway: its park stalls nobody), the latest
 // arrival among them first; of the rest, the fresh before the spared (starved, resuming, holding
 // no cells, about to finish, or decoding a token for the gap bound: taken only when no fresh
-// candidate of that priority exists), then the smallest (its park wastes least: the fewest tokens
-// to recompute, the smallest state to copy), then the latest arrival (first come, first served),
+// candidate of that priority exists), then the one that frees least (its park wastes least: the
+// fewest tokens to recompute, the smallest state to copy; a prefix it shares stays), then the latest arrival (first come, first served),
 // then the later id so the order is stable. The leader keeps
 // running: the slot with the most tokens among those of the highest priority. Parking it would
 // waste the most work, and a pool that cannot hold the leader alone is a context overflow, not a
@@ -45,7 +45,7 @@ std::vector<const slot_view *> victim_order(const std::vector<slot_view> & slots
         // its cells in a few steps anyway, and parking it would only delay its end
         const bool finishing = s->n_gen_left >= 0 && s->n_gen_left <= p.sched.n_near_finish;
         const bool trickle   = seats && (size_t) s->id < seats->trickle.size() && seats->trickle[s->id];
-        return s->n_preempt >= p.sched.n_starved || resuming || s->n_cells == 0 || finishing || trickle;
+        return s->n_preempt >= p.sched.n_starved || resuming || freed_cells(*s) == 0 || finishing || trickle;
     };
     auto is_paused = [&](const slot_view * s) {
         return seats && s->id >= 0 && (size_t) s->id < seats->paused.size() && seats->paused[s->id];
@@ -69,8 +69,8 @@ std::vector<const slot_view *> victim_order(const std::vector<slot_view> & slots
         if (sa != sb) {
             return sb;
         }
-        if (a->n_cells != b->n_cells) {
-            return a->n_cells < b->n_cells;
+        if (freed_cells(*a) != freed_cells(*b)) {
+            return freed_cells(*a) < freed_cells(*b);
         }
         if (a->arrival != b->arrival) {
             return a->arrival > b->arrival;
@@ -216,7 +216,7 @@ decode_seats plan_seats(const std::vector<slot_view> & slots, const plan_params 
         // slot keeps its cells: pausing it does not shorten the others' span)
         int64_t n_used = 0;
         for (const auto & s : slots) {
-            n_used += s.n_cells;
+            n_used += charged_cells(s);  // a shared prefix is in the pool once
         }
         std::vector<double> u;
         u.reserve(d.order.size());

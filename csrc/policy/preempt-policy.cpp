@@ -35,6 +35,13 @@ int32_t charged_cells(const slot_view & s) {
     return std::max(0, s.n_cells - s.n_shared);
 }
 
+int32_t freed_cells(const slot_view & s) {
+    if (s.phase == slot_phase::parked) {
+        return 0;
+    }
+    return std::max(0, s.n_cells - std::max(s.n_linked, s.n_shared));
+}
+
 // The planner, once per step before the batch is built: its phases in order over one step's budget
 // of cells (preempt-step.h). Room goes to running slots first, then to parked slots (restore
 // order), then to new requests: first come, first served.

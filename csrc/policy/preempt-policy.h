@@ -39,7 +39,9 @@ struct slot_view {
     slot_phase phase = slot_phase::idle;
 
     int32_t n_cells  = 0;  // cells the slot holds in the pool now (0 when parked)
-    int32_t n_shared = 0;  // of those, cells shared with its family's parent (charged there, not here)
+    int32_t n_shared = 0;  // of those, cells another slot holds too and is charged for (each cell is charged once)
+    int32_t n_linked = 0;  // of those, cells another slot holds too, charged here or there: a park or a purge
+                           // frees n_cells - n_linked (a shared prefix stays with its other holders)
 
     // reservation inputs for the next step
     int32_t n_draft       = 0;  // generating: draft bound of the next step
@@ -150,8 +152,11 @@ const char * park_block_reason(park_block b);  // the API's words: "its prompt h
 //    has not claimed yet.
 int32_t reservation(const slot_view & s, const plan_params & p);
 
-// Cells the slot holds that the pool must account for (shared family cells are charged once).
+// Cells the slot holds that the pool must account for (a cell several slots hold is charged once).
 int32_t charged_cells(const slot_view & s);
+
+// Cells a park or a purge of the slot gives back to the pool: those no other slot holds.
+int32_t freed_cells(const slot_view & s);
 
 // The slot to park next among running slots (new requests are not victims, they wait), or -1
 // when no slot may be parked: never the leader (the slot with the most tokens among those of the

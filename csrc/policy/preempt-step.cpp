@@ -37,7 +37,7 @@ step_budget::step_budget(const std::vector<slot_view> & slots, const plan_params
     // cells held only as a cache can be reclaimed, one slot at a time and only when needed: idle
     // slots first, then what new requests' slots cache (largest first in each group)
     for (const auto & s : slots) {
-        if ((s.phase == slot_phase::idle || is_new(s)) && charged_cells(s) > 0) {
+        if ((s.phase == slot_phase::idle || is_new(s)) && freed_cells(s) > 0) {
             cached_.push_back(&s);
         }
     }
@@ -45,7 +45,7 @@ step_budget::step_budget(const std::vector<slot_view> & slots, const plan_params
         if (is_new(*a) != is_new(*b)) {
             return !is_new(*a);
         }
-        return charged_cells(*a) > charged_cells(*b);
+        return freed_cells(*a) > freed_cells(*b);
     });
     // victims in one order for the whole step: parking one does not change the order of the rest
     victims = victim_order(slots, p, {}, &seats);
@@ -78,7 +78,7 @@ bool step_budget::purge_one() {
         return false;
     }
     const slot_view * s = cached_[i_cached_++];
-    used -= charged_cells(*s);
+    used -= freed_cells(*s);  // a prefix a running slot shares stays
     pl.purge.push_back(s->id);
     return true;
 }
@@ -90,7 +90,7 @@ bool step_budget::make_room(int32_t extra) {
 }
 
 void step_budget::park(const slot_view & s) {
-    used -= charged_cells(s);
+    used -= freed_cells(s);  // its shared prefix stays with the other holders
     need -= need_of(s);
     n_running -= 1;
     n_growing -= seats.paused[s.id] ? 0 : 1;
@@ -120,7 +120,7 @@ bool step_budget::park_paused_for(int32_t extra, const slot_view * later_than) {
         const bool later = !later_than || v->arrival > later_than->arrival || v->t_last_token_us > later_than->t_last_token_us;
         if (discretionary_victim(*v) && later) {
             take.push_back(v);
-            freed += charged_cells(*v);
+            freed += freed_cells(*v);
         }
     }
     if (!fits_freeing(freed, extra)) {

@@ -69,6 +69,7 @@ void register_policy(py::module_ & m) {
         .def_readwrite("phase",         &lp::slot_view::phase)
         .def_readwrite("n_cells",       &lp::slot_view::n_cells)
         .def_readwrite("n_shared",      &lp::slot_view::n_shared)
+        .def_readwrite("n_linked",      &lp::slot_view::n_linked)
         .def_readwrite("n_draft",       &lp::slot_view::n_draft)
         .def_readwrite("n_prompt_left", &lp::slot_view::n_prompt_left)
         .def_readwrite("n_replay_left", &lp::slot_view::n_replay_left)

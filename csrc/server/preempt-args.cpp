@@ -143,6 +143,17 @@ void preempt_add_args(common_params & params, const std::function<void(common_ar
         }
     ).set_env("LLAMA_ARG_STALL_TIMEOUT").set_examples({LLAMA_EXAMPLE_SERVER}));
     add_opt(common_arg(
+        {"--prefix-share"},
+        {"--no-prefix-share"},
+        "llama-preempt: a new request's prompt links the longest prefix another slot holds in the unified pool (a system "
+        "prompt, a document, the prompt of an n>1 request) instead of evaluating it again: the cells are held once, by "
+        "every request that shares them, and a park frees only the cells no other request holds (default: enabled; not "
+        "for recurrent, hybrid or sliding-window models, nor with a draft or MTP context)",
+        [](common_params & params, bool value) {
+            params.preempt_share_prefix = value;
+        }
+    ).set_env("LLAMA_ARG_PREFIX_SHARE").set_examples({LLAMA_EXAMPLE_SERVER}));
+    add_opt(common_arg(
         {"--cache-persist"},
         "llama-preempt: keep the prompt cache's disk tier across restarts: at a clean exit the cached prompts' files in "
         "--preempt-disk DIR stay, and the next server with the same model file and KV-relevant flags takes them back "

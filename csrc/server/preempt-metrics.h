@@ -35,6 +35,8 @@ struct preempt_counters {
     uint64_t n_queue_full_total        = 0;  // requests answered 503 at once: --max-queue requests waited for a slot
     uint64_t n_bytes_moved_total       = 0;  // wasted work by SWAP: state bytes copied out at parks and back at resumes
     uint64_t n_paused_total            = 0;  // times a generating slot was paused (beyond the decode width; it kept its cells)
+    uint64_t n_prefix_links_total      = 0;  // new prompts that linked a prefix another slot held (--prefix-share)
+    uint64_t n_prompt_tokens_linked_total = 0;  //   the prompt tokens they linked instead of evaluating
     uint64_t n_loop_steps_total        = 0;  // steps the loop timed (loop_us)
     uint64_t loop_us[N_LOOP_PARTS]     = {};  // where those steps' time went (loop_part), in microseconds
     uint64_t parks_by_choice[N_PARK_CHOICES] = {};  // parks by why SWAP or RECOMPUTE was taken (park_choice)
@@ -97,6 +99,7 @@ struct preempt_gauges {
     uint64_t n_disk_full          = 0;  // disk writes refused or cut short by a full filesystem (the store counts them)
     uint64_t n_disk_dir_remade    = 0;  // times the disk tier's directory was made again after it was removed
     int32_t  n_pool_cells_used    = 0;  // cells the requests in flight hold now (idle caches are reclaimable: not counted)
+    int32_t  n_pool_cells_saved   = 0;  // cells the slots hold beyond the pool's used ones: shared cells, counted once per extra holder
     bool     draining             = false;  // SIGTERM/SIGINT: finishing what it has, taking nothing new
     int32_t  n_requests_paused    = 0;  // generating slots beyond the decode width now: they keep their cells and wait
     int32_t  decode_width         = 0;  // generating slots the last step let decode

@@ -269,6 +269,7 @@ inline json props_json(const common_params & params) {
         { "preempt_disk_warning",    params.preempt_disk_dir.empty() ? json(nullptr)
                                      : [&] { const std::string w = disk_tier_never_holds(params); return w.empty() ? json(nullptr) : json(w); }() },
         { "cache_persist",           params.preempt_cache_persist },
+        { "prefix_share",            params.preempt_share_prefix },
         { "max_logprobs",            params.preempt_max_logprobs < 0 ? json(nullptr) : json(params.preempt_max_logprobs) },
         { "max_body_mib",            params.preempt_max_body_mib },
         { "read_deadline_s",         params.preempt_read_deadline_s },

@@ -65,6 +65,7 @@ public:
     virtual int32_t n_slots() const = 0;
     virtual slot_facts facts(int32_t id) const = 0;
     virtual int32_t task_of(int32_t id) const = 0;  // its request's task (-1: none), for the log
+    virtual const server_tokens & cached_tokens(int32_t id) const = 0;  // the tokens its cells hold (and those in the batch being built)
 };
 
 // A slot leaving the pool and coming back: what the parked slots (preempt-parked.h) and the tiers
@@ -163,6 +164,11 @@ public:
     virtual size_t room_cells(int32_t id, size_t need) = 0;
     // a pending context shift runs now (split out of pre_decode(), so the plan sees the counts after it)
     virtual void context_shift() = 0;
+    // the prompt of the request slot `id` has taken and not begun (nullptr: none, or one that never
+    // links a prefix: media, embeddings, no sampling), and in `n_own` what its own cells keep of it
+    virtual const server_tokens * new_prompt(int32_t id, int32_t & n_own) const = 0;
+    // slot `id`'s cells become `donor`'s first `n` cells, shared, and its cached prompt their tokens
+    virtual void link_cells(int32_t id, int32_t donor, int32_t n) = 0;
     // the request handlers check whether their clients are still there
     virtual void wake_waiters() = 0;
 };

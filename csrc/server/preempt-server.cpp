@@ -3,6 +3,7 @@
 
 #include "preempt-hostmem.h"  // return_free_pages(): the host budget hands freed pages back
 #include "preempt-decide.h"
+#include "preempt-prefix.h"   // a prefix stored once
 #include "preempt-selftest.h"
 #include "preempt-version.h"
 
@@ -42,6 +43,12 @@ void preempt_server::init() {
     log_lost_devices();
     log_deterministic_devices(params_);
     log_preempt_config(cfg, (size_t) port_.n_slots(), n_ctx_);
+    share_off_ = prefix_share_off(params_, llama_get_model(ctx_tgt_), cfg.on);
+    if (share_off_.empty()) {
+        SRV_INF("%s", "prefix sharing: on (--prefix-share): a new prompt links the longest prefix another slot holds in the pool\n");
+    } else {
+        SRV_INF("prefix sharing: off: %s\n", share_off_.c_str());
+    }
     parked.open_disk(params_, ctx_tgt_);
     prompts.init(parked.swap().disk, parked.persist_key());
     drain.init();
@@ -52,6 +59,22 @@ void preempt_server::init() {
 // LLAMA_SERVER_PREEMPT_HOLD_MS)
 slot_view preempt_server::view(int32_t id) const {
     slot_view v = port_.view_of(id, table[id]);
+    if (v.phase != slot_phase::parked) {
+        // cells other slots hold too: charged to their lowest holder, and no park of this one frees them
+        const auto & ps = table[id];
+        v.n_shared = std::clamp(ps.n_cells - ps.n_cells_first, 0, v.n_cells);
+        v.n_linked = std::clamp(ps.n_cells_shared, 0, v.n_cells);
+    }
+    if (v.is_new && share_off_.empty()) {
+        // a new request evaluates only what it cannot link (link_prefix())
+        int32_t n_own = 0;
+        if (const server_tokens * want = port_.new_prompt(id, n_own)) {
+            const prefix_link link = find_prefix(port_, ctx_tgt_, id, *want, n_own);
+            if (link.donor >= 0) {
+                v.n_prompt_left = std::min(v.n_prompt_left, (int32_t) want->size() - link.n);
+            }
+        }
+    }
     if (v.phase == slot_phase::parked) {
         const auto & ps = table[id];
         v.can_resume = !batch.parked_last_resort() &&
@@ -110,7 +133,8 @@ preempt_gauges preempt_server::gauges() const {
         g.n_disk_dir_remade       = (uint64_t) swap.disk->n_remade();
     }
     for (int32_t id = 0; id < port_.n_slots(); ++id) {
-        g.n_pool_cells_used += port_.facts(id).processing() ? charged_cells(view(id)) : 0;
+        g.n_pool_cells_used  += port_.facts(id).processing() ? charged_cells(view(id)) : 0;
+        g.n_pool_cells_saved += std::max(0, table[id].n_cells - table[id].n_cells_first);
     }
     g.draining = drain_level() > 0;
     return g;
@@ -277,19 +301,55 @@ void preempt_server::settle() {
     }
 }
 
-// /slots' n_cells and n_cells_shared: a walk over the pool's cells per slot, so at most four times
-// a second (on the main loop: the cells change only there)
+// each slot's cells, those another slot holds too and those charged to it (one walk over the pool's
+// used cells, on the main loop: the cells change only there). Every step while any cell is shared or
+// an n_cmpl family runs (the planner charges a shared cell once and counts what a park frees), else
+// at most four times a second, for /slots
 void preempt_server::count_cells() {
     const int64_t now = ggml_time_us();
-    if (now - t_cells_us_ < 250 * 1000) {
+    bool family = false;
+    for (int32_t id = 0; id < port_.n_slots() && !family; ++id) {
+        family = port_.facts(id).family;
+    }
+    if (!cells_shared_ && !family && now - t_cells_us_ < 250 * 1000) {
         return;
     }
     t_cells_us_ = now;
-    for (int32_t id = 0; id < port_.n_slots(); ++id) {
-        int32_t n_shared = 0;  // a slot's sequence is its id
-        table[id].n_cells        = ctx_tgt_ ? llama_memory_seq_n_cells(llama_get_memory(ctx_tgt_), id, &n_shared) : 0;
-        table[id].n_cells_shared = n_shared;
+    const int32_t n = port_.n_slots();  // a slot's sequence is its id
+    std::vector<int32_t> n_cells(n, 0), n_shared(n, 0), n_first(n, 0);
+    const int32_t n_used = ctx_tgt_ ? llama_memory_seqs_n_cells(llama_get_memory(ctx_tgt_), n, n_cells.data(),
+                                                                n_shared.data(), n_first.data()) : 0;
+    cells_shared_ = false;
+    for (int32_t id = 0; id < n; ++id) {
+        table[id].n_cells        = n_used < 0 ? -1 : n_cells[id];
+        table[id].n_cells_shared = n_shared[id];
+        table[id].n_cells_first  = n_first[id];
+        cells_shared_ |= n_shared[id] > 0;
     }
+}
+
+// A new request's prompt links the longest prefix another slot holds (preempt-prefix.h), called
+// from upstream's STARTED branch: it then starts after the linked tokens as after its own cached
+// prefix. Returns the tokens linked (0: none).
+int32_t preempt_server::link_prefix(int32_t id) {
+    if (!share_off_.empty()) {
+        return 0;
+    }
+    int32_t n_own = 0;
+    const server_tokens * want = port_.new_prompt(id, n_own);
+    if (!want) {
+        return 0;
+    }
+    const prefix_link link = find_prefix(port_, ctx_tgt_, id, *want, n_own);
+    if (link.donor < 0) {
+        return 0;
+    }
+    port_.link_cells(id, link.donor, link.n);
+    cells_shared_ = true;  // the next step's count walks the cells
+    metrics_.preempt.n_prefix_links_total++;
+    metrics_.preempt.n_prompt_tokens_linked_total += (uint64_t) link.n;
+    PSLT_DBG(port_, id, "linked the first %d prompt tokens from slot %d's cells (its own kept %d)\n", link.n, link.donor, n_own);
+    return link.n;
 }
 
 // The bottom of the KV-full retry ladder: the decode failed at n_batch 1. Rather than failing

@@ -74,10 +74,12 @@ struct slot_preempt_state {
     int64_t t_parked_us = 0;
     int32_t n_gen_forced = 0; // stats.n_gen at the last forced park (LLAMA_SERVER_PREEMPT_EVERY)
 
-    // the cells holding its sequence, and of those the ones another sequence holds too (an n_cmpl
-    // family's prompt): a park frees the difference. Refreshed by preempt_server::update()
+    // the cells holding its sequence, of those the ones another sequence holds too (a linked prefix,
+    // an n_cmpl family's prompt: a park frees the difference), and the ones charged to it (it is their
+    // lowest sequence: each cell is charged once). Refreshed by preempt_server::count_cells()
     int32_t n_cells        = 0;
     int32_t n_cells_shared = 0;
+    int32_t n_cells_first  = 0;
 
     // per request, shown in /slots
     int32_t n_preempt   = 0;
