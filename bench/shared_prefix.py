@@ -39,7 +39,7 @@ from mixed import WORDS, median_of, median_range, run_load, summarize
 from results_io import md_table, smollm2_model, stories_model, write_results
 
 FIGURES = [("completed", "completed"), ("tok_s", "tok/s"), ("ttft_p50_s", "TTFT p50 s"), ("e2e_p99_s", "end-to-end p99 s"),
-           ("prompt_evaluated", "prompt tokens evaluated"), ("parks", "parks")]
+           ("prompt_evaluated", "prompt tokens evaluated"), ("prompt_linked", "prompt tokens linked"), ("parks", "parks")]
 QUESTIONS = ("what did the girl find in the park and why did she keep it",
              "who helped the dog when it was lost near the big tree",
              "where did the children go after the rain stopped that day",
@@ -58,18 +58,22 @@ def question(i: int) -> str:
 
 
 def prefix_cells(n_slots: int, n_split: int) -> list[tuple[str, dict[str, Any]]]:
+    no_share = ["--no-prefix-share"]
     return [(f"static split, {n_split} slots", {"n_parallel": n_split, "unified": False}),
             (f"upstream's unified pool, {n_slots} slots", {"n_parallel": n_slots, "unified": True, "preempt": False}),
-            (f"auto, {n_split} slots", {"n_parallel": n_split, "unified": True}),
-            (f"auto, {n_slots} slots", {"n_parallel": n_slots, "unified": True})]
+            (f"auto, {n_split} slots, no sharing", {"n_parallel": n_split, "unified": True, "extra": no_share}),
+            (f"auto, {n_slots} slots, no sharing", {"n_parallel": n_slots, "unified": True, "extra": no_share}),
+            (f"auto, {n_split} slots, prefix shared", {"n_parallel": n_split, "unified": True}),
+            (f"auto, {n_slots} slots, prefix shared", {"n_parallel": n_slots, "unified": True})]
 
 
 def run_prefix(args: argparse.Namespace, console: Console) -> tuple[list[str], dict[str, Any]]:
     model = smollm2_model(args.model)
 
-    def server(n_parallel: int, unified: bool, preempt: bool | None = None) -> LlamaServer:
+    def server(n_parallel: int, unified: bool, preempt: bool | None = None, extra: list[str] | None = None) -> LlamaServer:
         return LlamaServer(ServerConfig(model=model, n_ctx=args.ctx, n_parallel=n_parallel, kv_unified=unified,
-                                        threads=args.threads, seed=1234, preempt=preempt), log_dir=args.log_dir)
+                                        threads=args.threads, seed=1234, preempt=preempt, extra_args=list(extra or [])),
+                           log_dir=args.log_dir)
 
     common = common_text(args.common_words)
     prompts = [common + question(i) for i in range(args.requests)]
@@ -84,8 +88,8 @@ def run_prefix(args: argparse.Namespace, console: Console) -> tuple[list[str], d
     console.print(f"{model.name}: {args.requests} requests at {args.rate}/s into {args.ctx} cells; common text "
                   f"{n_common} tokens, prompts {min(n_prompt)}-{max(n_prompt)}; held once: {held_once} prompt tokens")
     cells: list[tuple[str, Callable[[], LlamaServer]]] = [
-        (label, lambda how=how: server(how["n_parallel"], how["unified"], how.get("preempt")))
-        for label, how in prefix_cells(args.slots, args.split)]
+        (label, lambda how=how: server(how["n_parallel"], how["unified"], how.get("preempt"), how.get("extra")))
+        for label, how in prefix_cells(args.slots, args.split) if not args.only or args.only in label]
     runs: dict[str, list[dict[str, Any]]] = {label: [] for label, _ in cells}
     for run in range(args.runs):
         for label, make in cells:
@@ -94,24 +98,31 @@ def run_prefix(args: argparse.Namespace, console: Console) -> tuple[list[str], d
                 m = srv.metrics()
                 row = summarize(label, out, wall, m)
             row["prompt_evaluated"] = int(m.get("prompt_tokens_total", 0))
+            row["prompt_linked"] = int(m.get("n_prompt_tokens_linked_total", 0))
             runs[label].append(row)
             console.print(f"run {run + 1}/{args.runs}: {label}: {row['completed']} done, {row['tok_s']} tok/s, "
                           f"TTFT p50 {row['ttft_p50_s']} s, end-to-end p99 {row['e2e_p99_s']} s, "
-                          f"{row['prompt_evaluated']} prompt tokens evaluated, {row['parks']} parks")
+                          f"{row['prompt_evaluated']} prompt tokens evaluated, {row['prompt_linked']} linked, "
+                          f"{row['parks']} parks")
     table = []
     for label, _ in cells:
         rs = runs[label]
         table.append([label, len(rs), *[median_range([r[k] for r in rs]) if k != "completed" else rs[-1][k]
                                         for k, _ in FIGURES]])
     split = f"static split, {args.split} slots"
-    auto = f"auto, {args.slots} slots"
-    ratio = (median_of(runs[auto], "tok_s") or 0.0) / (median_of(runs[split], "tok_s") or float("nan"))
+    auto = f"auto, {args.slots} slots, prefix shared"
+    def ratio_of(key: str) -> float:
+        if not runs.get(auto) or not runs.get(split):
+            return float("nan")
+        return (median_of(runs[auto], key) or 0.0) / (median_of(runs[split], key) or float("nan"))
+    ratio = ratio_of("tok_s")
     md = [f"{model.name}: {args.requests} requests at {args.rate}/s into one pool of {args.ctx} cells; a common text of "
           f"{n_common} tokens and a question of its own (prompts of {min(n_prompt)}-{max(n_prompt)} tokens), "
           f"{args.gen}-token answers, streamed, cache_prompt on; {args.runs} interleaved run(s), medians (range). "
           f"Held once, the common text and the questions are {held_once} prompt tokens.", "",
           *md_table(["cell", "runs", *[h for _, h in FIGURES]], table), "",
-          f"auto at {args.slots} slots against the split: {ratio:.2f}x its tok/s."]
+          f"auto at {args.slots} slots with the prefix shared against the split: {ratio:.2f}x its tok/s, "
+          f"{ratio_of('ttft_p50_s'):.2f}x its TTFT p50, {ratio_of('e2e_p99_s'):.2f}x its end-to-end p99."]
     record = {"model": model.name, "ctx": args.ctx, "requests": args.requests, "rate": args.rate,
               "n_common": n_common, "n_prompt": n_prompt, "held_once": held_once, "runs": runs}
     return md, record
@@ -168,6 +179,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--common-words", type=int, default=700, help="words of the common text (700: 700 SmolLM2 tokens; the issue measured 777)")
     ap.add_argument("--gen", type=int, default=48, help="tokens per answer")
     ap.add_argument("--runs", type=int, default=1)
+    ap.add_argument("--only", default="", help="run only the cells whose label holds this text (e.g. 'prefix shared')")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--name", default="shared_prefix")
     ap.add_argument("--log-dir", type=Path, default=None, help="keep each cell's server log here")

@@ -57,6 +57,7 @@ struct preempt_config {
     sched_params sched;                      // how the planner shares an overloaded pool
     int32_t      verify_first = 3;           // --preempt-verify: swap copies the guard checks per device (-1 every one, 0 none)
     test_knobs   knobs;                      // the test knobs, all of them
+    std::string  share_off;                  // why prompts never link a prefix ("": they do; prefix_share_off(), set once the model is loaded)
 
     // idle swap memory kept for reuse: a quarter of the budget, at most 512 MiB (none with the
     // per-slice route, which is the baseline: upstream's copy into fresh memory)

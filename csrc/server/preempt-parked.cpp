@@ -2,6 +2,7 @@
 #include "preempt-parked.h"
 
 #include "preempt-memory.h"  // the copy guard's reaction to a wrong copy
+#include "preempt-prefix.h"  // a recomputed slot links the prefix another slot still holds
 
 #include "ggml.h"
 
@@ -320,7 +321,8 @@ void parked_slots::resume_as(int32_t id, park_tier from, const move_result & res
         case parked_from::generating:
             port_.set_phase(id, upstream_phase::prompt);
             ps.resuming      = true;
-            ps.n_replay_done = 0;
+            // a prefix another slot still holds (the text it shared before its park) is linked, not replayed
+            ps.n_replay_done = cfg_.share_off.empty() ? link_prefix(id, ps.replay, 0) : 0;
             break;
         case parked_from::prompt:
             port_.set_phase(id, upstream_phase::prompt);  // the prompt loop starts it over from token 0
@@ -334,9 +336,21 @@ void parked_slots::resume_as(int32_t id, park_tier from, const move_result & res
     ps.from = parked_from::none;
     metrics_.preempt.n_resume_total++;
     metrics_.preempt.restores_by_tier[(int) park_tier::recompute]++;
-    const int32_t n_replay = ps.resuming ? (int32_t) ps.replay.size() : ps.n_redo_left;
+    const int32_t n_replay = ps.resuming ? (int32_t) ps.replay.size() - ps.n_replay_done : ps.n_redo_left;
     steps_.note_resume(id, park_tier::recompute, fallback, t_parked, ggml_time_us() - t0, n_replay);
     PSLT_INF(port_, id, "resumed by recompute after %.1f ms parked, %d tokens to replay\n", t_parked / 1000.0, n_replay);
+}
+
+int32_t parked_slots::link_prefix(int32_t id, const server_tokens & want, int32_t n_own) {
+    const prefix_link link = find_prefix(port_, port_.contexts_of(id).tgt, id, want, n_own);
+    if (link.donor < 0) {
+        return 0;
+    }
+    port_.link_cells(id, link.donor, link.n);
+    metrics_.preempt.n_prefix_links_total++;
+    metrics_.preempt.n_prompt_tokens_linked_total += (uint64_t) link.n;
+    PSLT_INF(port_, id, "linked the first %d tokens from slot %d's cells (its own kept %d)\n", link.n, link.donor, n_own);
+    return link.n;
 }
 
 } // namespace llama_preempt

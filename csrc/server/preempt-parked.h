@@ -53,6 +53,10 @@ public:
         swap_.knobs = cfg_.knobs.swap;
     }
     void open_disk(const common_params & params, llama_context * ctx_tgt);  // the disk tier under --preempt-disk (preempt-parked-disk.cpp)
+    // slot `id`'s sequence links the longest prefix of `want` another slot holds (preempt-prefix.h), if
+    // it beats the `n_own` tokens its own cells keep: a new prompt, or a recomputed slot's replay.
+    // Returns the tokens linked (0: none)
+    int32_t link_prefix(int32_t id, const server_tokens & want, int32_t n_own);
 
     // a slot's preemption state (the table preempt_server hands it; the tiers read it here)
     slot_preempt_state & state(int32_t id) { return table_[id]; }

@@ -79,6 +79,8 @@ public:
     virtual void drop_cells(int32_t id) = 0;    // its sequence leaves the pool (target and draft), its prompt kept
     virtual void clear_prompt(int32_t id) = 0;  // its prompt and cells go, and any draft: the speculator starts over
     virtual void leave_batch(int32_t id) = 0;   // it has no tokens in the batch being built
+    // its cells become `donor`'s first `n` cells, shared (seq_cp in one stream), and its cached prompt their tokens
+    virtual void link_cells(int32_t id, int32_t donor, int32_t n) = 0;
     // its timings: `t_us` more parked (not generation time), and the parks its response reports
     virtual void count_parked(int32_t id, int64_t t_us, int32_t n_preempt) = 0;
     // a streamed request hears of its park and resume as an SSE comment (preempt-notice.h)
@@ -167,8 +169,7 @@ public:
     // the prompt of the request slot `id` has taken and not begun (nullptr: none, or one that never
     // links a prefix: media, embeddings, no sampling), and in `n_own` what its own cells keep of it
     virtual const server_tokens * new_prompt(int32_t id, int32_t & n_own) const = 0;
-    // slot `id`'s cells become `donor`'s first `n` cells, shared, and its cached prompt their tokens
-    virtual void link_cells(int32_t id, int32_t donor, int32_t n) = 0;
+
     // the request handlers check whether their clients are still there
     virtual void wake_waiters() = 0;
 };

@@ -40,7 +40,7 @@ std::string prefix_share_off(const common_params & params, const llama_model * m
     return "";
 }
 
-prefix_link find_prefix(const step_port & port, llama_context * ctx, int32_t id, const server_tokens & want, int32_t n_own) {
+prefix_link find_prefix(const slot_port & port, llama_context * ctx, int32_t id, const server_tokens & want, int32_t n_own) {
     prefix_link best;
     llama_memory_t mem = ctx ? llama_get_memory(ctx) : nullptr;
     if (!mem || want.size() < 2 || want.has_mtmd) {

@@ -35,6 +35,6 @@ std::string prefix_share_off(const common_params & params, const llama_model * m
 // PREFIX_LINK_MIN tokens longer than `n_own` (what `id`'s own cells keep), and never the whole of
 // `want` (its last token is evaluated for its logits). A holder counts up to the cells it has
 // decoded: the tokens it put in the batch being built are not cells yet.
-prefix_link find_prefix(const step_port & port, llama_context * ctx, int32_t id, const server_tokens & want, int32_t n_own);
+prefix_link find_prefix(const slot_port & port, llama_context * ctx, int32_t id, const server_tokens & want, int32_t n_own);
 
 } // namespace llama_preempt

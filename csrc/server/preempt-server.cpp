@@ -43,11 +43,12 @@ void preempt_server::init() {
     log_lost_devices();
     log_deterministic_devices(params_);
     log_preempt_config(cfg, (size_t) port_.n_slots(), n_ctx_);
-    share_off_ = prefix_share_off(params_, llama_get_model(ctx_tgt_), cfg.on);
-    if (share_off_.empty()) {
-        SRV_INF("%s", "prefix sharing: on (--prefix-share): a new prompt links the longest prefix another slot holds in the pool\n");
+    cfg.share_off = prefix_share_off(params_, llama_get_model(ctx_tgt_), cfg.on);
+    if (cfg.share_off.empty()) {
+        SRV_INF("%s", "prefix sharing: on (--prefix-share): a new prompt, and a recomputed one coming back, links the "
+                "longest prefix another slot holds in the pool\n");
     } else {
-        SRV_INF("prefix sharing: off: %s\n", share_off_.c_str());
+        SRV_INF("prefix sharing: off: %s\n", cfg.share_off.c_str());
     }
     parked.open_disk(params_, ctx_tgt_);
     prompts.init(parked.swap().disk, parked.persist_key());
@@ -65,7 +66,7 @@ slot_view preempt_server::view(int32_t id) const {
         v.n_shared = std::clamp(ps.n_cells - ps.n_cells_first, 0, v.n_cells);
         v.n_linked = std::clamp(ps.n_cells_shared, 0, v.n_cells);
     }
-    if (v.is_new && share_off_.empty()) {
+    if (v.is_new && cfg.share_off.empty()) {
         // a new request evaluates only what it cannot link (link_prefix())
         int32_t n_own = 0;
         if (const server_tokens * want = port_.new_prompt(id, n_own)) {
@@ -332,24 +333,11 @@ void preempt_server::count_cells() {
 // from upstream's STARTED branch: it then starts after the linked tokens as after its own cached
 // prefix. Returns the tokens linked (0: none).
 int32_t preempt_server::link_prefix(int32_t id) {
-    if (!share_off_.empty()) {
-        return 0;
-    }
     int32_t n_own = 0;
-    const server_tokens * want = port_.new_prompt(id, n_own);
-    if (!want) {
-        return 0;
-    }
-    const prefix_link link = find_prefix(port_, ctx_tgt_, id, *want, n_own);
-    if (link.donor < 0) {
-        return 0;
-    }
-    port_.link_cells(id, link.donor, link.n);
-    cells_shared_ = true;  // the next step's count walks the cells
-    metrics_.preempt.n_prefix_links_total++;
-    metrics_.preempt.n_prompt_tokens_linked_total += (uint64_t) link.n;
-    PSLT_DBG(port_, id, "linked the first %d prompt tokens from slot %d's cells (its own kept %d)\n", link.n, link.donor, n_own);
-    return link.n;
+    const server_tokens * want = cfg.share_off.empty() ? port_.new_prompt(id, n_own) : nullptr;
+    const int32_t n = want ? parked.link_prefix(id, *want, n_own) : 0;
+    cells_shared_ |= n > 0;  // the next step's count walks the cells
+    return n;
 }
 
 // The bottom of the KV-full retry ladder: the decode failed at n_batch 1. Rather than failing

@@ -146,7 +146,7 @@ private:
 
     int64_t t_cells_us_   = 0;   // when count_cells() last walked the cells
     bool    cells_shared_ = false;  // a cell was shared at the last walk, or a prefix was linked since
-    std::string share_off_;         // why prompts never link a prefix here ("": they do; prefix_share_off())
+
     int64_t t_wake_us_    = 0;   // when the request handlers were last woken to check should_stop()
     int32_t restore_next_ = -1;  // the last plan's restore_next (it keeps a written disk park's host copy)
 };
