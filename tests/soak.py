@@ -11,7 +11,7 @@ with the natural ones. `--preempt-ram` picks the mode: 1 MiB (SWAP: a stories260
 well under it), 0 (RECOMPUTE). Checked:
 
 - every request ends complete (stop type and token count checked, streamed or not) or with an error
-  it deserved (an n_cmpl family the pool cannot hold, which is never parked);
+  it deserved (an n_cmpl family the pool cannot hold even with its choices parked one at a time);
 - the server never dies, and at idle no slot holds a request, nothing is parked and no host RAM
   is held;
 - the server's RSS stays bounded, and the parked bytes (polled) never exceed the budget.
@@ -110,7 +110,7 @@ def one_request(srv: LlamaServer, rng: random.Random, res: SoakResult, lock: thr
                 else:
                     why = f"truncated: {[(o.get('stop_type'), o.get('tokens_predicted')) for o in outs]} of {n_predict}"
             elif family and r.status_code == 400 and "exceed" in r.text:
-                outcome = "deserved"  # a family is never parked: when only it could make room, it ends
+                outcome = "deserved"  # a family still in its prompt cannot be parked: when only it could make room, it ends
             else:
                 why = f"HTTP {r.status_code}: {r.text[:120]}"
     except requests.RequestException as e:

@@ -274,13 +274,18 @@ def test_the_slot_actions_errors(start_server, stories_model: Path) -> None:
     error(act(0, "unpark"), 400, "is not parked")
     error(act(7, "park"), 400, "no slot 7")
     error(act("x", "park"), 400, "Invalid slot ID")
-    # a slot of an n_cmpl family cannot be parked
-    done = threading.Event()
-    t = threading.Thread(target=lambda: (complete(srv, "Once upon a time", 300, n_cmpl=2), done.set()))
+    # a slot of an n_cmpl family is parked like any other once its prompt is in every choice's
+    # cells (before that, while a choice waits for the prompt, it is a 400 naming n_cmpl)
+    out: dict[str, requests.Response] = {}
+    t = threading.Thread(target=lambda: out.setdefault("r", complete(srv, "Once upon a time", 300, n_cmpl=2)))
     t.start()
     sid = wait_for_slot(srv, "is_processing", 30)["id"]
-    error(act(sid, "park"), 400, "n_cmpl")
+    wait_until(lambda: act(sid, "park").status_code == 200 or None, 30, "a choice of the family to be parked")
+    wait_for_parked(srv, 30)
+    assert act(sid, "unpark").status_code == 200
     t.join(60)
+    choices = out["r"].json()
+    assert out["r"].status_code == 200 and [c["tokens_predicted"] for c in choices] == [300, 300]
     # a slot the planner parked is not the API's to unpark
     held = start_server(stories_model, n_ctx=512, n_parallel=2,
                         env={**FORCED, "LLAMA_SERVER_PREEMPT_HOLD_MS": "600000"})

@@ -1,4 +1,6 @@
-"""n>1 requests (an n_cmpl family: a parent and its children sharing the prompt's cells): what
+"""n>1 requests (an n_cmpl family: a parent and its children sharing the prompt's cells) in a pool
+that fills: once the prompt is in every choice's cells, a choice is parked like any other slot and
+resumed, so the family completes instead of ending with "Context size has been exceeded"; and what
 /slots shows of the cells they share."""
 from __future__ import annotations
 
@@ -7,7 +9,35 @@ from typing import Any
 
 import requests
 
-from helpers import complete
+from helpers import complete, run_concurrently
+
+N_FAMILY = 200
+
+
+def _family(srv: Any, i: int) -> requests.Response:
+    prompt = f"The little dog {i} ran to the park"
+    if i % 2 == 0:
+        return complete(srv, prompt, N_FAMILY, n_cmpl=3)
+    return srv.post("/v1/completions", {"prompt": prompt, "max_tokens": N_FAMILY, "n": 3, "temperature": 0,
+                                        "ignore_eos": True})
+
+
+def test_n_cmpl_families_are_parked_and_complete_exactly_in_a_full_pool(start_server: Any, stories_model: Path) -> None:
+    srv = start_server(stories_model, n_ctx=1024, n_parallel=6, preempt_mode="swap")
+    reference = {i: complete(srv, f"The little dog {i} ran to the park", N_FAMILY).json()["content"] for i in range(4)}
+    plain = [lambda i=i: complete(srv, f"Once upon a time {i}", 200 + 40 * i) for i in range(6)]
+    families = [lambda i=i: _family(srv, i) for i in range(4)]
+    results = run_concurrently([*plain, *families])
+    for r in results:
+        assert r.status_code == 200, r.text
+    for i, r in enumerate(results[6:]):
+        body = r.json()
+        texts = [c["content"] for c in body] if i % 2 == 0 else [c["text"] for c in body["choices"]]
+        assert texts == [reference[i]] * 3, i  # every choice whole and exact (greedy: the solo answer)
+    m = srv.metrics()
+    assert m["n_preempt_total"] > 0  # the pool did fill: something was parked
+    assert m["n_preempt_fail_total"] == 0
+    assert "Context size has been exceeded" not in srv.log_text()
 
 def test_slots_show_the_cells_a_family_shares(start_server: Any, stories_model: Path) -> None:
     """/slots' n_cells and n_cells_shared (llama_memory_seq_n_cells(), patch 0020): the two choices of

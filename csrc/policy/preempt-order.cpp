@@ -95,7 +95,7 @@ bool may_park(const slot_view & s) {
 const char * park_block_reason(park_block b) {
     switch (b) {
         case park_block::none:           return "";
-        case park_block::family:         return "it serves an n_cmpl request, whose slots share their prompt cells";
+        case park_block::family:         return "it serves an n_cmpl request whose prompt is not yet in every choice's cells";
         case park_block::multimodal:     return "its prompt holds media, which a replay cannot re-encode";
         case park_block::not_replayable: return "its request cannot be replayed (embedding input or an aLoRA adapter)";
     }

@@ -64,7 +64,7 @@ struct slot_view {
     int64_t arrival       = 0;      // the request's place in arrival order (the server's task id): earlier first
     int64_t t_arrival_us  = -1;     // when the request reached its slot (its wait for admission ages from there; -1: not known)
     int32_t n_preempt     = 0;      // times parked so far
-    bool    in_family     = false;  // parent or child of an n_cmpl request: never a victim
+    bool    in_family     = false;  // parent or child of an n_cmpl request before its prompt is in every member's cells: never a victim then
     bool    is_multimodal = false;  // its tokens hold media placeholders: never a victim
     bool    can_park      = true;   // other hard exclusions decided by the mechanics
 };

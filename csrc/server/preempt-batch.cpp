@@ -128,8 +128,9 @@ void batch_hooks::count_decoded(int32_t off, int32_t n_tokens) {
 }
 
 // the last resort's first half: the undecoded tokens [off, end) taken back out of their slots, each
-// back at a token boundary. True when a slot of an n_cmpl family was among them (children copy
-// their parent's cells after the first sub-batch: such a family is not rewound into a park).
+// back at a token boundary. True when a slot of an n_cmpl family whose prompt is not shared yet
+// was among them (children copy their parent's cells after the first sub-batch: such a family is
+// not rewound into a park; once shared, its members' tokens are generated ones like any slot's).
 bool batch_hooks::rewind(int32_t off) {
     std::vector<int32_t> n_undo(port_.n_slots(), 0);
     for (int32_t i = off; i < port_.batch_size(); ++i) {
@@ -137,7 +138,7 @@ bool batch_hooks::rewind(int32_t off) {
     }
     bool family_in_batch = false;
     for (int32_t id = 0; id < port_.n_slots(); ++id) {
-        family_in_batch |= n_undo[id] > 0 && port_.facts(id).family;
+        family_in_batch |= n_undo[id] > 0 && port_.facts(id).family && !port_.facts(id).family_shared;
     }
     for (int32_t id = 0; id < port_.n_slots(); ++id) {
         const int32_t n = n_undo[id];

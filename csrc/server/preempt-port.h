@@ -43,6 +43,7 @@ struct slot_facts {
     bool           streams  = false;  // its request streams its answer
     bool           family   = false;  // one of an n_cmpl family (a parent or a child task): they wait for each other
     int32_t        id_family = -1;    // its family's parent task (-1: none)
+    bool           family_shared = false;  // its family's prompt is in every member's cells (no child waits for it)
     int32_t        priority = 0;      // its request's priority
     int64_t        n_gen    = 0;      // tokens its request has generated
     int32_t        n_prompt = 0;      // its request's prompt tokens

@@ -55,7 +55,7 @@ class SlotStats:
     preempt_tier: str | None = None     # while parked: where its state waits, "ram", "disk", "recompute" or "ram_q8"
     preempt_disk_bytes: int = 0         # bytes of its state in a file of the disk tier now
     is_paused: bool = False             # generating beyond the decode width: it keeps its cells and waits for a seat
-    n_cells_shared: int = 0             # of its cells, those another slot holds too (an n_cmpl family's prompt): a park frees the rest
+    n_cells_shared: int = 0             # of its cells, those another slot holds too (a linked prefix, an n_cmpl family's prompt): a park frees the rest
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> "SlotStats":
@@ -163,6 +163,9 @@ class PreemptStats:
     n_prompt_cache_streamed_total: int = 0  # larger than the RAM cache: streamed from the slot to the disk tier
     n_prompt_cache_streamed_back_total: int = 0  # prompt files streamed straight into a slot
     n_paused_total: int = 0               # times a generating slot was paused (beyond the decode width)
+    n_prefix_links_total: int = 0         # prompts that linked the longest prefix another slot held (--prefix-share)
+    n_prompt_tokens_linked_total: int = 0  #   the prompt tokens they linked instead of evaluating
+    kv_pool_cells_saved: int = 0          # cells the slots hold beyond the pool's used ones: shared prefixes held once
     requests_paused: int = 0              # generating beyond the decode width now (they keep their cells)
     preempt_decode_width: int = 0         # generating slots the last step let decode
     preempt_step_fixed_ns: int = 0        # the step cost fitted from the server's own steps:

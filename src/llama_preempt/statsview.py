@@ -108,6 +108,9 @@ def to_json(snap: Snapshot, r: dict[str, float] | None) -> dict[str, Any]:
         "counters": {n: getattr(st, n) for n in COUNTERS},
         "rates_per_s": r,
         "requests_preempted": st.requests_preempted,
+        # --prefix-share: prompts that linked another slot's cells, the tokens they did not evaluate, the cells held once
+        "prefix": {"links": st.n_prefix_links_total, "tokens_linked": st.n_prompt_tokens_linked_total,
+                   "cells_saved": st.kv_pool_cells_saved},
         # the decode width (--preempt-sched width-loss): who decodes now, and the step cost it is chosen by
         "decode": {"width": st.preempt_decode_width, "paused": st.requests_paused,
                    "step_fixed_ns": st.preempt_step_fixed_ns, "step_decode_token_ns": st.preempt_step_decode_token_ns,
@@ -183,6 +186,9 @@ def render(snap: Snapshot, r: dict[str, float] | None) -> Group:
     counters.add_row("requests parked now", str(st.requests_preempted), "")
     # the decode width: the oldest generating slots decode, the rest pause (--preempt-sched width-loss)
     counters.add_row("decoding / paused now", f"{st.preempt_decode_width} / {st.requests_paused}", "")
+    if st.n_prefix_links_total or st.kv_pool_cells_saved:
+        # --prefix-share: the cells shared prefixes would take more as copies (the links are counters above)
+        counters.add_row("cells shared prefixes save now", str(st.kv_pool_cells_saved), "")
     if st.preempt_step_cost_samples:
         # two rows, so that the table still reads whole at 80 columns
         counters.add_row("step cost (fitted)", f"{st.preempt_step_fixed_ns / 1e6:.1f} ms + "
