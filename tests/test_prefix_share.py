@@ -6,11 +6,12 @@ a park frees only what no one else holds. Models whose memory cannot share a pre
 hybrid Qwen3.5 with its MTP head) decline, and answer as without the flag."""
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import ON_THE_CPU, BackgroundStream, logged, n_tokens, new_server, wait_until
+from helpers import ON_THE_CPU, BackgroundStream, logged, n_tokens, new_server, park_lines, wait_until
 from llama_preempt.exactness import Ask, first_difference, one_at_a_time, staggered, together
 from llama_preempt.server import LlamaServer
 
@@ -139,6 +140,10 @@ def test_a_sharer_parked_gives_its_evaluated_tokens(start_server: ServerFactory,
     got = staggered(srv, ASKS)
     m = srv.metrics()
     assert m["n_prefix_links_total"] >= 1 and m["n_preempt_total"] >= 3
+    # a sharer's park frees its own cells only: the text it shares stays with the other holders
+    freed = [(int(x.group(1)), int(x.group(2))) for x in
+             (re.search(r"(\d+) tokens held(?: in \d+ cell ranges)?, (\d+) cells freed", line) for line in park_lines(srv)) if x]
+    assert any(f < held - 100 for held, f in freed), freed
     if mode == "recompute":
         # a slot coming back links the text another one still holds and replays only its own tokens
         # (two links are the admissions; the log says how few tokens each resume replays)
@@ -192,3 +197,22 @@ def test_a_hybrid_model_declines_and_answers_as_without_sharing(start_server: Se
     ref = serve(start_server, qwen35_mtp_model, *spec, "--no-prefix-share", n_ctx=2048)
     for ask, ids, want in zip(asks, got, one_at_a_time(ref, asks)):
         assert_same(want, ids, "hybrid model")
+
+
+def test_the_engine_links_a_prefix_and_gives_the_evaluated_tokens(stories_model: Path,
+                                                                  evaluated: dict[Ask, list[int]]) -> None:
+    """The in-process Engine drives the same update_slots(): the second prompt links the text the
+    first holds, and both answers are the evaluated ones."""
+    from llama_preempt.engine import Engine
+
+    with Engine(stories_model, [*ON_THE_CPU, "--cache-ram", "0"], n_ctx=4096, n_parallel=4, kv_unified=True,
+                seed=1234, deterministic=True) as eng:
+        first = eng.submit(path="/completion", body=ASKS[0].body())
+        while not any(s.n_decoded >= 8 for s in eng.stats().slots if s.is_processing):
+            eng.step()
+        second = eng.submit(path="/completion", body=ASKS[1].body())
+        got = [[int(t) for t in r.completion().response["tokens"]] for r in (first, second)]
+        st = eng.stats()
+    assert st.n_prefix_links_total == 1 and st.n_prompt_tokens_linked_total > 100
+    for ask, ids in zip(ASKS[:2], got):
+        assert_same(evaluated[ask], ids, "the Engine")

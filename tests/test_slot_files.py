@@ -22,10 +22,13 @@ N_RUNNING = 300  # tokens each of the two requests beside the restores generates
 
 
 def _slot_server(start_server: Any, model: Path, save_dir: Path, **kw: Any) -> Any:
+    """A server whose idle slots keep their cells while other requests start: upstream's default
+    (--cache-idle-slots) hands an idle slot's prompt to the RAM cache and clears the slot when a new
+    request arrives, which would race with the saves these tests make of an idle slot."""
     save_dir.mkdir(parents=True, exist_ok=True)
     kw.setdefault("n_ctx", 2048)
     kw.setdefault("n_parallel", 4)
-    return start_server(model, extra_args=["--slot-save-path", str(save_dir)], **kw)
+    return start_server(model, extra_args=["--slot-save-path", str(save_dir), "--no-cache-idle-slots"], **kw)
 
 
 def _fill_slot(srv: Any, slot: int, n_predict: int = 64) -> int:
@@ -43,9 +46,14 @@ def _restore(srv: Any, slot: int, name: str) -> requests.Response:
     return srv.post(f"/slots/{slot}?action=restore", {"filename": name}, timeout=60)
 
 
-def _two_running(srv: Any) -> list[Any]:
-    """Two long requests to run beside the slot actions; call the returned thunks' results later."""
-    return [lambda p=p: complete(srv, p, N_RUNNING) for p in ("The dog ran to", "A small bird sang")]
+def _two_running(srv: Any, slots: tuple[int, int] | None = None) -> list[Any]:
+    """Two long requests to run beside the slot actions; call the returned thunks' results later.
+    `slots`: the slots they take (else upstream's choice, which may be the slot a test saves: its
+    save then waits for that request)."""
+    prompts = ("The dog ran to", "A small bird sang")
+    if slots is None:
+        return [lambda p=p: complete(srv, p, N_RUNNING) for p in prompts]
+    return [lambda p=p, k=k: complete(srv, p, N_RUNNING, id_slot=k) for p, k in zip(prompts, slots)]
 
 
 def _assert_whole(responses: list[requests.Response]) -> None:
@@ -184,7 +192,7 @@ def test_a_save_into_a_full_filesystem_is_a_507_and_leaves_no_file(start_server:
     st = os.statvfs(small_fs)
     free = st.f_bavail * st.f_frsize
     (small_fs / "filler").write_bytes(b"\0" * max(0, free - len(first) // 2))
-    running = _two_running(srv)
+    running = _two_running(srv, slots=(2, 3))
     results = run_concurrently([*running, lambda: _save(srv, 0, "second.bin"), lambda: _save(srv, 0, "first.bin")])
     for r in results[2:]:
         assert r.status_code == 507, r.text

@@ -6,6 +6,7 @@
 
 #include "ggml.h"
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -107,6 +108,8 @@ void parked_slots::park_as(int32_t id, const park_order & o) {
     const size_t  n_bytes = how.copies() ? o.bytes : 0;
     const int64_t t0      = o.t_begin_us > 0 ? o.t_begin_us : ggml_time_us();
 
+    // what this park gives back to the pool: a prefix another slot shares stays (the count is the step's)
+    const int32_t n_freed = std::max(0, o.in.n_held - std::max(0, ps.n_cells_shared));
     ps.choice    = how.why;
     ps.from      = o.shape.from;
     ps.n_restore = o.shape.n_restore;
@@ -169,12 +172,12 @@ void parked_slots::park_as(int32_t id, const park_order & o) {
         const std::string to = how.tier == park_tier::ram ? ""
                              : how.tier != park_tier::disk ? std::string(" to ") + park_tier_name(how.tier)
                              : ps.swap.disk.in_ram() ? " to disk, written in the background" : " to disk, written";
-        PSLT_INF(port_, id, "parked by swap%s (%.2f MiB, %d tokens held in %d cell ranges) in %.2f ms by %s, reason: %s, %s (predicted %s), n_preempt = %d\n",
-                to.c_str(), n_bytes / 1048576.0, o.in.n_held, ps.swap.n_copy_ranges, ms, ps.swap.copied_by,
+        PSLT_INF(port_, id, "parked by swap%s (%.2f MiB, %d tokens held in %d cell ranges, %d cells freed) in %.2f ms by %s, reason: %s, %s (predicted %s), n_preempt = %d\n",
+                to.c_str(), n_bytes / 1048576.0, o.in.n_held, ps.swap.n_copy_ranges, n_freed, ms, ps.swap.copied_by,
                 park_reason_name(o.reason), park_choice_name(how.why), quotes.c_str(), ps.n_preempt);
     } else {
-        PSLT_INF(port_, id, "parked by recompute (%d tokens held, %d to restore), reason: %s, %s (predicted %s), n_preempt = %d\n",
-                o.in.n_held, ps.n_restore, park_reason_name(o.reason), park_choice_name(how.why), quotes.c_str(), ps.n_preempt);
+        PSLT_INF(port_, id, "parked by recompute (%d tokens held, %d cells freed, %d to restore), reason: %s, %s (predicted %s), n_preempt = %d\n",
+                o.in.n_held, n_freed, ps.n_restore, park_reason_name(o.reason), park_choice_name(how.why), quotes.c_str(), ps.n_preempt);
     }
 }
 
