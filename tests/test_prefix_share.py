@@ -6,12 +6,13 @@ a park frees only what no one else holds. Models whose memory cannot share a pre
 hybrid Qwen3.5 with its MTP head) decline, and answer as without the flag."""
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import ON_THE_CPU, BackgroundStream, logged, n_tokens, new_server, park_lines, wait_until
+from helpers import ON_THE_CPU, BackgroundStream, logged, n_tokens, new_server, park_lines, run_cli, wait_until
 from llama_preempt.exactness import Ask, first_difference, one_at_a_time, staggered, together
 from llama_preempt.server import LlamaServer
 
@@ -110,6 +111,10 @@ def test_slots_and_metrics_show_the_cells_two_requests_share(start_server: Serve
     rows = wait_until(two_sharing, 60, "two slots sharing the common text's cells")
     assert all(s["n_cells"] > s["n_cells_shared"] for s in rows), rows  # and each its own answer's
     assert srv.metrics()["kv_pool_cells_saved"] >= n - 1
+    p = run_cli("stats", srv.url, "--once", "--json")
+    assert p.returncode == 0, p.stderr
+    prefix = json.loads(p.stdout)["prefix"]
+    assert prefix["links"] == 1 and prefix["tokens_linked"] >= n - 1 and prefix["cells_saved"] >= n - 1, prefix
     assert len(stream_ids(first)) == 600 and len(stream_ids(second)) == 600
 
 
