@@ -62,7 +62,7 @@ from llama_preempt.rpc import RpcServer  # noqa: E402
 from llama_preempt.server import LlamaServer, ServerConfig  # noqa: E402
 from results_io import RESULTS, display_path, md_table, smollm2_model, write_results  # noqa: E402
 
-PARK = re.compile(r"parked by swap \((?P<mib>[\d.]+) MiB, (?P<tokens>\d+) tokens held in (?P<ranges>\d+) cell ranges\) "
+PARK = re.compile(r"parked by swap \((?P<mib>[\d.]+) MiB, (?P<tokens>\d+) tokens held in (?P<ranges>\d+) cell ranges(?:, \d+ cells freed)?\) "
                   r"in (?P<ms>[\d.]+) ms by (?P<by>[a-z ,]+?), reason: (?P<reason>\w+)")
 RESTORE = re.compile(r"restored by swap \((?P<mib>[\d.]+) MiB, (?P<tokens>\d+) tokens\) in (?P<ms>[\d.]+) ms "
                      r"after [\d.]+ ms parked(?P<ahead> \(uploaded ahead\))?")

@@ -201,7 +201,7 @@ def park_lines(srv: Any, timeout: float = 15) -> list[str]:
 def swap_parks(srv: Any) -> list[tuple[int, str]]:
     """(cell ranges, how it was copied: "memcpy", "device graphs", ...) of every swap park in the log,
     to RAM or to disk."""
-    line = r"parked by swap(?: to disk[a-z ,]*)? \([^)]* in (\d+) cell ranges\) in [\d.]+ ms by ([a-z ,]+), reason"
+    line = r"parked by swap(?: to disk[a-z ,]*)? \([^)]* in (\d+) cell ranges(?:, \d+ cells freed)?\) in [\d.]+ ms by ([a-z ,]+), reason"
     return [(int(n), how) for n, how in re.findall(line, "\n".join(park_lines(srv)))]
 
 
