@@ -49,8 +49,10 @@ def test_a_client_that_closes_its_connection_frees_its_slot_within_a_step_or_two
     decodes_at_close = srv.metrics()["n_decode_total"]  # read after the close: the count then, or later
     m = wait_until(lambda: (lambda m: m if m["requests_processing"] == 0 else None)(srv.metrics()), 30,
                    "the slot freed")
-    # 500 tokens at a step each: a handler that looked only once a second would let it run to the end
-    assert m["n_decode_total"] - decodes_at_close <= 50
+    # 500 tokens at a step each: a handler that looked only once a second would let it run to the end.
+    # The handlers are woken at most every 10 ms: within two wakes (the close can land just after one)
+    # at stories260K's steps of 0.2 ms or more, that is at most 100 steps (a CI run saw 54)
+    assert m["n_decode_total"] - decodes_at_close <= 100
     assert m["tokens_predicted_total"] < 400
 
 
