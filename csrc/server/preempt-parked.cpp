@@ -2,7 +2,6 @@
 #include "preempt-parked.h"
 
 #include "preempt-memory.h"  // the copy guard's reaction to a wrong copy
-#include "preempt-prefix.h"  // a recomputed slot links the prefix another slot still holds
 
 #include "ggml.h"
 
@@ -325,7 +324,7 @@ void parked_slots::resume_as(int32_t id, park_tier from, const move_result & res
             port_.set_phase(id, upstream_phase::prompt);
             ps.resuming      = true;
             // a prefix another slot still holds (the text it shared before its park) is linked, not replayed
-            ps.n_replay_done = cfg_.share_off.empty() ? link_prefix(id, ps.replay, 0) : 0;
+            ps.n_replay_done = link_prefix(id, ps.replay, 0);
             break;
         case parked_from::prompt:
             port_.set_phase(id, upstream_phase::prompt);  // the prompt loop starts it over from token 0
@@ -344,8 +343,15 @@ void parked_slots::resume_as(int32_t id, park_tier from, const move_result & res
     PSLT_INF(port_, id, "resumed by recompute after %.1f ms parked, %d tokens to replay\n", t_parked / 1000.0, n_replay);
 }
 
+prefix_link parked_slots::find_link(int32_t id, const server_tokens & want, int32_t n_own) const {
+    if (!cfg_.share_off.empty()) {
+        return {};
+    }
+    return find_prefix(port_, port_.contexts_of(id).tgt, id, want, n_own);
+}
+
 int32_t parked_slots::link_prefix(int32_t id, const server_tokens & want, int32_t n_own) {
-    const prefix_link link = find_prefix(port_, port_.contexts_of(id).tgt, id, want, n_own);
+    const prefix_link link = find_link(id, want, n_own);
     if (link.donor < 0) {
         return 0;
     }

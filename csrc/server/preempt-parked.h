@@ -19,6 +19,7 @@
 #include "preempt-executor.h"
 #include "preempt-host-ram.h"
 #include "preempt-port.h"
+#include "preempt-prefix.h"  // a prefix another slot holds, linked (a new prompt, a recomputed slot's replay)
 #include "preempt-prompt-cache.h"
 #include "preempt-step-recorder.h"
 #include "preempt-swap.h"
@@ -53,9 +54,11 @@ public:
         swap_.knobs = cfg_.knobs.swap;
     }
     void open_disk(const common_params & params, llama_context * ctx_tgt);  // the disk tier under --preempt-disk (preempt-parked-disk.cpp)
-    // slot `id`'s sequence links the longest prefix of `want` another slot holds (preempt-prefix.h), if
-    // it beats the `n_own` tokens its own cells keep: a new prompt, or a recomputed slot's replay.
-    // Returns the tokens linked (0: none)
+    // the longest prefix of `want` another slot holds that slot `id` would link (preempt-prefix.h), if
+    // prefixes are shared here and it beats the `n_own` tokens its own cells keep (donor -1: none)
+    prefix_link find_link(int32_t id, const server_tokens & want, int32_t n_own) const;
+    // slot `id`'s sequence links that prefix: a new prompt, or a recomputed slot's replay. Returns the
+    // tokens linked (0: none)
     int32_t link_prefix(int32_t id, const server_tokens & want, int32_t n_own);
 
     // a slot's preemption state (the table preempt_server hands it; the tiers read it here)

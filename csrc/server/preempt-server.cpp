@@ -3,7 +3,7 @@
 
 #include "preempt-hostmem.h"  // return_free_pages(): the host budget hands freed pages back
 #include "preempt-decide.h"
-#include "preempt-prefix.h"   // a prefix stored once
+#include "preempt-prefix.h"   // prefix_share_off(): whether prompts link a prefix here
 #include "preempt-selftest.h"
 #include "preempt-version.h"
 
@@ -66,11 +66,11 @@ slot_view preempt_server::view(int32_t id) const {
         v.n_shared = std::clamp(ps.n_cells - ps.n_cells_first, 0, v.n_cells);
         v.n_linked = std::clamp(ps.n_cells_shared, 0, v.n_cells);
     }
-    if (v.is_new && cfg.share_off.empty()) {
+    if (v.is_new) {
         // a new request evaluates only what it cannot link (link_prefix())
         int32_t n_own = 0;
         if (const server_tokens * want = port_.new_prompt(id, n_own)) {
-            const prefix_link link = find_prefix(port_, ctx_tgt_, id, *want, n_own);
+            const prefix_link link = parked.find_link(id, *want, n_own);
             if (link.donor >= 0) {
                 v.n_prompt_left = std::min(v.n_prompt_left, (int32_t) want->size() - link.n);
             }
@@ -334,7 +334,7 @@ void preempt_server::count_cells() {
 // prefix. Returns the tokens linked (0: none).
 int32_t preempt_server::link_prefix(int32_t id) {
     int32_t n_own = 0;
-    const server_tokens * want = cfg.share_off.empty() ? port_.new_prompt(id, n_own) : nullptr;
+    const server_tokens * want = port_.new_prompt(id, n_own);
     const int32_t n = want ? parked.link_prefix(id, *want, n_own) : 0;
     cells_shared_ |= n > 0;  // the next step's count walks the cells
     return n;
